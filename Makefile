@@ -1,0 +1,42 @@
+# everstep: set-up, test and demo. Every target works on a fresh Debian machine.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+SERVICES := controller rollout trainer reward sandbox
+# torch is pinned and installed first so that no loose requirement pulls a CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: install install-dev test lint demo proto clean
+
+$(VENV)/.installed: proto/pyproject.toml proto/setup.py $(wildcard proto/everstep/v1/*.proto) $(foreach s,$(SERVICES),services/$(s)/pyproject.toml)
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "$(TORCH_SPEC)"
+	$(PIP) install -q ./proto $(foreach s,$(SERVICES),-e services/$(s))
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
+	$(PIP) install -q "pytest>=8" "ruff>=0.5" "pytest-timeout>=2.3"
+	touch $@
+
+install: $(VENV)/.installed
+
+install-dev: $(VENV)/.installed-dev
+
+# Regenerates the stubs after a .proto change (they are built, never committed).
+proto:
+	$(PIP) install -q --force-reinstall --no-deps ./proto
+
+lint: install-dev
+	$(VENV)/bin/ruff check .
+
+test: install-dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest -q --timeout=900
+
+demo: install
+	$(VENV)/bin/everstep demo
+
+clean:
+	rm -rf $(VENV) outputs .everstep proto/build

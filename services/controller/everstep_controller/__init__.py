@@ -1,0 +1,1 @@
+"""everstep controller service."""

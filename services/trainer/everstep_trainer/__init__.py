@@ -1,0 +1,1 @@
+"""everstep trainer service."""

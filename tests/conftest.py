@@ -1,0 +1,143 @@
+"""Fixtures shared by every test package: real things, built small.
+
+- `tiny_model_dir`: a randomly initialised Llama of ~100k parameters with a word-level
+  tokenizer, saved in Hugging Face format (config.json, model.safetensors, tokenizer.json).
+- `free_port`: a TCP port nobody listens on.
+- `service_process`: starts `python -m everstep_<name>` as a real process in its own
+  process group, waits until its gRPC health check (or HTTP /healthz) says SERVING,
+  and stops that process group, and only it, at teardown.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+TINY_WORDS = ["<pad>", "<s>", "</s>", "<unk>", "+", "-", "=", ",", "\\boxed{", "}", "\n"] + [
+    str(i) for i in range(40)
+]
+
+
+def free_tcp_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def free_port() -> int:
+    return free_tcp_port()
+
+
+def make_tiny_model(out: Path, *, seed: int = 0, num_layers: int = 2, hidden: int = 64) -> Path:
+    """A random tiny Llama + word-level fast tokenizer in Hugging Face format."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = {w: i for i, w in enumerate(TINY_WORDS)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
+    )
+    fast.save_pretrained(out)
+    config = LlamaConfig(
+        vocab_size=len(vocab), hidden_size=hidden, intermediate_size=2 * hidden,
+        num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    LlamaForCausalLM(config).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@dataclass
+class ServiceProcess:
+    name: str
+    process: subprocess.Popen
+    http_port: int
+    grpc_port: int
+    log_path: Path
+
+    @property
+    def grpc_address(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+
+
+def wait_grpc_serving(address: str, timeout_seconds: float, process: subprocess.Popen | None = None) -> None:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    deadline = time.monotonic() + timeout_seconds
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"service at {address} exited with {process.returncode}")
+        try:
+            with grpc.insecure_channel(address) as channel:
+                reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+        except grpc.RpcError as e:
+            last_error = e
+        time.sleep(0.1)
+    raise TimeoutError(f"service at {address} not SERVING after {timeout_seconds}s: {last_error}")
+
+
+@pytest.fixture
+def service_process(tmp_path: Path) -> Iterator[Callable[..., ServiceProcess]]:
+    started: list[ServiceProcess] = []
+
+    def start(name: str, *extra_args: str, env: dict[str, str] | None = None,
+              ready_timeout_seconds: float = 60.0) -> ServiceProcess:
+        http_port, grpc_port = free_tcp_port(), free_tcp_port()
+        log_path = tmp_path / f"{name}-{len(started)}.log"
+        cmd = [sys.executable, "-m", f"everstep_{name}", "--host", "127.0.0.1",
+               "--port", str(http_port), "--grpc-port", str(grpc_port), *extra_args]
+        with log_path.open("w") as log:
+            process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                       env={**os.environ, **(env or {})})
+        service = ServiceProcess(name, process, http_port, grpc_port, log_path)
+        started.append(service)
+        try:
+            wait_grpc_serving(service.grpc_address, ready_timeout_seconds, process)
+        except Exception as e:
+            raise RuntimeError(f"{name} did not become ready: {e}\n--- log ---\n{service.log()}") from e
+        return service
+
+    yield start
+    for service in reversed(started):
+        service.stop()
