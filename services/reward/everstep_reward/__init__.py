@@ -1,1 +1,1 @@
-"""everstep reward service."""
+"""everstep reward service: scores responses with a weighted mix of verifiers (math, code, format)."""

@@ -1,1 +1,4 @@
-"""everstep sandbox service."""
+"""everstep sandbox service: SandboxFusion-compatible HTTP and gRPC code execution.
+
+See `everstep_sandbox.runner` for what this skeleton does and does not isolate.
+"""

@@ -1,0 +1,84 @@
+"""The REST job API (FastAPI). OpenAPI document at /openapi.json."""
+
+from __future__ import annotations
+
+import hmac
+import os
+from typing import Any
+
+from fastapi import Depends, FastAPI, Header, HTTPException, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from everstep_controller.job_manager import JobManager
+from everstep_controller.job_store import Action, JobRecord, JobStore
+from everstep_controller.spec import JobSpec
+
+
+def _require_token(authorization: str | None = Header(default=None)) -> None:
+    """When EVERSTEP_API_TOKEN is set, every /v1 call needs `Authorization: Bearer <token>`."""
+    token = os.environ.get("EVERSTEP_API_TOKEN")
+    if not token:
+        return
+    expected = f"Bearer {token}"
+    if authorization is None or not hmac.compare_digest(authorization.encode(), expected.encode()):
+        raise HTTPException(status_code=401, detail="missing or wrong bearer token",
+                            headers={"WWW-Authenticate": "Bearer"})
+
+
+def create_app(manager: JobManager, store: JobStore) -> FastAPI:
+    app = FastAPI(title="everstep controller", version="0.1.0",
+                  description="Submit and follow RL jobs (GRPO with IcePop, C3PO++ rollouts).")
+    v1 = [Depends(_require_token)]
+
+    def get_job(job_id: str) -> JobRecord:
+        record = store.get(job_id)
+        if record is None:
+            raise HTTPException(status_code=404, detail=f"no job {job_id!r}")
+        return record
+
+    @app.post("/v1/jobs", status_code=201, response_model=JobRecord, dependencies=v1)
+    def create_job(spec: JobSpec) -> JobRecord:
+        return manager.submit(spec)
+
+    @app.get("/v1/jobs", response_model=list[JobRecord], dependencies=v1)
+    def list_jobs() -> list[JobRecord]:
+        return store.list()
+
+    @app.get("/v1/jobs/{job_id}", response_model=JobRecord, dependencies=v1)
+    def read_job(job_id: str) -> JobRecord:
+        return get_job(job_id)
+
+    @app.get("/v1/jobs/{job_id}/metrics", dependencies=v1)
+    def job_metrics(job_id: str) -> list[dict[str, Any]]:
+        get_job(job_id)
+        return store.metrics(job_id)
+
+    def act(job_id: str, action: Action) -> JobRecord:
+        get_job(job_id)
+        try:
+            return manager.act(job_id, action)
+        except ValueError as e:
+            raise HTTPException(status_code=409, detail=str(e)) from e
+
+    @app.post("/v1/jobs/{job_id}/pause", response_model=JobRecord, dependencies=v1)
+    def pause_job(job_id: str) -> JobRecord:
+        return act(job_id, Action.pause)
+
+    @app.post("/v1/jobs/{job_id}/resume", response_model=JobRecord, dependencies=v1)
+    def resume_job(job_id: str) -> JobRecord:
+        return act(job_id, Action.resume)
+
+    @app.post("/v1/jobs/{job_id}/cancel", response_model=JobRecord, dependencies=v1)
+    def cancel_job(job_id: str) -> JobRecord:
+        return act(job_id, Action.cancel)
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        store.redis.ping()
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    def prometheus_metrics() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    return app

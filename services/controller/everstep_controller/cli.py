@@ -1,0 +1,124 @@
+"""The `everstep` command line: demo, up, down, submit, status, cancel, serve."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+SERVICES = ("controller", "rollout", "trainer", "reward", "sandbox")
+
+
+def _add_url(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", default=None, help="controller URL (default: $EVERSTEP_URL or http://127.0.0.1:8000)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="everstep", description="RL for reasoning models: IcePop, C3PO++.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="build the demo model, run the demo job end to end, print a JSON summary")
+    demo.add_argument("--spec", default="examples/demo.yaml", help="job spec of the demo")
+    demo.add_argument("--out", default="outputs/demo", help="folder for the plot, metrics and summary")
+    demo.add_argument("--port", type=int, default=0, help="controller port (0: a free one)")
+
+    up = sub.add_parser("up", help="start Redis and every service in the background")
+    up.add_argument("--port", type=int, default=8000, help="controller REST port")
+    up.add_argument("--host", default="127.0.0.1", help="controller bind address")
+
+    sub.add_parser("down", help="stop everything `everstep up` started")
+
+    submit = sub.add_parser("submit", help="submit a job spec (YAML)")
+    submit.add_argument("job_file")
+    submit.add_argument("--follow", action="store_true", help="show progress until the job ends")
+    _add_url(submit)
+
+    status = sub.add_parser("status", help="list jobs, or show one")
+    status.add_argument("job", nargs="?")
+    _add_url(status)
+
+    cancel = sub.add_parser("cancel", help="cancel a job")
+    cancel.add_argument("job")
+    _add_url(cancel)
+
+    serve = sub.add_parser("serve", help="run one service in the foreground (for containers)")
+    serve.add_argument("service", choices=SERVICES)
+    serve.add_argument("--host", default="0.0.0.0")
+    serve.add_argument("--port", type=int, default=None, help="HTTP port (REST, metrics; the sandbox's API)")
+    serve.add_argument("--grpc-port", type=int, default=None)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args, extra = build_parser().parse_known_args(argv)
+    if extra and args.command != "serve":
+        sys.exit(f"everstep {args.command}: unrecognized arguments: {' '.join(extra)}")
+    try:
+        _dispatch(args, extra)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except (RuntimeError, ValueError, FileNotFoundError, TimeoutError) as e:
+        sys.exit(f"everstep {args.command}: {e}")
+
+
+def _dispatch(args: argparse.Namespace, extra: list[str]) -> None:
+    if args.command == "serve":
+        command = [sys.executable, "-m", f"everstep_{args.service}", "--host", args.host]
+        if args.port is not None:
+            command += ["--port", str(args.port)]
+        if args.grpc_port is not None:
+            command += ["--grpc-port", str(args.grpc_port)]
+        os.execv(sys.executable, command + extra)
+    if args.command == "demo":
+        from everstep_controller.demo import run_demo
+
+        summary = run_demo(Path(args.spec), Path(args.out), port=args.port)
+        print(json.dumps(summary))
+        return
+    if args.command in ("up", "down"):
+        import logging
+
+        from everstep_controller.local_stack import LocalStack
+
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+        stack = LocalStack()
+        if args.command == "up":
+            state = stack.up(port=args.port, host=args.host)
+            print(f"everstep is up: controller {state.controller_url}, redis {state.redis_url}")
+            for p in state.processes:
+                print(f"  {p.name:<10} pid {p.pid:<7} log {p.log_path}")
+        else:
+            stopped = stack.down()
+            print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+        return
+
+    from everstep_controller.rest_client import ControllerClient
+
+    client = ControllerClient(args.url)
+    if args.command == "submit":
+        from everstep_controller.job_file import load_job_file
+
+        record = client.submit(load_job_file(args.job_file))
+        print(record["id"])
+        if args.follow:
+            from everstep_controller.follow import follow_job
+
+            final = follow_job(client, record["id"])
+            print(json.dumps({k: final[k] for k in ("id", "state", "step", "error", "evaluation")}))
+            if final["state"] != "SUCCEEDED":
+                sys.exit(1)
+    elif args.command == "status":
+        if args.job:
+            print(json.dumps(client.job(args.job), indent=2))
+        else:
+            for job in client.jobs():
+                print(f"{job['id']}  {job['state']:<10} step {job['step']:>4}/{job['spec']['steps']:<4} {job['name']}")
+    elif args.command == "cancel":
+        print(client.action(args.job, "cancel")["state"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,33 @@
+"""Follows a job with a progress bar until it ends."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from tqdm import tqdm
+
+from everstep_controller.rest_client import ControllerClient
+
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+
+
+def follow_job(client: ControllerClient, job_id: str, poll_seconds: float = 1.0) -> dict[str, Any]:
+    """Shows step, reward, accuracy and tokens/s; returns the final job record."""
+    record = client.job(job_id)
+    total = record["spec"]["steps"]
+    with tqdm(total=total, desc=f"job {job_id}", unit="step", file=sys.stderr, dynamic_ncols=True) as bar:
+        while True:
+            bar.update(record["step"] - bar.n)
+            latest = record.get("metrics") or {}
+            evaluation = record.get("evaluation") or {}
+            last_eval = evaluation[max(evaluation, key=int)] if evaluation else {}
+            bar.set_postfix(state=record["state"], reward=f"{latest.get('reward_mean', 0):.3f}",
+                            acc=f"{last_eval.get('accuracy') or 0:.3f}",
+                            tok_s=f"{latest.get('tokens_per_s', 0):.0f}", refresh=False)
+            bar.refresh()
+            if record["state"] in TERMINAL:
+                return record
+            time.sleep(poll_seconds)
+            record = client.job(job_id)

@@ -1,0 +1,44 @@
+"""A small client of the controller's REST API, used by the CLI."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import httpx
+
+
+class ApiError(RuntimeError):
+    pass
+
+
+class ControllerClient:
+    def __init__(self, url: str | None = None, token: str | None = None, timeout_seconds: float = 30.0) -> None:
+        self.url = (url or os.environ.get("EVERSTEP_URL") or "http://127.0.0.1:8000").rstrip("/")
+        token = token or os.environ.get("EVERSTEP_API_TOKEN")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_seconds)
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as e:
+            raise ApiError(f"cannot reach the controller at {self.url}: {e}") from e
+        if response.status_code >= 400:
+            raise ApiError(f"{method} {path} -> {response.status_code}: {response.text}")
+        return response.json()
+
+    def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return self._call("POST", "/v1/jobs", json=spec)
+
+    def jobs(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/jobs")
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/jobs/{job_id}")
+
+    def metrics(self, job_id: str) -> list[dict[str, Any]]:
+        return self._call("GET", f"/v1/jobs/{job_id}/metrics")
+
+    def action(self, job_id: str, action: str) -> dict[str, Any]:
+        return self._call("POST", f"/v1/jobs/{job_id}/{action}")

@@ -1,0 +1,213 @@
+"""C3PO++ and the synchronous baseline as pure bookkeeping: no I/O, no model.
+
+The job runner asks the scheduler what to start, tells it what finished, asks whether the
+iteration is over, hands it the partials it drained, and gets back which groups to train.
+
+C3PO++ (Algorithm 1 of the Ring-1T paper): an inference pool of capacity Omega keeps decoding
+and refilling from new prompts until the output tokens of rollouts finished in this iteration
+reach the budget Phi. Finished rollouts are trained; unfinished ones carry over and continue
+under the next policy version. A rollout already carried over sigma times and still
+unfinished at the end of an iteration is purged (sigma = 0: no carry-over at all).
+
+Group semantics (the paper leaves them open): a group is trained once every member is
+finished or purged; purged members are left out of the advantage; a group with fewer than two
+surviving members is dropped and counted.
+
+Synchronous baseline: each iteration starts one batch of prompts, waits until every rollout
+of it finished, and trains all of it: no budget, no refill, no carry-over.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Mode(StrEnum):
+    c3po = "c3po"
+    sync = "sync"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchedulerConfig:
+    mode: Mode
+    group_size: int
+    token_budget: int  # Phi (c3po)
+    retention: int  # sigma (c3po)
+    pool_capacity: int  # Omega (c3po)
+    prompts_per_iteration: int  # sync
+
+    def __post_init__(self) -> None:
+        if self.group_size < 2:
+            raise ValueError(f"group_size must be at least 2, got {self.group_size}")
+        if self.mode == Mode.c3po and self.pool_capacity < self.group_size:
+            raise ValueError(f"pool_capacity ({self.pool_capacity}) is smaller than one group ({self.group_size})")
+
+
+@dataclass
+class RolloutState:
+    sample_id: str
+    group_id: str
+    born_iteration: int
+    num_tokens: int = 0  # output tokens so far
+    finished: bool = False
+    purged: bool = False
+
+
+@dataclass
+class GroupState:
+    group_id: str
+    prompt_index: int
+    sample_ids: list[str]
+    closed_in: int | None = None  # iteration whose end trained or dropped the group
+
+
+@dataclass(frozen=True)
+class IterationOutcome:
+    """What the end of an iteration decided."""
+
+    trainable_groups: list[str]  # complete, with at least two surviving members
+    dropped_groups: list[str]  # complete, fewer than two surviving members
+    purged_samples: list[str]
+    carried_samples: list[str]  # unfinished, continue next iteration under the new policy
+    finished_tokens: int  # output tokens of rollouts finished this iteration
+
+
+@dataclass
+class _Counters:
+    started_groups: int = 0
+    finished_samples: int = 0
+    purged_samples: int = 0
+    dropped_groups: int = 0
+    trained_groups: int = 0
+
+
+class C3POScheduler:
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.iteration = 0
+        self.rollouts: dict[str, RolloutState] = {}
+        self.groups: dict[str, GroupState] = {}
+        self.counters = _Counters()
+        self._finished_tokens = 0
+        self._started_this_iteration = 0
+
+    # -- queries ---------------------------------------------------------------------------
+    @property
+    def active_samples(self) -> list[str]:
+        """Rollouts the engine is (or should be) decoding."""
+        return [r.sample_id for r in self.rollouts.values() if not (r.finished or r.purged)]
+
+    def groups_to_start(self) -> int:
+        """How many new groups of G prompts the runner may start now."""
+        c = self.config
+        if c.mode == Mode.sync:
+            if self._started_this_iteration or self.active_samples:
+                return 0
+            return c.prompts_per_iteration
+        if self._finished_tokens >= c.token_budget:
+            return 0
+        free = c.pool_capacity - len(self.active_samples)
+        return max(0, free // c.group_size)
+
+    def iteration_done(self) -> bool:
+        """C3PO++: the budget of finished tokens is reached. Sync: every rollout finished."""
+        if self.config.mode == Mode.sync:
+            return self._started_this_iteration > 0 and not self.active_samples
+        return self._finished_tokens >= self.config.token_budget or (
+            not self.active_samples and self._started_this_iteration > 0 and self.groups_to_start() == 0
+        )
+
+    # -- events ----------------------------------------------------------------------------
+    def start_group(self, group_id: str, prompt_index: int, sample_ids: list[str]) -> None:
+        if len(sample_ids) != self.config.group_size:
+            raise ValueError(f"group {group_id} has {len(sample_ids)} samples, expected {self.config.group_size}")
+        if group_id in self.groups:
+            raise ValueError(f"group {group_id} already started")
+        self.groups[group_id] = GroupState(group_id, prompt_index, list(sample_ids))
+        for sample_id in sample_ids:
+            self.rollouts[sample_id] = RolloutState(sample_id, group_id, self.iteration)
+        self.counters.started_groups += 1
+        self._started_this_iteration += 1
+
+    def on_finished(self, sample_id: str, num_tokens: int) -> None:
+        rollout = self.rollouts[sample_id]
+        if rollout.finished or rollout.purged:
+            raise ValueError(f"sample {sample_id} reported finished twice")
+        rollout.finished = True
+        rollout.num_tokens = num_tokens
+        self._finished_tokens += num_tokens
+        self.counters.finished_samples += 1
+
+    def end_iteration(self, partial_tokens: dict[str, int]) -> IterationOutcome:
+        """Close the iteration given the drained partials (sample id -> output tokens so far).
+
+        Every active rollout must be among the partials: the runner drains the engine first.
+        """
+        active = set(self.active_samples)
+        if set(partial_tokens) != active:
+            missing, unknown = active - set(partial_tokens), set(partial_tokens) - active
+            raise ValueError(f"partials do not match active rollouts: missing {sorted(missing)[:5]}, "
+                             f"unknown {sorted(unknown)[:5]}")
+        self._forget_groups_closed_before(self.iteration)
+        purged, carried = [], []
+        for sample_id, num_tokens in partial_tokens.items():
+            rollout = self.rollouts[sample_id]
+            rollout.num_tokens = num_tokens
+            if self.iteration - rollout.born_iteration >= self.config.retention:
+                rollout.purged = True
+                purged.append(sample_id)
+            else:
+                carried.append(sample_id)
+        self.counters.purged_samples += len(purged)
+
+        trainable, dropped = [], []
+        for group in self.groups.values():
+            members = [self.rollouts[s] for s in group.sample_ids]
+            if group.closed_in is not None or not all(m.finished or m.purged for m in members):
+                continue
+            group.closed_in = self.iteration
+            if sum(m.finished for m in members) >= 2:
+                trainable.append(group.group_id)
+            else:
+                dropped.append(group.group_id)
+        self.counters.dropped_groups += len(dropped)
+        self.counters.trained_groups += len(trainable)
+
+        outcome = IterationOutcome(trainable, dropped, purged, carried, self._finished_tokens)
+        self.iteration += 1
+        self._finished_tokens = 0
+        self._started_this_iteration = 0
+        return outcome
+
+    def surviving_samples(self, group_id: str) -> list[str]:
+        """Finished members of a group (purged ones are left out of the advantage)."""
+        return [s for s in self.groups[group_id].sample_ids if self.rollouts[s].finished]
+
+    def retention_age(self, sample_id: str) -> int:
+        """Iterations a rollout has been carried over so far."""
+        return self.iteration - self.rollouts[sample_id].born_iteration
+
+    # -- internals -------------------------------------------------------------------------
+    def _forget_groups_closed_before(self, iteration: int) -> None:
+        """Drop bookkeeping of groups closed in an earlier iteration (keeps memory flat).
+
+        Groups closed by the latest end_iteration stay, so the runner can still look them up.
+        """
+        closed = [g for g in self.groups.values() if g.closed_in is not None and g.closed_in < iteration]
+        for group in closed:
+            for sample_id in group.sample_ids:
+                del self.rollouts[sample_id]
+            del self.groups[group.group_id]
+
+
+def grpo_advantages(rewards: list[float], *, normalize_std: bool, eps: float = 1e-6) -> list[float]:
+    """A_i = (R_i - mean(R)) / (std(R) + eps); std is the population std of the group."""
+    if not rewards:
+        return []
+    mean = sum(rewards) / len(rewards)
+    centered = [r - mean for r in rewards]
+    if not normalize_std:
+        return centered
+    std = (sum(c * c for c in centered) / len(centered)) ** 0.5
+    return [c / (std + eps) for c in centered]

@@ -1,0 +1,173 @@
+"""The job spec: what a user submits (YAML for the CLI, JSON over REST).
+
+Every field has its default here and nowhere else; docs/job-spec.md is generated from this
+schema (`python -m everstep_controller.spec_docs`). Paths are taken as given by the REST API;
+the CLI resolves relative paths against the directory of the YAML file before submitting.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DatasetSpec(_Section):
+    """Where prompts come from. Rows are JSON objects (JSONL) with a prompt and an answer."""
+
+    train_path: str = Field(description="JSONL file of training rows.")
+    eval_path: str | None = Field(
+        default=None, description="JSONL file of held-out rows for evaluation; none: no evaluation."
+    )
+    prompt_field: str = Field(default="prompt", description="Row field holding the prompt text.")
+    answer_field: str = Field(default="answer", description="Row field holding the reference answer.")
+
+
+class VerifierWeight(_Section):
+    """One verifier and its weight."""
+
+    name: str = Field(description="Verifier name, e.g. 'math' or 'format'.")
+    weight: float = Field(default=1.0, description="Weight of this verifier's score in the reward.")
+
+
+class RewardSpec(_Section):
+    """How responses are scored: a weighted sum of verifier scores."""
+
+    verifiers: list[VerifierWeight] = Field(
+        default_factory=lambda: [VerifierWeight(name="math", weight=1.0)],
+        min_length=1,
+        description="Verifiers applied to every row, with weights.",
+    )
+
+
+class Correction(StrEnum):
+    icepop = "icepop"
+    tis = "tis"
+    none = "none"
+
+
+class Aggregation(StrEnum):
+    seq_mean_token_mean = "seq-mean-token-mean"
+    token_mean = "token-mean"
+
+
+class LossSpec(_Section):
+    """Options of `everstep_trainer.losses.policy_loss`."""
+
+    correction: Correction = Field(default=Correction.icepop, description="Training/inference mismatch correction.")
+    alpha: float = Field(default=0.5, gt=0, description="IcePop lower bound on k = pi_train/pi_infer.")
+    beta: float = Field(default=5.0, gt=0, description="IcePop upper bound on k.")
+    tis_cap: float = Field(default=2.0, gt=0, description="TIS weight cap C.")
+    clip_low: float = Field(default=0.2, ge=0, lt=1, description="PPO epsilon below 1.")
+    clip_high: float = Field(default=0.2, ge=0, description="PPO epsilon above 1.")
+    aggregation: Aggregation = Field(default=Aggregation.seq_mean_token_mean, description="Loss aggregation.")
+
+    @model_validator(mode="after")
+    def _bounds_ordered(self) -> LossSpec:
+        if self.alpha > self.beta:
+            raise ValueError(f"alpha ({self.alpha}) must not exceed beta ({self.beta})")
+        return self
+
+
+class AlgorithmSpec(_Section):
+    """GRPO with a corrected policy loss."""
+
+    group_size: int = Field(default=8, ge=2, description="Samples per prompt (G).")
+    normalize_std: bool = Field(default=True, description="Divide advantages by the group's reward std.")
+    drop_zero_signal_groups: bool = Field(
+        default=True, description="Leave out of training groups whose rewards are all equal (zero advantage)."
+    )
+    loss: LossSpec = Field(default_factory=LossSpec)
+
+
+class SamplingSpec(_Section):
+    """How the rollout engine samples during training."""
+
+    temperature: float = Field(default=1.0, gt=0, description="Sampling temperature; the trainer uses the same.")
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling threshold (1: off).")
+    top_k: int = Field(default=0, ge=0, description="Top-k filtering (0: off).")
+    max_new_tokens: int = Field(default=256, ge=1, description="Longest response, in tokens.")
+    stop: list[str] = Field(default_factory=list, description="Extra stop strings besides EOS.")
+    dtype: str = Field(default="float32", pattern="^(float32|bfloat16)$", description="Engine dtype.")
+
+
+class SchedulerMode(StrEnum):
+    c3po = "c3po"
+    sync = "sync"
+
+
+class SchedulerSpec(_Section):
+    """C3PO++ (token-budgeted partial rollouts) or the synchronous baseline."""
+
+    mode: SchedulerMode = Field(default=SchedulerMode.c3po, description="'c3po' or the 'sync' baseline.")
+    token_budget: int = Field(
+        default=16384, ge=1, description="Phi: output tokens of rollouts finished per iteration (c3po)."
+    )
+    retention: int = Field(
+        default=1, ge=0,
+        description="Sigma: carry-overs allowed; an unfinished rollout already carried this often is purged.",
+    )
+    pool_capacity: int = Field(default=256, ge=2, description="Omega: rollouts decoding at once (c3po).")
+    prompts_per_iteration: int = Field(
+        default=32, ge=1, description="Prompts started per iteration by the sync baseline."
+    )
+
+
+class TrainerSpec(_Section):
+    """Optimizer and step options of the trainer."""
+
+    learning_rate: float = Field(default=1e-5, gt=0, description="AdamW learning rate.")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
+    max_grad_norm: float = Field(default=1.0, gt=0, description="Gradient clipping norm.")
+    warmup_steps: int = Field(default=0, ge=0, description="Linear learning-rate warmup steps.")
+    micro_batch_tokens: int = Field(default=16384, ge=1, description="Tokens per micro-batch (accumulated).")
+    ppo_epochs: int = Field(default=1, ge=1, description="Passes over each batch.")
+    num_minibatches: int = Field(default=1, ge=1, description="Optimizer steps per epoch.")
+    kl_coef: float = Field(default=0.0, ge=0, description="k3 KL penalty to the initial policy (0: off).")
+    entropy_coef: float = Field(default=0.0, ge=0, description="Entropy bonus coefficient (0: off).")
+
+
+class EvaluationSpec(_Section):
+    """Held-out evaluation: avg@k sampled at the training temperature, plus greedy."""
+
+    every: int = Field(default=0, ge=0, description="Evaluate every N steps (0: only before and after).")
+    num_prompts: int = Field(default=64, ge=1, description="Held-out prompts evaluated.")
+    samples_per_prompt: int = Field(default=4, ge=1, description="k of avg@k.")
+    greedy: bool = Field(default=True, description="Also report greedy accuracy.")
+
+
+class CheckpointSpec(_Section):
+    """When and where the trainer saves Hugging Face checkpoints."""
+
+    interval: int = Field(default=0, ge=0, description="Save every N steps (0: only at the end).")
+    dir: str | None = Field(default=None, description="Where to save; none: the controller's data dir.")
+
+
+class JobSpec(_Section):
+    """One RL job."""
+
+    name: str = Field(default="job", min_length=1, max_length=128, description="Display name.")
+    model_path: str = Field(min_length=1, description="Hugging Face model directory (the initial policy).")
+    dataset: DatasetSpec
+    reward: RewardSpec = Field(default_factory=RewardSpec)
+    algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec)
+    scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
+    trainer: TrainerSpec = Field(default_factory=TrainerSpec)
+    evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    steps: int = Field(default=20, ge=1, description="Training steps (one per scheduler iteration).")
+    seed: int = Field(default=0, ge=0, description="Seed for prompt order, sampling and training.")
+
+    @model_validator(mode="after")
+    def _parts_agree(self) -> JobSpec:
+        if self.scheduler.mode == SchedulerMode.c3po and self.algorithm.group_size > self.scheduler.pool_capacity:
+            raise ValueError(
+                f"scheduler.pool_capacity ({self.scheduler.pool_capacity}) must hold at least one group "
+                f"(algorithm.group_size = {self.algorithm.group_size})"
+            )
+        return self

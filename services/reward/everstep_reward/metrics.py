@@ -1,0 +1,13 @@
+"""Prometheus metrics of the reward service (default registry, served on --port)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+ITEMS = Counter("everstep_reward_items_total", "Verifier results by outcome (one per item and verifier).",
+                ["verifier", "outcome"])
+ITEM_SECONDS = Histogram("everstep_reward_item_seconds", "Time one verifier took on one item.", ["verifier"],
+                         buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
+ERRORS = Counter("everstep_reward_errors_total", "Verifier results that are errors, by kind.",
+                 ["verifier", "kind"])
+INFLIGHT_ITEMS = Gauge("everstep_reward_inflight_items", "Items being scored.")

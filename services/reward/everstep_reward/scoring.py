@@ -1,0 +1,83 @@
+"""Scores reward items: each verifier part in turn, reward = sum(weight * score) over the parts.
+
+A part that cannot be scored (unknown verifier, missing field, timeout, sandbox down) scores 0
+with `RewardPart.error` set, and the item's `ScoreResult.error` lists those parts, so a consumer
+can tell a wrong answer from an unscored one. Nothing here raises for a bad item.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+
+from everstep.v1 import reward_pb2
+from everstep_reward import metrics
+from everstep_reward.verifiers import ErrorKind, VerifierRegistry, VerifierResult
+
+__all__ = ["RewardScorer"]
+
+log = logging.getLogger(__name__)
+_UNKNOWN_LABEL = "unknown"
+
+
+def _outcome(result: VerifierResult) -> str:
+    if result.error_kind == ErrorKind.TIMEOUT:
+        return "timeout"
+    if not result.ok:
+        return "error"
+    return "correct" if result.score >= 1.0 else "incorrect"
+
+
+class RewardScorer:
+    """Thread-safe; items of every request share `max_concurrent_items` scoring threads."""
+
+    def __init__(self, registry: VerifierRegistry, *, max_concurrent_items: int) -> None:
+        self._registry = registry
+        self._executor = ThreadPoolExecutor(max_concurrent_items, thread_name_prefix="score-item")
+
+    def score_item(self, item: reward_pb2.RewardItem) -> reward_pb2.ScoreResult:
+        metrics.INFLIGHT_ITEMS.inc()
+        try:
+            parts = [self._score_part(item.response, spec) for spec in item.verifiers]
+        finally:
+            metrics.INFLIGHT_ITEMS.dec()
+        errors = [f"{p.verifier}: {p.error}" for p in parts if p.error]
+        if not parts:
+            errors.append("item names no verifiers")
+        return reward_pb2.ScoreResult(id=item.id, reward=sum(p.weight * p.score for p in parts), parts=parts,
+                                      error="; ".join(errors))
+
+    def score_batch(self, items: Iterable[reward_pb2.RewardItem]) -> Iterator[reward_pb2.ScoreResult]:
+        """Yields each item's result as soon as it is ready (completion order)."""
+        futures: list[Future[reward_pb2.ScoreResult]] = [self._executor.submit(self.score_item, i) for i in items]
+        try:
+            for future in as_completed(futures):
+                yield future.result()
+        finally:  # the caller went away: do not score what nobody will read
+            for future in futures:
+                future.cancel()
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def _score_part(self, response: str, spec: reward_pb2.VerifierSpec) -> reward_pb2.RewardPart:
+        verifier = self._registry.get(spec.name)
+        label = spec.name if verifier is not None else _UNKNOWN_LABEL
+        start = time.monotonic()
+        if verifier is None:
+            result = VerifierResult.failure(
+                ErrorKind.UNKNOWN_VERIFIER,
+                f"unknown verifier {spec.name!r}; known: {', '.join(self._registry.names)}")
+        else:
+            try:
+                result = verifier.score(response, spec)
+            except Exception as e:  # a bug in a verifier must cost one part, not the batch
+                log.exception("verifier %s raised", spec.name)
+                result = VerifierResult.failure(ErrorKind.INTERNAL, f"internal error: {e}")
+        metrics.ITEM_SECONDS.labels(label).observe(time.monotonic() - start)
+        metrics.ITEMS.labels(label, _outcome(result)).inc()
+        if result.error_kind is not None:
+            metrics.ERRORS.labels(label, result.error_kind.value).inc()
+        return reward_pb2.RewardPart(verifier=spec.name, score=result.score, weight=spec.weight, error=result.error)

@@ -1,0 +1,80 @@
+"""Wires one reward process: math worker pool, verifiers, scorer, gRPC (+ health), /metrics."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from concurrent import futures
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import start_http_server
+
+from everstep.v1 import reward_pb2, reward_pb2_grpc
+from everstep_reward.config import RewardConfig
+from everstep_reward.scoring import RewardScorer
+from everstep_reward.verifiers import VerifierRegistry
+from everstep_reward.verifiers.code import CodeVerifier
+from everstep_reward.verifiers.format import FormatVerifier
+from everstep_reward.verifiers.math import MathVerifier, prepare_math_worker
+from everstep_reward.verifiers.worker_pool import ProcessWorkerPool
+
+__all__ = ["RewardServicer", "serve"]
+
+log = logging.getLogger(__name__)
+_GRPC_GRACE_SECONDS = 5.0
+
+
+class RewardServicer(reward_pb2_grpc.RewardServicer):
+    def __init__(self, scorer: RewardScorer) -> None:
+        self._scorer = scorer
+
+    def Score(self, request: reward_pb2.ScoreRequest, context: grpc.ServicerContext):
+        results = self._scorer.score_batch(request.items)
+        try:
+            for result in results:
+                if not context.is_active():
+                    break
+                yield result
+        finally:
+            results.close()
+
+
+def serve(config: RewardConfig) -> None:
+    """Serves until SIGTERM/SIGINT, then stops gracefully."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+
+    start_http_server(config.port, addr=config.host)
+    grpc_server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.grpc_threads))
+    health_servicer = health.HealthServicer()
+    # HealthServicer starts out SERVING for "": hold that back until the math workers are warm.
+    health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, grpc_server)
+
+    pool = ProcessWorkerPool(config.math_workers, start_method=config.worker_start_method,
+                             initializer=prepare_math_worker)
+    code_verifier = CodeVerifier(config.sandbox_endpoint, timeout_seconds=config.code_timeout_seconds,
+                                 run_timeout_seconds=config.code_run_timeout_seconds)
+    registry = VerifierRegistry([MathVerifier(pool, timeout_seconds=config.timeout_seconds), FormatVerifier(),
+                                 code_verifier])
+    scorer = RewardScorer(registry, max_concurrent_items=config.max_concurrent_items)
+    reward_pb2_grpc.add_RewardServicer_to_server(RewardServicer(scorer), grpc_server)
+    grpc_server.add_insecure_port(f"{config.host}:{config.grpc_port}")
+    grpc_server.start()
+    try:
+        pool.start()
+        health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        log.info("reward ready: grpc %s:%d metrics :%d verifiers %s math workers %d sandbox %s", config.host,
+                 config.grpc_port, config.port, ",".join(registry.names), config.math_workers,
+                 config.sandbox_endpoint or "none")
+        stop.wait()
+    finally:
+        health_servicer.enter_graceful_shutdown()
+        grpc_server.stop(_GRPC_GRACE_SECONDS).wait()
+        scorer.close()
+        code_verifier.close()
+        pool.close()
+        log.info("reward stopped")

@@ -1,0 +1,105 @@
+"""Math answers, checked symbolically with math-verify.
+
+The final answer is the content of the last `\\boxed{...}` in the response (spaces inside are
+fine: the demo tokenizer decodes `\\boxed{ 13 }`). A response without a complete, non-empty box
+gives no answer and scores 0: an RL policy must not be rewarded for a number that merely appears
+somewhere in its output (math-verify's own extraction would take the last one).
+The reference is parsed the same way, so `1/2`, `0.5` and `\\frac{1}{2}` agree.
+
+math-verify guards its sympy calls with signal.alarm, which only works on a main thread; we turn
+those timeouts off and run every check in a worker process instead (see worker_pool.py), with our
+own per-item timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from everstep.v1 import reward_pb2
+from everstep_reward.verifiers.base import ErrorKind, VerifierResult
+from everstep_reward.verifiers.worker_pool import ProcessWorkerPool, WorkerCrashed, WorkerTimeout
+
+__all__ = ["MathCheck", "MathVerifier", "check_math_answer", "extract_boxed_answer", "prepare_math_worker"]
+
+_BOXED = re.compile(r"\\boxed\s*\{")
+
+
+@dataclass(frozen=True)
+class MathCheck:
+    correct: bool
+    extracted_answer: str | None
+    """The boxed content that was compared; None if the response boxed nothing."""
+    reference_parsed: bool
+    """False when the reference answer itself could not be parsed: an error of the spec, not the response."""
+
+
+def extract_boxed_answer(text: str) -> str | None:
+    """Content of the last balanced `\\boxed{...}`, stripped; None if there is none."""
+    for match in reversed(list(_BOXED.finditer(text))):
+        depth, start = 1, match.end()
+        for index in range(start, len(text)):
+            if text[index] == "{":
+                depth += 1
+            elif text[index] == "}":
+                depth -= 1
+                if depth == 0:
+                    content = text[start:index].strip()
+                    if content:
+                        return content
+                    break
+    return None
+
+
+def _as_latex(answer: str) -> str:
+    return answer if "$" in answer or "\\boxed" in answer else f"${answer}$"
+
+
+def check_math_answer(response: str, reference: str) -> MathCheck:
+    """Runs in a worker process (top-level so it pickles). Internal math-verify timeouts are off."""
+    from math_verify import parse, verify
+
+    reference_latex = _as_latex(reference)
+    if not parse(reference_latex, fallback_mode="no_fallback", parsing_timeout=None):
+        return MathCheck(False, None, reference_parsed=False)  # only a raw-string fallback: not math
+    gold = parse(reference_latex, parsing_timeout=None)
+    boxed = extract_boxed_answer(response)
+    if boxed is None:
+        return MathCheck(False, None, reference_parsed=True)  # no box, or an empty or cut-off one
+    predicted = parse(f"${boxed}$", parsing_timeout=None)
+    if not predicted:
+        return MathCheck(False, boxed, reference_parsed=True)
+    return MathCheck(bool(verify(gold, predicted, timeout_seconds=None)), boxed, reference_parsed=True)
+
+
+def prepare_math_worker() -> None:
+    """Worker initializer: pays sympy/math-verify import and regex compilation once per process."""
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    check_math_answer("\\boxed{1}", "1")
+
+
+class MathVerifier:
+    """Scores 1.0 when the response's final answer equals `spec.answer`, else 0.0."""
+
+    name = "math"
+
+    def __init__(self, pool: ProcessWorkerPool, *, timeout_seconds: float,
+                 check: Callable[[str, str], MathCheck] = check_math_answer) -> None:
+        self._pool = pool
+        self._timeout_seconds = timeout_seconds
+        self._check = check
+
+    def score(self, response: str, spec: reward_pb2.VerifierSpec) -> VerifierResult:
+        if not spec.answer.strip():
+            return VerifierResult.failure(ErrorKind.INVALID_SPEC, "math verifier needs `answer` (the reference)")
+        try:
+            result = self._pool.call(self._check, response, spec.answer, timeout_seconds=self._timeout_seconds)
+        except WorkerTimeout:
+            return VerifierResult.failure(ErrorKind.TIMEOUT, "timeout")
+        except WorkerCrashed as e:
+            return VerifierResult.failure(ErrorKind.WORKER_CRASHED, str(e))
+        if not result.reference_parsed:
+            return VerifierResult.failure(ErrorKind.INVALID_SPEC, f"reference answer {spec.answer!r} does not parse")
+        return VerifierResult(1.0 if result.correct else 0.0)

@@ -1,0 +1,66 @@
+"""`python -m everstep_rollout`: the rollout gRPC server (arguments first, heavy imports after)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="everstep_rollout", description=__doc__)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (gRPC and metrics)")
+    p.add_argument("--port", type=int, required=True, help="HTTP port of Prometheus /metrics")
+    p.add_argument("--grpc-port", type=int, required=True, help="gRPC port")
+    p.add_argument("--model", default=None, help="Hugging Face model directory to load at start")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.add_argument("--max-running", type=int, default=64, help="sequences decoded together (KV cache slots)")
+    p.add_argument("--max-queued", type=int, default=4096, help="sequences that may wait; more are refused")
+    p.add_argument("--max-seq-len", type=int, default=2048, help="prompt + output tokens per sequence")
+    p.add_argument("--seed", type=int, default=0, help="engine sampling seed")
+    p.add_argument("--num-threads", type=int, default=0, help="torch CPU threads; 0: all cores but one")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import torch
+    from prometheus_client import start_http_server
+
+    from everstep_rollout import metrics
+    from everstep_rollout.config import EngineConfig, default_num_threads
+    from everstep_rollout.server import RolloutServicer, build_server, set_serving
+
+    torch.set_num_threads(args.num_threads or default_num_threads())
+    engine_defaults = EngineConfig(
+        max_running=args.max_running, max_queued=args.max_queued, max_seq_len=args.max_seq_len,
+        dtype=args.dtype, device=args.device, seed=args.seed,
+    )
+    servicer = RolloutServicer(engine_defaults)
+    metrics.bind_status(servicer.status)
+    start_http_server(args.port, addr=args.host)
+    server, health_servicer = build_server(servicer, args.host, args.grpc_port)
+    if args.model:
+        servicer.load(args.model)
+    set_serving(health_servicer)
+    logging.getLogger("everstep_rollout").info(
+        "rollout serving: gRPC %s:%d, metrics http://%s:%d/metrics, %d torch threads",
+        args.host, args.grpc_port, args.host, args.port, torch.get_num_threads(),
+    )
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop.wait()
+    health_servicer.enter_graceful_shutdown()
+    server.stop(grace=5).wait()
+    servicer.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""Runs an Engine in a background thread and routes its results to per-stream queues.
+
+All engine mutations (add, drain, weight updates) are executed by the loop thread between two steps, so
+they never interleave with a decode step; callers block until theirs has run (at most one step).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TypeVar
+
+import torch
+
+from everstep_rollout.engine import Engine, StepStats
+from everstep_rollout.sequence import GenerationRequest, SequenceResult
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Withdrawn:
+    """Stream event: these ids were returned by a global drain and will not come on the stream."""
+
+    ids: list[str]
+
+
+@dataclass(frozen=True)
+class EngineFailed:
+    """Stream event: the engine stopped (error or reset); no more results will come."""
+
+    message: str
+
+
+StreamEvent = SequenceResult | Withdrawn | EngineFailed
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineStatus:
+    version: int
+    running: int
+    queued: int
+    tokens_per_second: float
+
+
+class EngineLoop:
+    def __init__(self, engine: Engine, *, on_step: Callable[[StepStats], None] | None = None) -> None:
+        self.engine = engine
+        self._on_step = on_step
+        self._cond = threading.Condition()
+        self._ops: list[tuple[Callable[[Engine], object], Future]] = []
+        self._stopping = False
+        self._streams: dict[int, queue.Queue[StreamEvent]] = {}
+        self._stream_ids = itertools.count(1)
+        self._status = EngineStatus(version=engine.version, running=0, queued=0, tokens_per_second=0.0)
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+
+    def start(self) -> EngineLoop:
+        self._thread.start()
+        return self
+
+    def stop(self, reason: str = "engine stopped") -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join(timeout=30)
+        with self._cond:
+            streams = list(self._streams.values())
+        for q in streams:
+            q.put(EngineFailed(reason))
+
+    # -- streams ----------------------------------------------------------------------------------------
+
+    def open_stream(self) -> tuple[int, queue.Queue[StreamEvent]]:
+        """A new stream id and the queue its results (and Withdrawn/EngineFailed events) arrive on."""
+        with self._cond:
+            stream_id = next(self._stream_ids)
+            self._streams[stream_id] = queue.Queue()
+            return stream_id, self._streams[stream_id]
+
+    def close_stream(self, stream_id: int) -> None:
+        """Forget the stream and drop its unfinished sequences from the engine."""
+        with contextlib.suppress(RuntimeError):  # a stopped loop has nothing left to drop
+            self.call(lambda engine: engine.drain(stream=stream_id))
+        with self._cond:
+            self._streams.pop(stream_id, None)
+
+    # -- operations (run in the loop thread between steps) ----------------------------------------------
+
+    def call(self, fn: Callable[[Engine], T]) -> T:
+        future: Future = Future()
+        with self._cond:
+            if self._stopping:
+                raise RuntimeError("engine loop is stopped")
+            self._ops.append((fn, future))
+            self._cond.notify()
+        return future.result()
+
+    def submit(self, requests: Iterable[GenerationRequest]) -> None:
+        """Queue requests; raises QueueFullError or ValueError (nothing queued) like Engine.add."""
+        requests = list(requests)
+        self.call(lambda engine: engine.add(requests))
+
+    def drain_stream(self, stream_id: int) -> int:
+        """Deliver the stream's unfinished sequences on its queue as ABORTED partials; returns how many."""
+        partials = self.call(lambda engine: engine.drain(stream=stream_id))
+        self._deliver(partials)
+        return len(partials)
+
+    def drain_all(self) -> list[SequenceResult]:
+        """Remove and return every stream's unfinished sequences; each stream gets a Withdrawn event."""
+        partials = self.call(lambda engine: engine.drain())
+        by_stream: dict[int, list[str]] = {}
+        for p in partials:
+            by_stream.setdefault(p.stream, []).append(p.id)
+        with self._cond:
+            for stream_id, ids in by_stream.items():
+                if stream_id in self._streams:
+                    self._streams[stream_id].put(Withdrawn(ids))
+        return partials
+
+    def update_weights(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> int:
+        return self.call(lambda engine: engine.update_weights(named_tensors, version))
+
+    def status(self) -> EngineStatus:
+        return self._status
+
+    # -- the loop ---------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._ops or self._stopping or self.engine.has_work):
+                    self._cond.wait()
+                ops, self._ops = self._ops, []
+                stopping = self._stopping
+            for fn, future in ops:
+                try:
+                    future.set_result(fn(self.engine))
+                except BaseException as e:  # noqa: BLE001 - handed to the caller
+                    future.set_exception(e)
+            if stopping:
+                return
+            if self.engine.has_work:
+                try:
+                    finished = self.engine.step()
+                except Exception:
+                    log.exception("engine step failed; dropping every in-flight sequence")
+                    self.engine.drain()
+                    with self._cond:
+                        for q in self._streams.values():
+                            q.put(EngineFailed("engine step failed; see the rollout server log"))
+                    continue
+                self._deliver(finished)
+                if self._on_step is not None and self.engine.last_step is not None:
+                    self._on_step(self.engine.last_step)
+            e = self.engine
+            self._status = EngineStatus(version=e.version, running=e.num_running, queued=e.num_queued,
+                                        tokens_per_second=e.tokens_per_second())
+
+    def _deliver(self, results: list[SequenceResult]) -> None:
+        with self._cond:
+            for r in results:
+                q = self._streams.get(r.stream)
+                if q is not None:
+                    q.put(r)

@@ -1,0 +1,88 @@
+"""Typed requests and results that cross the engine boundary (the gRPC layer converts them to and from
+proto `everstep.v1.Sequence`)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class FinishReason(enum.IntEnum):
+    """Why a sequence left the engine; values equal proto `everstep.v1.FinishReason`."""
+
+    STOP = 1  # EOS token or a stop string
+    LENGTH = 2  # max_new_tokens or the engine's max_seq_len reached
+    ABORTED = 3  # drained: a partial rollout that may be continued
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingOptions:
+    """Per-sequence sampling parameters."""
+
+    temperature: float = 1.0
+    """0 means greedy (argmax); otherwise logits are divided by it before sampling."""
+    top_p: float = 1.0
+    """Nucleus filtering mass; 0 or 1 disables it."""
+    top_k: int = 0
+    """Keep the k most likely tokens; 0 disables it."""
+    max_new_tokens: int = 0
+    """Total output tokens of the sequence, earlier continuations included; 0: only max_seq_len limits."""
+    stop: tuple[str, ...] = ()
+    """Stop strings, matched on the decoded output text (the tokens that complete one are kept)."""
+    seed: int = 0
+    """0: the engine's seeded generator; otherwise a private generator seeded with this value."""
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.top_p <= 1:
+            raise ValueError(f"top_p must be in [0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+
+
+@dataclass(kw_only=True)
+class GenerationRequest:
+    """A prompt to generate from, or a partial rollout to continue (output_* non-empty)."""
+
+    id: str
+    """Caller-chosen id, unique among the live sequences of one stream."""
+    prompt_ids: list[int]
+    output_ids: list[int] = field(default_factory=list)
+    """Tokens generated earlier (possibly by older policy versions); generation continues after them."""
+    output_logprobs: list[float] = field(default_factory=list)
+    """log pi_infer of each earlier output token, carried through unchanged."""
+    output_versions: list[int] = field(default_factory=list)
+    """Policy version of each earlier output token, carried through unchanged."""
+    sampling: SamplingOptions = field(default_factory=SamplingOptions)
+    stream: int = 0
+    """Which client stream submitted it; `Engine.drain(stream=...)` selects by it."""
+
+    def __post_init__(self) -> None:
+        if not self.prompt_ids:
+            raise ValueError(f"sequence {self.id!r}: prompt_ids is empty")
+        n = len(self.output_ids)
+        if len(self.output_logprobs) != n or len(self.output_versions) != n:
+            raise ValueError(
+                f"sequence {self.id!r}: output_ids, output_logprobs and output_versions differ in length "
+                f"({n}, {len(self.output_logprobs)}, {len(self.output_versions)})"
+            )
+
+
+@dataclass(kw_only=True)
+class SequenceResult:
+    """Everything generated for one sequence so far; returned once, finished or drained."""
+
+    id: str
+    stream: int
+    prompt_ids: list[int]
+    output_ids: list[int]
+    output_logprobs: list[float]
+    """log_softmax(logits / T) of each sampled token before top-k/top-p (T = 1 when greedy)."""
+    output_versions: list[int]
+    """Engine policy version when each output token was generated."""
+    finish_reason: FinishReason
+    output_text: str = ""
+    """tokenizer.decode(output_ids, skip_special_tokens=True)."""

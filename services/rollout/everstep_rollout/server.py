@@ -1,0 +1,233 @@
+"""The gRPC `everstep.v1.Rollout` service over an EngineLoop."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from concurrent import futures
+from dataclasses import dataclass, replace
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from everstep.v1 import rollout_pb2, rollout_pb2_grpc
+from everstep_rollout import metrics
+from everstep_rollout.config import EngineConfig
+from everstep_rollout.engine import Engine, QueueFullError
+from everstep_rollout.engine_loop import EngineFailed, EngineLoop, EngineStatus, Withdrawn
+from everstep_rollout.proto_convert import request_from_proto, result_to_proto, sampling_from_proto, tensor_from_proto
+from everstep_rollout.sequence import SequenceResult
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 256 * 2**20
+_POLL_SECONDS = 0.5
+
+
+@dataclass(frozen=True)
+class _ClientDone:
+    pass
+
+
+@dataclass(frozen=True)
+class _Refused:
+    code: grpc.StatusCode
+    message: str
+
+
+class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
+    """Holds at most one engine; `Load` replaces it."""
+
+    def __init__(self, engine_defaults: EngineConfig) -> None:
+        self._defaults = engine_defaults
+        self._lock = threading.Lock()
+        self._loop: EngineLoop | None = None
+        self._model_path = ""
+
+    # -- engine lifecycle -------------------------------------------------------------------------------
+
+    def load(self, model_path: str, *, dtype: str = "", version: int = 0, max_running: int = 0,
+             seed: int = 0) -> Engine:
+        """Build an engine (the request's non-zero fields override the defaults) and swap it in."""
+        config = replace(
+            self._defaults, dtype=dtype or self._defaults.dtype, version=version,
+            max_running=max_running or self._defaults.max_running, seed=seed or self._defaults.seed,
+        )
+        engine = Engine(model_path, config)
+        loop = EngineLoop(engine, on_step=metrics.observe_step).start()
+        with self._lock:
+            old, self._loop, self._model_path = self._loop, loop, model_path
+        if old is not None:
+            old.stop("engine reset by Load")
+        return engine
+
+    def status(self) -> EngineStatus | None:
+        loop = self._loop
+        return loop.status() if loop is not None else None
+
+    def shutdown(self) -> None:
+        with self._lock:
+            loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.stop("server shutting down")
+
+    def _current(self, context: grpc.ServicerContext) -> EngineLoop:
+        loop = self._loop
+        if loop is None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no model loaded: call Load first")
+        return loop
+
+    # -- RPCs -------------------------------------------------------------------------------------------
+
+    def Load(self, request, context):
+        try:
+            engine = self.load(request.model_path, dtype=request.dtype, version=request.version,
+                               max_running=request.max_running, seed=request.seed)
+        except FileNotFoundError as e:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"cannot load {request.model_path!r}: {e}")
+        except (NotImplementedError, ValueError, OSError) as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot load {request.model_path!r}: {e}")
+        return rollout_pb2.LoadModelResponse(version=engine.version, num_parameters=engine.weights.num_parameters)
+
+    def Generate(self, request_iterator, context) -> Iterator[rollout_pb2.GenerateResponse]:
+        loop = self._current(context)
+        stream_id, events = loop.open_stream()
+        outstanding: set[str] = set()
+        lock = threading.Lock()
+
+        def read_requests() -> None:
+            try:
+                for message in request_iterator:
+                    if message.sequences:
+                        try:
+                            sampling = sampling_from_proto(message.sampling)
+                            requests = [request_from_proto(s, sampling, stream_id) for s in message.sequences]
+                            with lock:
+                                outstanding.update(r.id for r in requests)
+                            loop.submit(requests)
+                        except QueueFullError as e:
+                            events.put(_Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)))
+                            return
+                        except ValueError as e:
+                            events.put(_Refused(grpc.StatusCode.INVALID_ARGUMENT, str(e)))
+                            return
+                    if message.drain:
+                        metrics.observe_partials(loop.drain_stream(stream_id))
+            except Exception as e:  # the client went away, or the engine stopped
+                log.debug("generate stream %d: request reader ended: %s", stream_id, e)
+            finally:
+                events.put(_ClientDone())
+
+        threading.Thread(target=read_requests, name=f"generate-reader-{stream_id}", daemon=True).start()
+        client_done = False
+        try:
+            while True:
+                with lock:
+                    if client_done and not outstanding:
+                        return
+                try:
+                    batch = [events.get(timeout=_POLL_SECONDS)]
+                except queue.Empty:
+                    if not context.is_active():
+                        return
+                    continue
+                while True:
+                    try:
+                        batch.append(events.get_nowait())
+                    except queue.Empty:
+                        break
+                done: list[SequenceResult] = []
+                for event in batch:
+                    if isinstance(event, SequenceResult):
+                        with lock:
+                            if event.id in outstanding:
+                                outstanding.discard(event.id)
+                                done.append(event)
+                    elif isinstance(event, Withdrawn):
+                        with lock:
+                            outstanding.difference_update(event.ids)
+                    elif isinstance(event, _ClientDone):
+                        client_done = True
+                    elif isinstance(event, _Refused):
+                        context.abort(event.code, event.message)
+                    elif isinstance(event, EngineFailed):
+                        context.abort(grpc.StatusCode.ABORTED, event.message)
+                if done:
+                    yield rollout_pb2.GenerateResponse(sequences=[result_to_proto(r) for r in done])
+        finally:
+            loop.close_stream(stream_id)
+
+    def Drain(self, request, context):
+        partials = self._current(context).drain_all()
+        metrics.observe_partials(len(partials))
+        return rollout_pb2.DrainResponse(partials=[result_to_proto(p) for p in partials])
+
+    def UpdateWeights(self, request_iterator, context):
+        loop = self._current(context)
+        start: float | None = None
+        version: int | None = None
+        tensors = {}
+        num_bytes = 0
+        for bucket in request_iterator:
+            start = start or time.perf_counter()
+            if version is None:
+                version = bucket.version
+            elif bucket.version != version:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"bucket version {bucket.version} differs from this update's {version}")
+            try:
+                for t in bucket.tensors:
+                    tensors[t.name] = tensor_from_proto(t)
+                    num_bytes += len(t.data)
+                if bucket.last:
+                    loop.update_weights(tensors, version)
+            except ValueError as e:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"weight update rejected: {e}")
+            if bucket.last:
+                seconds = time.perf_counter() - start
+                metrics.observe_weight_update(seconds)
+                log.info("weights updated to version %d: %d tensors, %.1f MiB in %.3fs",
+                         version, len(tensors), num_bytes / 2**20, seconds)
+                return rollout_pb2.UpdateWeightsResponse(version=version, num_bytes=num_bytes, seconds=seconds)
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, "weight stream ended without a bucket with last=true")
+
+    def GetStatus(self, request, context):
+        status = self.status()
+        if status is None:
+            return rollout_pb2.RolloutStatus()
+        return rollout_pb2.RolloutStatus(
+            version=status.version, running=status.running, queued=status.queued,
+            tokens_per_second=status.tokens_per_second, model_path=self._model_path,
+        )
+
+
+def build_server(servicer: RolloutServicer, host: str, grpc_port: int, *, max_workers: int = 32) -> tuple[
+    grpc.Server, health.HealthServicer
+]:
+    """A started gRPC server with the Rollout and health services (health not yet SERVING)."""
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
+        options=[("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                 # gRPC binds with SO_REUSEPORT by default: a second server on a taken port would start
+                 # and share its traffic with the first instead of failing.
+                 ("grpc.so_reuseport", 0)],
+    )
+    rollout_pb2_grpc.add_RolloutServicer_to_server(servicer, server)
+    health_servicer = health.HealthServicer()
+    # HealthServicer reports "" as SERVING from the start; readiness waits for set_serving().
+    for service in ("", "everstep.v1.Rollout"):
+        health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    if server.add_insecure_port(f"{host}:{grpc_port}") == 0:
+        raise OSError(f"cannot bind gRPC port {host}:{grpc_port}")
+    server.start()
+    return server, health_servicer
+
+
+def set_serving(health_servicer: health.HealthServicer) -> None:
+    for service in ("", "everstep.v1.Rollout"):
+        health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)

@@ -1,0 +1,185 @@
+"""SandboxFusion-compatible HTTP API (`POST /run_code`, `GET /v1/ping`) plus everstep's
+`POST /run_tests`, `/healthz` and `/metrics`.
+
+Request and response JSON match SandboxFusion's `sandbox/server/sandbox_api.py` field for field,
+so SandboxFusion clients work unchanged. Differences: an unsupported language is a 422 naming the
+supported ones (SandboxFusion's schema also answers 422), `args` (pytest arguments) is accepted and
+ignored with a warning, and `c` is an extra language.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import os
+import socket
+from enum import StrEnum
+
+from fastapi import FastAPI, HTTPException, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, Field
+
+from everstep_sandbox.process import CommandResult
+from everstep_sandbox.runner import InvalidRequest, ProgramSpec, SandboxRunner, TestCase
+
+__all__ = ["create_app"]
+
+log = logging.getLogger(__name__)
+
+
+class CommandRunStatus(StrEnum):
+    Finished = "Finished"
+    Error = "Error"
+    TimeLimitExceeded = "TimeLimitExceeded"
+
+
+class RunStatus(StrEnum):
+    Success = "Success"
+    Failed = "Failed"
+    SandboxError = "SandboxError"
+
+
+class CommandRunResult(BaseModel):
+    status: CommandRunStatus
+    execution_time: float | None = None
+    return_code: int | None = None
+    stdout: str | None = None
+    stderr: str | None = None
+
+
+class RunCodeRequest(BaseModel):
+    compile_timeout: float = Field(10, description="compile timeout for compiled languages")
+    run_timeout: float = Field(10, description="code run timeout")
+    memory_limit_MB: int = Field(-1, description="maximum memory allowed in megabytes")
+    code: str = Field(..., examples=['print("hello")'], description="the code to run")
+    stdin: str | None = Field(None, examples=[""], description="optional string to pass into stdin")
+    language: str = Field(..., examples=["python"], description="the language to run the code in")
+    files: dict[str, str | None] = Field({}, description="a dict from file path to base64 encoded file content")
+    fetch_files: list[str] = Field([], description="a list of file paths to fetch after code execution")
+    args: list[str] = Field([], description="additional command-line arguments passed to pytest (ignored)")
+
+
+class RunCodeResponse(BaseModel):
+    status: RunStatus
+    message: str
+    compile_result: CommandRunResult | None = None
+    run_result: CommandRunResult | None = None
+    executor_pod_name: str | None = None
+    files: dict[str, str] = {}
+
+
+class TestCaseModel(BaseModel):
+    stdin: str = ""
+    expected_stdout: str
+
+
+class RunTestsRequest(BaseModel):
+    code: str
+    language: str
+    cases: list[TestCaseModel]
+    compile_timeout: float = 10
+    run_timeout: float = 10
+    memory_limit_MB: int = -1
+    files: dict[str, str | None] = {}
+
+
+class TestCaseResultModel(BaseModel):
+    passed: bool
+    run_result: CommandRunResult | None = None
+
+
+class RunTestsResponse(BaseModel):
+    status: RunStatus
+    message: str
+    compile_result: CommandRunResult | None = None
+    results: list[TestCaseResultModel] = []
+    executor_pod_name: str | None = None
+
+
+def _command_json(result: CommandResult | None) -> CommandRunResult | None:
+    if result is None:
+        return None
+    return CommandRunResult(status=CommandRunStatus(result.status.value), execution_time=result.execution_time,
+                            return_code=result.return_code, stdout=result.stdout, stderr=result.stderr)
+
+
+def _decode_files(files: dict[str, str | None]) -> dict[str, bytes]:
+    decoded = {}
+    for path, content in files.items():
+        if content is None:  # SandboxFusion allows null contents and skips them
+            continue
+        try:
+            decoded[path] = base64.b64decode(content, validate=True)
+        except binascii.Error:
+            raise _unprocessable(("body", "files", path), "file content is not valid base64") from None
+    return decoded
+
+
+def _unprocessable(loc: tuple[str, ...], message: str) -> HTTPException:
+    return HTTPException(status_code=422, detail=[{"loc": list(loc), "msg": message, "type": "value_error"}])
+
+
+def create_app(runner: SandboxRunner) -> FastAPI:
+    app = FastAPI(title="everstep sandbox")
+    pod_name = os.environ.get("MY_POD_NAME") or socket.gethostname()
+
+    def check_language(language: str) -> None:
+        if language not in runner.languages:
+            raise _unprocessable(("body", "language"),
+                                 f"unsupported language {language!r}; supported: {', '.join(runner.languages)}")
+
+    # Plain `def` handlers: FastAPI runs them in its thread pool, so a long run never blocks the loop.
+    @app.post("/run_code", response_model=RunCodeResponse, tags=["sandbox"])
+    def run_code(request: RunCodeRequest) -> RunCodeResponse:
+        check_language(request.language)
+        if request.args:
+            log.warning("ignoring `args` %s: only meaningful for pytest, which is not supported", request.args)
+        spec = ProgramSpec(code=request.code, language=request.language,
+                           compile_timeout_seconds=request.compile_timeout,
+                           run_timeout_seconds=request.run_timeout, memory_limit_mb=request.memory_limit_MB,
+                           files=_decode_files(request.files))
+        try:
+            result = runner.run_code(spec, stdin=request.stdin or "", fetch_files=request.fetch_files)
+        except InvalidRequest as e:
+            raise _unprocessable(("body",), str(e)) from None
+        return RunCodeResponse(
+            status=RunStatus(result.status.value), message=result.message,
+            compile_result=_command_json(result.compile_result), run_result=_command_json(result.run_result),
+            executor_pod_name=pod_name,
+            files={path: base64.b64encode(content).decode() for path, content in result.files.items()},
+        )
+
+    @app.post("/run_tests", response_model=RunTestsResponse, tags=["sandbox"])
+    def run_tests(request: RunTestsRequest) -> RunTestsResponse:
+        check_language(request.language)
+        spec = ProgramSpec(code=request.code, language=request.language,
+                           compile_timeout_seconds=request.compile_timeout,
+                           run_timeout_seconds=request.run_timeout, memory_limit_mb=request.memory_limit_MB,
+                           files=_decode_files(request.files))
+        cases = [TestCase(c.stdin, c.expected_stdout) for c in request.cases]
+        try:
+            result = runner.run_tests(spec, cases)
+        except InvalidRequest as e:
+            raise _unprocessable(("body",), str(e)) from None
+        return RunTestsResponse(
+            status=RunStatus(result.status.value), message=result.message,
+            compile_result=_command_json(result.compile_result),
+            results=[TestCaseResultModel(passed=r.passed, run_result=_command_json(r.run_result))
+                     for r in result.results],
+            executor_pod_name=pod_name,
+        )
+
+    @app.get("/v1/ping")
+    def ping() -> str:
+        return "pong"
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    def prometheus_metrics() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,124 @@
+"""Training samples, their padded tensor form, and token-budgeted micro-batches."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["PaddedBatch", "TrainSample", "pad_samples", "split_micro_batches", "validate_samples"]
+
+
+@dataclass(frozen=True)
+class TrainSample:
+    """One scored rollout: the prompt, the generated tokens with the engine's log-probs, the advantage."""
+
+    prompt_ids: Sequence[int]
+    output_ids: Sequence[int]
+    rollout_logprobs: Sequence[float]
+    """log pi_infer of each output token, as recorded by the rollout engine."""
+    advantage: float
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+
+@dataclass(frozen=True)
+class PaddedBatch:
+    """Samples as right-padded tensors; every [B, L] tensor is aligned with input_ids."""
+
+    input_ids: Tensor
+    """[B, L] int64, prompt + output, padded with pad_token_id."""
+    attention_mask: Tensor
+    """[B, L] int64, 1 on real tokens."""
+    output_mask: Tensor
+    """[B, L] bool, True on output tokens (the ones that are scored and trained)."""
+    rollout_logp: Tensor
+    """[B, L] float32, the engine's log-probs at output positions, 0 elsewhere."""
+    advantages: Tensor
+    """[B] float32."""
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def select(self, indices: Sequence[int]) -> PaddedBatch:
+        """Rows `indices`, trimmed to their longest sequence."""
+        index = torch.as_tensor(list(indices), dtype=torch.long, device=self.input_ids.device)
+        length = int(self.attention_mask.index_select(0, index).sum(dim=1).max())
+        return PaddedBatch(
+            input_ids=self.input_ids.index_select(0, index)[:, :length],
+            attention_mask=self.attention_mask.index_select(0, index)[:, :length],
+            output_mask=self.output_mask.index_select(0, index)[:, :length],
+            rollout_logp=self.rollout_logp.index_select(0, index)[:, :length],
+            advantages=self.advantages.index_select(0, index),
+        )
+
+
+def validate_samples(samples: Sequence[TrainSample], *, vocab_size: int | None = None) -> None:
+    """ValueError naming the offending field (`samples[i].rollout_logprobs`, ...) on bad input."""
+    if not samples:
+        raise ValueError("samples: at least one sample is required")
+    for i, sample in enumerate(samples):
+        if len(sample.prompt_ids) == 0:
+            raise ValueError(f"samples[{i}].prompt_ids: must not be empty")
+        if len(sample.output_ids) == 0:
+            raise ValueError(f"samples[{i}].output_ids: must not be empty")
+        if len(sample.rollout_logprobs) != len(sample.output_ids):
+            raise ValueError(
+                f"samples[{i}].rollout_logprobs: length {len(sample.rollout_logprobs)} != "
+                f"output_ids length {len(sample.output_ids)}"
+            )
+        if not all(math.isfinite(x) for x in sample.rollout_logprobs):
+            raise ValueError(f"samples[{i}].rollout_logprobs: every value must be finite")
+        if not math.isfinite(sample.advantage):
+            raise ValueError(f"samples[{i}].advantage: must be finite (got {sample.advantage})")
+        for field in ("prompt_ids", "output_ids"):
+            ids = getattr(sample, field)
+            if min(ids) < 0 or (vocab_size is not None and max(ids) >= vocab_size):
+                raise ValueError(f"samples[{i}].{field}: token ids must be in [0, {vocab_size})")
+
+
+def pad_samples(samples: Sequence[TrainSample], *, pad_token_id: int,
+                device: torch.device | str = "cpu") -> PaddedBatch:
+    """Right-pad prompt + output of every sample into one batch."""
+    length = max(s.num_tokens for s in samples)
+    batch = len(samples)
+    input_ids = torch.full((batch, length), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((batch, length), dtype=torch.long)
+    output_mask = torch.zeros((batch, length), dtype=torch.bool)
+    rollout_logp = torch.zeros((batch, length), dtype=torch.float32)
+    for row, sample in enumerate(samples):
+        num_prompt, num_total = len(sample.prompt_ids), sample.num_tokens
+        input_ids[row, :num_total] = torch.tensor([*sample.prompt_ids, *sample.output_ids], dtype=torch.long)
+        attention_mask[row, :num_total] = 1
+        output_mask[row, num_prompt:num_total] = True
+        rollout_logp[row, num_prompt:num_total] = torch.tensor(list(sample.rollout_logprobs), dtype=torch.float32)
+    advantages = torch.tensor([float(s.advantage) for s in samples], dtype=torch.float32)
+    return PaddedBatch(input_ids.to(device), attention_mask.to(device), output_mask.to(device),
+                       rollout_logp.to(device), advantages.to(device))
+
+
+def split_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
+    """Group sample indices so that each group's padded size (count x longest) fits token_budget.
+
+    Samples are taken longest first, which keeps padding low; a sample longer than the budget
+    forms a group of its own.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    groups: list[list[int]] = []
+    current: list[int] = []
+    current_max = 0
+    for i in order:
+        longest = max(current_max, lengths[i])
+        if current and longest * (len(current) + 1) > token_budget:
+            groups.append(current)
+            current, longest = [], lengths[i]
+        current.append(i)
+        current_max = longest
+    if current:
+        groups.append(current)
+    return groups

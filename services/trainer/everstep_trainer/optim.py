@@ -1,0 +1,40 @@
+"""AdamW with decoupled weight decay on matrices only, and the learning-rate schedule."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["build_adamw", "learning_rate_at", "set_learning_rate"]
+
+
+def build_adamw(model: torch.nn.Module, *, learning_rate: float, weight_decay: float = 0.0) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters; biases and norm weights (ndim < 2) get no weight decay."""
+    decay, no_decay = [], []
+    for param in model.parameters():
+        if param.requires_grad:
+            (decay if param.ndim >= 2 else no_decay).append(param)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=learning_rate)
+
+
+def learning_rate_at(step: int, *, learning_rate: float, warmup_steps: int = 0, total_steps: int = 0) -> float:
+    """Learning rate of the 0-based train step `step`.
+
+    Linear warmup: step s < warmup_steps uses learning_rate * (s + 1) / warmup_steps. Afterwards
+    constant when total_steps == 0, else cosine decay reaching 0 at step total_steps (and staying 0).
+    """
+    if step < 0:
+        raise ValueError(f"step: must be >= 0, got {step}")
+    if step < warmup_steps:
+        return learning_rate * (step + 1) / warmup_steps
+    if total_steps <= 0:
+        return learning_rate
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return learning_rate * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, learning_rate: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = learning_rate

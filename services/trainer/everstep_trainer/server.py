@@ -1,0 +1,168 @@
+"""gRPC `everstep.v1.Trainer` service around one `PolicyTrainer`, plus the process wiring."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from concurrent import futures
+from dataclasses import fields
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import start_http_server
+
+from everstep.v1 import trainer_pb2, trainer_pb2_grpc
+from everstep_trainer import metrics
+from everstep_trainer.batching import TrainSample, validate_samples
+from everstep_trainer.config import TrainerConfig
+from everstep_trainer.policy_trainer import PolicyTrainer, TrainStats
+from everstep_trainer.weight_push import DEFAULT_BUCKET_BYTES, GRPC_MAX_MESSAGE_BYTES, WeightPushError, make_transport
+
+__all__ = ["TrainerService", "config_from_proto", "serve", "stats_to_proto"]
+
+log = logging.getLogger(__name__)
+
+
+def config_from_proto(message: trainer_pb2.TrainerConfig) -> TrainerConfig:
+    """The one place where proto zero values ("", 0) mean "use the TrainerConfig default".
+
+    Consequence: a setting whose wanted value is 0 but whose default is not (clip_low, alpha, ...)
+    cannot be expressed over gRPC; use a tiny positive value instead.
+    """
+    defaults = TrainerConfig()
+    values = {}
+    for f in fields(TrainerConfig):
+        value = getattr(message, f.name)
+        values[f.name] = value if value else getattr(defaults, f.name)
+    try:
+        return TrainerConfig(**values)
+    except ValueError as e:
+        raise ValueError(f"config.{e}") from e
+
+
+def stats_to_proto(stats: TrainStats) -> trainer_pb2.TrainStats:
+    proto_fields = {f.name for f in trainer_pb2.TrainStats.DESCRIPTOR.fields}
+    return trainer_pb2.TrainStats(**{f.name: getattr(stats, f.name) for f in fields(stats)
+                                     if f.name in proto_fields})
+
+
+def _samples_from_proto(request: trainer_pb2.TrainStepRequest) -> list[TrainSample]:
+    samples = []
+    for i, s in enumerate(request.samples):
+        if len(s.output_versions) not in (0, len(s.output_ids)):
+            raise ValueError(f"samples[{i}].output_versions: length {len(s.output_versions)} != "
+                             f"output_ids length {len(s.output_ids)}")
+        samples.append(TrainSample(prompt_ids=list(s.prompt_ids), output_ids=list(s.output_ids),
+                                   rollout_logprobs=list(s.rollout_logprobs), advantage=s.advantage))
+    return samples
+
+
+class TrainerService(trainer_pb2_grpc.TrainerServicer):
+    """Serialises every call on one lock: steps, pushes and saves must see consistent weights."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._trainer: PolicyTrainer | None = None
+
+    def _require_trainer(self, context: grpc.ServicerContext) -> PolicyTrainer:
+        if self._trainer is None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no model loaded: call Load first")
+        return self._trainer
+
+    def Load(self, request: trainer_pb2.TrainerLoadRequest, context: grpc.ServicerContext):  # noqa: N802
+        if not request.model_path:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "model_path: must not be empty")
+        if request.version < 0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"version: must be >= 0, got {request.version}")
+        try:
+            config = config_from_proto(request.config)
+        except ValueError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        if not Path(request.model_path).is_dir():
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"model_path: {request.model_path} is not a directory")
+        with self._lock:
+            self._trainer = None  # free the old model before loading the next
+            try:
+                trainer = PolicyTrainer(request.model_path, config, version=request.version)
+            except ValueError as e:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            self._trainer = trainer
+            metrics.POLICY_VERSION.set(trainer.version)
+            log.info("loaded %s (%d parameters) at version %d on %s", request.model_path,
+                     trainer.num_parameters, trainer.version, trainer.device)
+            return trainer_pb2.TrainerLoadResponse(version=trainer.version, num_parameters=trainer.num_parameters)
+
+    def TrainStep(self, request: trainer_pb2.TrainStepRequest, context: grpc.ServicerContext):  # noqa: N802
+        with self._lock:
+            trainer = self._require_trainer(context)
+            try:
+                samples = _samples_from_proto(request)
+                validate_samples(samples, vocab_size=trainer.vocab_size)
+                version, stats = trainer.train_step(samples)
+            except ValueError as e:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            metrics.observe_train_step(stats, version)
+            log.info("train step -> version %d: loss=%.5f grad_norm=%.4f masked_fraction=%.4f tokens=%d",
+                     version, stats.loss, stats.grad_norm, stats.masked_fraction, stats.num_tokens)
+            return trainer_pb2.TrainStepResponse(version=version, stats=stats_to_proto(stats))
+
+    def PushWeights(self, request: trainer_pb2.PushWeightsRequest, context: grpc.ServicerContext):  # noqa: N802
+        if not request.endpoints:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "endpoints: at least one endpoint is required")
+        if request.bucket_bytes < 0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bucket_bytes: must be >= 0, got {request.bucket_bytes}")
+        with self._lock:
+            trainer = self._require_trainer(context)
+            transport = make_transport("grpc", bucket_bytes=request.bucket_bytes or DEFAULT_BUCKET_BYTES)
+            try:
+                result = transport.push(trainer.named_weights(), version=trainer.version,
+                                        endpoints=list(request.endpoints))
+            except WeightPushError as e:
+                context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+            finally:
+                transport.close()
+            metrics.observe_weight_push(result.num_bytes, result.seconds)
+            log.info("pushed version %d to %d endpoint(s): %d bytes in %.3fs", result.version,
+                     result.num_endpoints, result.num_bytes, result.seconds)
+            return trainer_pb2.PushWeightsResponse(version=result.version, num_bytes=result.num_bytes,
+                                                   seconds=result.seconds)
+
+    def SaveCheckpoint(self, request: trainer_pb2.SaveCheckpointRequest, context: grpc.ServicerContext):  # noqa: N802
+        if not request.path:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "path: must not be empty")
+        with self._lock:
+            trainer = self._require_trainer(context)
+            path = trainer.save_checkpoint(request.path)
+            log.info("saved version %d to %s", trainer.version, path)
+            return trainer_pb2.SaveCheckpointResponse(path=str(path))
+
+
+def serve(*, host: str, port: int, grpc_port: int, max_workers: int = 8) -> None:
+    """Run until SIGTERM/SIGINT: Prometheus on `port`, gRPC (Trainer + health) on `grpc_port`."""
+    start_http_server(port, addr=host)
+    options = [("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
+               ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES)]
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=options)
+    trainer_pb2_grpc.add_TrainerServicer_to_server(TrainerService(), server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    server.add_insecure_port(f"{host}:{grpc_port}")
+    server.start()
+    health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    health_servicer.set("everstep.v1.Trainer", health_pb2.HealthCheckResponse.SERVING)
+    log.info("trainer serving gRPC on %s:%d, metrics on %s:%d", host, grpc_port, host, port)
+
+    stopping = threading.Event()
+
+    def _stop(signum: int, _frame: object) -> None:
+        log.info("received signal %d, stopping", signum)
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    stopping.wait()
+    health_servicer.enter_graceful_shutdown()
+    server.stop(grace=5).wait()
+    log.info("trainer stopped")

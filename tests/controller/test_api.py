@@ -1,0 +1,95 @@
+"""The REST API against a real Redis; the job manager's loop is not started, so jobs stay PENDING."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+
+from everstep_controller.api import create_app
+from everstep_controller.clients import ServiceEndpoints
+from everstep_controller.job_file import load_job_file
+from everstep_controller.job_manager import JobManager
+from everstep_controller.job_store import JobStore
+
+SPEC = {"model_path": "/models/m", "dataset": {"train_path": "/data/train.jsonl"}, "steps": 3}
+
+
+@pytest.fixture
+def client(redis_url: str, tmp_path: Path) -> TestClient:
+    store = JobStore(redis.Redis.from_url(redis_url))
+    manager = JobManager(store, ServiceEndpoints("127.0.0.1:1", "127.0.0.1:1", "127.0.0.1:1"), tmp_path)
+    return TestClient(create_app(manager, store))
+
+
+def test_create_get_list_and_defaults(client: TestClient) -> None:
+    created = client.post("/v1/jobs", json=SPEC)
+    assert created.status_code == 201, created.text
+    job = created.json()
+    assert job["state"] == "PENDING" and job["step"] == 0
+    assert job["spec"]["algorithm"]["loss"]["correction"] == "icepop"
+    assert job["spec"]["algorithm"]["loss"]["alpha"] == 0.5 and job["spec"]["algorithm"]["loss"]["beta"] == 5.0
+    assert client.get(f"/v1/jobs/{job['id']}").json()["id"] == job["id"]
+    assert [j["id"] for j in client.get("/v1/jobs").json()] == [job["id"]]
+    assert client.get(f"/v1/jobs/{job['id']}/metrics").json() == []
+    assert client.get("/v1/jobs/nope").status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("patch", "field_path"),
+    [
+        ({"steps": 0}, ["body", "steps"]),
+        ({"algorithm": {"group_size": 1}}, ["body", "algorithm", "group_size"]),
+        ({"algorithm": {"loss": {"correction": "magic"}}}, ["body", "algorithm", "loss", "correction"]),
+        ({"scheduler": {"token_budget": -5}}, ["body", "scheduler", "token_budget"]),
+        ({"unknown_field": 1}, ["body", "unknown_field"]),
+    ],
+)
+def test_bad_spec_gives_422_naming_the_field(client: TestClient, patch: dict, field_path: list[str]) -> None:
+    response = client.post("/v1/jobs", json={**SPEC, **patch})
+    assert response.status_code == 422
+    assert field_path in [e["loc"] for e in response.json()["detail"]]
+    assert client.get("/v1/jobs").json() == [], "a rejected spec creates no job"
+
+
+def test_cross_field_checks(client: TestClient) -> None:
+    response = client.post("/v1/jobs", json={**SPEC, "algorithm": {"loss": {"alpha": 3, "beta": 2}}})
+    assert response.status_code == 422 and "alpha" in response.text
+    response = client.post("/v1/jobs", json={**SPEC, "algorithm": {"group_size": 64},
+                                             "scheduler": {"pool_capacity": 16}})
+    assert response.status_code == 422 and "pool_capacity" in response.text
+
+
+def test_cancel_pending_and_actions_on_ended_jobs(client: TestClient) -> None:
+    job_id = client.post("/v1/jobs", json=SPEC).json()["id"]
+    assert client.post(f"/v1/jobs/{job_id}/resume").status_code == 409, "resume needs a paused job"
+    assert client.post(f"/v1/jobs/{job_id}/cancel").json()["state"] == "CANCELLED"
+    assert client.post(f"/v1/jobs/{job_id}/pause").status_code == 409
+
+
+def test_bearer_token(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EVERSTEP_API_TOKEN", "s3cret")
+    assert client.get("/v1/jobs").status_code == 401
+    assert client.get("/v1/jobs", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert client.get("/v1/jobs", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    assert client.get("/healthz").status_code == 200, "health stays open for probes"
+
+
+def test_openapi_and_prometheus(client: TestClient) -> None:
+    paths = client.get("/openapi.json").json()["paths"]
+    for path in ("/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/pause", "/v1/jobs/{job_id}/resume",
+                 "/v1/jobs/{job_id}/cancel", "/v1/jobs/{job_id}/metrics", "/healthz", "/metrics"):
+        assert path in paths
+    assert "everstep_controller_jobs_started_total" in client.get("/metrics").text
+
+
+def test_job_file_resolves_paths_relative_to_the_yaml(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    job = tmp_path / "sub" / "job.yaml"
+    job.write_text("model_path: ../model\ndataset:\n  train_path: data/train.jsonl\n  eval_path: /abs/eval.jsonl\n")
+    spec = load_job_file(job)
+    assert spec["model_path"] == str(tmp_path / "model")
+    assert spec["dataset"]["train_path"] == str(tmp_path / "sub" / "data" / "train.jsonl")
+    assert spec["dataset"]["eval_path"] == "/abs/eval.jsonl"

@@ -1,0 +1,17 @@
+"""Math check functions that hang or crash, for the worker-pool tests. They live in their own module
+so spawned worker processes can import them (the parent's sys.path is passed to the workers)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from everstep_reward.verifiers.math import MathCheck, check_math_answer
+
+
+def hang_or_check(response: str, reference: str) -> MathCheck:
+    if "HANG" in response:
+        time.sleep(600)
+    if "CRASH" in response:
+        os._exit(1)
+    return check_math_answer(response, reference)

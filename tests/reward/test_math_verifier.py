@@ -1,0 +1,103 @@
+"""The math verifier on a labeled set, through real worker processes; timeouts and crashes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from math_cases import MATH_CASES
+from misbehaving_checks import hang_or_check
+
+from everstep.v1 import reward_pb2
+from everstep_reward.verifiers import ErrorKind
+from everstep_reward.verifiers.math import MathVerifier, extract_boxed_answer, prepare_math_worker
+from everstep_reward.verifiers.worker_pool import ProcessWorkerPool
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[ProcessWorkerPool]:
+    pool = ProcessWorkerPool(2, initializer=prepare_math_worker)
+    pool.start()
+    yield pool
+    pool.close()
+
+
+def spec(answer: str) -> reward_pb2.VerifierSpec:
+    return reward_pb2.VerifierSpec(name="math", weight=1.0, answer=answer)
+
+
+def test_labeled_set_is_big_and_balanced() -> None:
+    assert len(MATH_CASES) >= 40
+    assert sum(ok for _, _, ok in MATH_CASES) >= 15 and sum(not ok for _, _, ok in MATH_CASES) >= 15
+
+
+def test_labeled_set(pool: ProcessWorkerPool) -> None:
+    verifier = MathVerifier(pool, timeout_seconds=20)
+    wrong = []
+    for response, answer, correct in MATH_CASES:
+        result = verifier.score(response, spec(answer))
+        assert result.ok, (response, answer, result)
+        if result.score != (1.0 if correct else 0.0):
+            wrong.append((response, answer, correct, result.score))
+    assert wrong == []
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("so \\boxed{ 13 }", "13"),
+    ("\\boxed{\\frac{1}{2}} and later \\boxed{ \\frac{3}{4} }", "\\frac{3}{4}"),
+    ("\\boxed {x^{2}}", "x^{2}"),
+    ("no box here", None),
+    ("\\boxed{ }", None),
+    ("\\boxed{ 12", None),
+])
+def test_extract_boxed_answer(text: str, expected: str | None) -> None:
+    assert extract_boxed_answer(text) == expected
+
+
+def test_missing_answer_is_an_error_not_a_zero(pool: ProcessWorkerPool) -> None:
+    result = MathVerifier(pool, timeout_seconds=20).score("\\boxed{ 1 }", spec(""))
+    assert result.error_kind == ErrorKind.INVALID_SPEC and "answer" in result.error
+
+
+def test_unparseable_reference_is_an_error(pool: ProcessWorkerPool) -> None:
+    result = MathVerifier(pool, timeout_seconds=20).score("\\boxed{ 1 }", spec("\\frac{"))
+    assert result.error_kind == ErrorKind.INVALID_SPEC
+
+
+@pytest.mark.slow
+def test_hung_check_times_out_and_later_items_still_score() -> None:
+    pool = ProcessWorkerPool(1, initializer=prepare_math_worker)
+    pool.start()
+    try:
+        verifier = MathVerifier(pool, timeout_seconds=1.0, check=hang_or_check)
+        start = time.monotonic()
+        result = verifier.score("HANG \\boxed{ 1 }", spec("1"))
+        assert time.monotonic() - start < 2.5
+        assert result.error == "timeout" and result.error_kind == ErrorKind.TIMEOUT and result.score == 0.0
+        # The only worker hung: the pool must have been replaced for these to score at all.
+        assert verifier.score("\\boxed{ 13 }", spec("13")).score == 1.0
+        assert verifier.score("\\boxed{ 12 }", spec("13")).score == 0.0
+
+        crashed = verifier.score("CRASH", spec("1"))
+        assert crashed.error_kind == ErrorKind.WORKER_CRASHED
+        assert verifier.score("\\boxed{ 7 }", spec("7")).score == 1.0
+    finally:
+        pool.close()
+
+
+@pytest.mark.slow
+def test_items_running_beside_a_hung_one_still_score() -> None:
+    pool = ProcessWorkerPool(2, initializer=prepare_math_worker)
+    pool.start()
+    try:
+        verifier = MathVerifier(pool, timeout_seconds=1.5, check=hang_or_check)
+        requests = [("HANG", "1")] + [(f"\\boxed{{ {i} }}", str(i if i % 2 else i + 1)) for i in range(8)]
+        with ThreadPoolExecutor(len(requests)) as threads:
+            results = list(threads.map(lambda r: verifier.score(r[0], spec(r[1])), requests))
+        assert results[0].error == "timeout"
+        assert [r.score for r in results[1:]] == [0.0, 1.0] * 4
+        assert all(r.ok for r in results[1:])
+    finally:
+        pool.close()

@@ -1,0 +1,87 @@
+"""Scoring in-process: weights, errors that never crash and never hide as zeros, format rule."""
+
+from __future__ import annotations
+
+import pytest
+
+from everstep.v1 import reward_pb2
+from everstep_reward.scoring import RewardScorer
+from everstep_reward.verifiers import VerifierRegistry
+from everstep_reward.verifiers.code import CodeVerifier, extract_code
+from everstep_reward.verifiers.format import FormatVerifier, is_well_formatted
+
+
+def make_scorer(sandbox_endpoint: str | None = None) -> RewardScorer:
+    code = CodeVerifier(sandbox_endpoint, timeout_seconds=5, run_timeout_seconds=2)
+    return RewardScorer(VerifierRegistry([FormatVerifier(), code]), max_concurrent_items=4)
+
+
+def item(response: str, *verifiers: reward_pb2.VerifierSpec, item_id: str = "a") -> reward_pb2.RewardItem:
+    return reward_pb2.RewardItem(id=item_id, response=response, verifiers=verifiers)
+
+
+def test_reward_is_weighted_sum_of_parts() -> None:
+    result = make_scorer().score_item(item(
+        "<think>hmm</think> \\boxed{ 3 }",
+        reward_pb2.VerifierSpec(name="format", weight=0.25), reward_pb2.VerifierSpec(name="format", weight=2.0)))
+    assert result.error == ""
+    assert [p.score for p in result.parts] == [1.0, 1.0]
+    assert result.reward == pytest.approx(2.25)
+
+
+def test_unknown_verifier_is_an_item_error() -> None:
+    result = make_scorer().score_item(item(
+        "\\boxed{ 3 }", reward_pb2.VerifierSpec(name="format", weight=1.0),
+        reward_pb2.VerifierSpec(name="astrology", weight=1.0)))
+    assert result.parts[1].error.startswith("unknown verifier 'astrology'")
+    assert "astrology" in result.error
+    assert result.parts[0].error == "" and result.reward == 1.0
+
+
+def test_item_without_verifiers_is_an_error() -> None:
+    assert make_scorer().score_item(item("x")).error == "item names no verifiers"
+
+
+def test_code_verifier_errors_are_reported() -> None:
+    scorer = make_scorer()
+    no_tests = scorer.score_item(item("print(1)", reward_pb2.VerifierSpec(name="code", weight=1, language="python")))
+    assert "tests" in no_tests.parts[0].error
+    tests = [reward_pb2.CodeTest(stdin="", expected_stdout="1")]
+    no_sandbox = scorer.score_item(item("print(1)", reward_pb2.VerifierSpec(name="code", weight=1,
+                                                                            language="python", tests=tests)))
+    assert "--sandbox-endpoint" in no_sandbox.parts[0].error
+
+
+def test_unreachable_sandbox_is_an_item_error(free_port: int) -> None:
+    tests = [reward_pb2.CodeTest(stdin="", expected_stdout="1")]
+    result = make_scorer(f"127.0.0.1:{free_port}").score_item(
+        item("print(1)", reward_pb2.VerifierSpec(name="code", weight=1, language="python", tests=tests)))
+    assert "unreachable" in result.parts[0].error and result.error
+    assert result.reward == 0.0
+
+
+def test_score_batch_yields_every_item_once() -> None:
+    items = [item(f"\\boxed{{ {i} }}" if i % 2 else "none", reward_pb2.VerifierSpec(name="format", weight=1.0),
+                  item_id=str(i)) for i in range(20)]
+    results = {r.id: r for r in make_scorer().score_batch(items)}
+    assert sorted(results, key=int) == [str(i) for i in range(20)]
+    assert all(results[str(i)].reward == (1.0 if i % 2 else 0.0) for i in range(20))
+
+
+@pytest.mark.parametrize(("response", "ok"), [
+    ("\\boxed{ 13 }", True),
+    ("<think> 12 + 1 </think> so \\boxed{ 13 }", True),
+    ("<think> \\boxed{ 13 }", False),
+    ("<think> \\boxed{ 13 } </think>", False),
+    ("</think> <think> \\boxed{ 1 }", False),
+    ("the answer is 13", False),
+    ("\\boxed{}", False),
+])
+def test_format_rule(response: str, ok: bool) -> None:
+    assert is_well_formatted(response) is ok
+
+
+def test_extract_code_takes_last_fenced_block() -> None:
+    response = "try:\n```python\nprint(0)\n```\nbetter:\n```python\nprint(1)\n```"
+    assert extract_code(response) == "print(1)\n"
+    assert extract_code("print(2)") == "print(2)"

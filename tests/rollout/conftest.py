@@ -1,0 +1,38 @@
+"""Rollout fixtures: a tied-embedding Qwen2 twin of the tiny model."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from everstep_rollout.config import default_num_threads
+
+# As the server does: with more threads than free cores, CPU decoding slows down by orders of magnitude.
+torch.set_num_threads(default_num_threads())
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random Qwen2 (q/k/v bias, tied embeddings) with the tiny model's tokenizer."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    out = tmp_path_factory.mktemp("tiny-qwen2")
+    for f in tiny_model_dir.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(f, out / f.name)
+    config = Qwen2Config(
+        vocab_size=51, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        tie_word_embeddings=True, rope_theta=500.0,
+    )
+    torch.manual_seed(1)
+    model = Qwen2ForCausalLM(config)
+    with torch.no_grad():  # make the biases non-zero so that they matter
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    model.save_pretrained(out)
+    return out

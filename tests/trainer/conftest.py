@@ -1,0 +1,89 @@
+"""Fixtures of the trainer tests.
+
+`weight_receivers` starts in-test gRPC servers with `RolloutWeightReceiverForTests`, a test double
+of the rollout service that implements only `Rollout.UpdateWeights`: it reassembles the streamed
+tensors so tests can compare them with the trainer's weights. (The real rollout service is
+another package, which trainer tests must not import.)
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from dataclasses import dataclass, field
+
+import grpc
+import pytest
+import torch
+
+from everstep.v1 import rollout_pb2, rollout_pb2_grpc
+
+
+@dataclass
+class ReceivedUpdate:
+    """One complete UpdateWeights stream as the receiver saw it."""
+
+    versions: list[int] = field(default_factory=list)
+    """Version field of every bucket, in order."""
+    last_flags: list[bool] = field(default_factory=list)
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    num_bytes: int = 0
+
+
+class RolloutWeightReceiverForTests(rollout_pb2_grpc.RolloutServicer):
+    """Test double: records weight pushes; every other Rollout RPC is UNIMPLEMENTED."""
+
+    def __init__(self) -> None:
+        self.updates: list[ReceivedUpdate] = []
+        self.incomplete_streams = 0
+        self._lock = threading.Lock()
+
+    def UpdateWeights(self, request_iterator, context):  # noqa: N802
+        start = time.perf_counter()
+        update = ReceivedUpdate()
+        uint8 = torch.uint8
+        for bucket in request_iterator:
+            update.versions.append(bucket.version)
+            update.last_flags.append(bucket.last)
+            for t in bucket.tensors:
+                dtype = getattr(torch, t.dtype)
+                raw = torch.frombuffer(bytearray(t.data), dtype=torch.uint8) if t.data else torch.empty(0, dtype=uint8)
+                update.tensors[t.name] = raw.view(dtype).reshape(tuple(t.shape)).clone()
+                update.num_bytes += len(t.data)
+        with self._lock:
+            if not update.last_flags or not update.last_flags[-1]:
+                self.incomplete_streams += 1
+                context.abort(grpc.StatusCode.ABORTED, "stream ended without last=true")
+            self.updates.append(update)
+        return rollout_pb2.UpdateWeightsResponse(version=update.versions[-1], num_bytes=update.num_bytes,
+                                                 seconds=time.perf_counter() - start)
+
+
+@dataclass
+class RunningReceiver:
+    address: str
+    servicer: RolloutWeightReceiverForTests
+
+
+@pytest.fixture
+def weight_receivers() -> Iterator[Callable[[int], list[RunningReceiver]]]:
+    servers: list[grpc.Server] = []
+
+    def start(count: int = 1) -> list[RunningReceiver]:
+        started = []
+        for _ in range(count):
+            server = grpc.server(futures.ThreadPoolExecutor(max_workers=4),
+                                 options=[("grpc.max_receive_message_length", 256 * 1024 * 1024)])
+            servicer = RolloutWeightReceiverForTests()
+            rollout_pb2_grpc.add_RolloutServicer_to_server(servicer, server)
+            port = server.add_insecure_port("127.0.0.1:0")
+            server.start()
+            servers.append(server)
+            started.append(RunningReceiver(f"127.0.0.1:{port}", servicer))
+        return started
+
+    yield start
+    for server in servers:
+        server.stop(grace=None)

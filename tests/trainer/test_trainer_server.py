@@ -1,0 +1,97 @@
+"""The trainer as a real process over real gRPC: Load, TrainStep, SaveCheckpoint, PushWeights, errors, metrics."""
+
+from __future__ import annotations
+
+import math
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from everstep.v1 import trainer_pb2, trainer_pb2_grpc
+
+
+def _sample(advantage: float, *, num_logprobs: int | None = None) -> trainer_pb2.TrainSample:
+    output_ids = [13, 7, 14, 2]
+    n = len(output_ids) if num_logprobs is None else num_logprobs
+    return trainer_pb2.TrainSample(prompt_ids=[1, 11, 4, 12], output_ids=output_ids,
+                                   rollout_logprobs=[-3.8] * n, output_versions=[5] * len(output_ids),
+                                   advantage=advantage, reward=1.0)
+
+
+def _rpc_error(call, request) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as failure:
+        call(request, timeout=60)
+    return failure.value
+
+
+@pytest.mark.slow
+def test_trainer_service_end_to_end(service_process, tiny_model_dir: Path, tmp_path: Path, weight_receivers,
+                                    free_port: int) -> None:
+    trainer = service_process("trainer")
+    with grpc.insecure_channel(trainer.grpc_address) as channel:
+        stub = trainer_pb2_grpc.TrainerStub(channel)
+
+        error = _rpc_error(stub.TrainStep, trainer_pb2.TrainStepRequest(samples=[_sample(1.0)]))
+        assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+        error = _rpc_error(stub.PushWeights, trainer_pb2.PushWeightsRequest(endpoints=["127.0.0.1:1"]))
+        assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+        bad_config = trainer_pb2.TrainerConfig(alpha=3.0, beta=2.0)
+        error = _rpc_error(stub.Load, trainer_pb2.TrainerLoadRequest(model_path=str(tiny_model_dir), config=bad_config))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "config.beta" in error.details()
+
+        config = trainer_pb2.TrainerConfig(learning_rate=1e-3, micro_batch_tokens=64)
+        loaded = stub.Load(trainer_pb2.TrainerLoadRequest(model_path=str(tiny_model_dir), config=config, version=5),
+                           timeout=120)
+        assert loaded.version == 5 and loaded.num_parameters > 10_000
+
+        bad = trainer_pb2.TrainStepRequest(samples=[_sample(1.0), _sample(1.0, num_logprobs=3)])
+        error = _rpc_error(stub.TrainStep, bad)
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "samples[1].rollout_logprobs" in error.details()
+
+        step = stub.TrainStep(trainer_pb2.TrainStepRequest(samples=[_sample(1.0), _sample(-0.5)]), timeout=120)
+        assert step.version == 6
+        assert step.stats.num_tokens == 8 and step.stats.learning_rate == pytest.approx(1e-3)
+        assert step.stats.grad_norm > 0 and math.isfinite(step.stats.loss)
+        assert step.stats.forward_backward_seconds > 0
+
+        checkpoint = tmp_path / "checkpoint"
+        saved = stub.SaveCheckpoint(trainer_pb2.SaveCheckpointRequest(path=str(checkpoint)), timeout=120)
+        assert Path(saved.path) == checkpoint
+
+        receivers = weight_receivers(2)
+        pushed = stub.PushWeights(trainer_pb2.PushWeightsRequest(endpoints=[r.address for r in receivers],
+                                                                 bucket_bytes=16 * 1024), timeout=120)
+        dead = f"127.0.0.1:{free_port}"
+        error = _rpc_error(stub.PushWeights, trainer_pb2.PushWeightsRequest(endpoints=[dead]))
+        assert error.code() == grpc.StatusCode.UNAVAILABLE and dead in error.details()
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint)
+    assert AutoTokenizer.from_pretrained(checkpoint).convert_tokens_to_ids("+") == 4
+    original = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    trained = model.state_dict()
+    assert any(not torch.equal(trained[name], original[name]) for name in original)
+
+    saved_weights = load_file(checkpoint / "model.safetensors")
+    assert pushed.version == 6
+    assert pushed.num_bytes == 2 * sum(t.numel() * t.element_size() for t in saved_weights.values())
+    for receiver in receivers:
+        (update,) = receiver.servicer.updates
+        assert len(update.versions) > 1 and set(update.versions) == {6}
+        assert update.last_flags == [False] * (len(update.last_flags) - 1) + [True]
+        assert update.tensors.keys() == saved_weights.keys()
+        for name, tensor in saved_weights.items():
+            assert torch.equal(update.tensors[name], tensor), name
+
+    metrics = urllib.request.urlopen(f"{trainer.http_url}/metrics", timeout=10).read().decode()
+    for line in ("everstep_trainer_steps_total 1.0", "everstep_trainer_policy_version 6.0",
+                 'everstep_trainer_step_seconds_count{phase="weight_push"} 1.0'):
+        assert line in metrics
+    assert "everstep_trainer_weight_push_bytes_total" in metrics and "everstep_trainer_masked_fraction" in metrics

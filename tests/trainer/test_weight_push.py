@@ -1,0 +1,89 @@
+"""Bucketing, serialisation and the concurrent gRPC push, against in-test receivers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from everstep_trainer.weight_push import (
+    GrpcWeightTransport,
+    WeightPushError,
+    iter_weight_buckets,
+    make_transport,
+    tensor_to_proto,
+)
+
+
+def _weights() -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    return {
+        "a.weight": torch.randn(16, 8),                     # 512 bytes
+        "b.bias": torch.randn(8),                           # 32 bytes
+        "c.weight": torch.randn(4, 4).to(torch.bfloat16),   # 32 bytes
+        "d.scalar": torch.tensor(3.5),                      # 0-dim, 4 bytes
+        "e.weight": torch.randn(8, 4)[:, ::2],              # non-contiguous, 64 bytes
+    }
+
+
+def test_tensor_to_proto_bfloat16_round_trip() -> None:
+    tensor = torch.tensor([[1.5, -2.25], [0.0078125, 3e4]], dtype=torch.bfloat16)
+    proto = tensor_to_proto("w", tensor)
+    assert proto.dtype == "bfloat16" and list(proto.shape) == [2, 2] and len(proto.data) == 8
+    back = torch.frombuffer(bytearray(proto.data), dtype=torch.uint8).view(torch.bfloat16).reshape(2, 2)
+    assert torch.equal(back, tensor)
+
+
+def test_buckets_respect_the_byte_budget_and_mark_the_last() -> None:
+    buckets = list(iter_weight_buckets(_weights().items(), version=7, bucket_bytes=100))
+    names = [[t.name for t in b.tensors] for b in buckets]
+    # a.weight (512 B) exceeds the budget and travels alone; the small ones share buckets of <= 100 B.
+    assert names == [["a.weight"], ["b.bias", "c.weight", "d.scalar"], ["e.weight"]]
+    assert [b.version for b in buckets] == [7, 7, 7]
+    assert [b.last for b in buckets] == [False, False, True]
+    with pytest.raises(ValueError, match="bucket_bytes"):
+        list(iter_weight_buckets([], version=0, bucket_bytes=0))
+
+
+def test_push_to_several_endpoints_reassembles_every_tensor(weight_receivers) -> None:
+    receivers = weight_receivers(2)
+    weights = _weights()
+    transport = make_transport("grpc", bucket_bytes=100)
+    result = transport.push(weights.items(), version=3, endpoints=[r.address for r in receivers])
+
+    expected_bytes = sum(t.numel() * t.element_size() for t in weights.values())
+    assert result.version == 3 and result.num_endpoints == 2 and result.num_bytes == 2 * expected_bytes
+    for receiver in receivers:
+        (update,) = receiver.servicer.updates
+        assert update.versions == [3, 3, 3] and update.last_flags == [False, False, True]
+        assert update.tensors.keys() == weights.keys()
+        for name, tensor in weights.items():
+            assert update.tensors[name].dtype == tensor.dtype
+            assert torch.equal(update.tensors[name], tensor), name
+
+
+def test_push_reports_the_failing_endpoint_and_still_serves_the_others(weight_receivers, free_port) -> None:
+    (receiver,) = weight_receivers(1)
+    dead = f"127.0.0.1:{free_port}"
+    transport = GrpcWeightTransport(bucket_bytes=64, timeout_seconds=10)
+    with pytest.raises(WeightPushError) as failure:
+        transport.push(_weights().items(), version=1, endpoints=[dead, receiver.address])
+    assert list(failure.value.failures) == [dead]
+    assert len(receiver.servicer.updates) == 1
+
+
+def test_a_failing_producer_cancels_the_stream_instead_of_completing_it(weight_receivers) -> None:
+    (receiver,) = weight_receivers(1)
+
+    def broken_weights():
+        yield "a", torch.zeros(64)
+        yield "b", torch.zeros(64)
+        raise RuntimeError("state dict went away")
+
+    with pytest.raises(RuntimeError, match="went away"):
+        GrpcWeightTransport(bucket_bytes=256).push(broken_weights(), version=1, endpoints=[receiver.address])
+    assert receiver.servicer.updates == []
+
+
+def test_unknown_transport_kind_names_the_argument() -> None:
+    with pytest.raises(ValueError, match="kind"):
+        make_transport("carrier-pigeon")
