@@ -1,4 +1,5 @@
-"""A sandbox process shared by the tests of one module (starting one costs about a second)."""
+"""Shared sandboxes: a runner in this process (session-wide) and a sandbox service process per
+module (starting one costs about a second)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,16 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from everstep_sandbox.config import SandboxConfig
+from everstep_sandbox.runner import SandboxRunner
+
 
 @dataclass(frozen=True)
 class RunningSandbox:
     http_url: str
     grpc_address: str
     log_path: Path
+    pid: int
 
 
 def _free_port() -> int:
@@ -46,6 +51,15 @@ def _wait_serving(address: str, process: subprocess.Popen, timeout_seconds: floa
     raise TimeoutError("sandbox not SERVING in time")
 
 
+@pytest.fixture(scope="session")
+def runner() -> Iterator[SandboxRunner]:
+    runner = SandboxRunner.start(SandboxConfig(workers=2))
+    try:
+        yield runner
+    finally:
+        runner.close()
+
+
 @pytest.fixture(scope="module")
 def sandbox_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSandbox]:
     http_port, grpc_port = _free_port(), _free_port()
@@ -54,10 +68,12 @@ def sandbox_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runnin
         process = subprocess.Popen(
             [sys.executable, "-m", "everstep_sandbox", "--host", "127.0.0.1", "--port", str(http_port),
              "--grpc-port", str(grpc_port), "--workers", "2"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "EVERSTEP_TEST_SECRET": "hunter2"})
     try:
         _wait_serving(f"127.0.0.1:{grpc_port}", process)
-        yield RunningSandbox(f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", log_path)
+        yield RunningSandbox(f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", log_path,
+                             process.pid)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGTERM)

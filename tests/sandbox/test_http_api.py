@@ -96,9 +96,27 @@ def test_run_tests_over_http(client: httpx.Client) -> None:
 
 def test_healthz_and_metrics(client: httpx.Client) -> None:
     run_code(client, code="print(1)", language="python")
+    run_code(client, code="int main() { return 0; }", language="c")
     assert client.get("/healthz").status_code == 200
     text = client.get("/metrics").text
     assert 'everstep_sandbox_requests_total{language="python",status="Success"}' in text
+    assert 'everstep_sandbox_compile_cache_total{language="c",result=' in text
     for name in ("everstep_sandbox_run_seconds_bucket", "everstep_sandbox_inflight_requests",
                  "everstep_sandbox_queue_depth"):
         assert name in text
+
+
+def test_isolation_report(client: httpx.Client) -> None:
+    report = client.get("/v1/isolation").json()
+    assert set(report) == {"bubblewrap", "distinct_uid", "cgroups", "seccomp", "warnings"}
+    assert report["cgroups"] in ("v1", "v2", "none")
+    # A degraded mechanism is always explained.
+    degraded = not report["bubblewrap"] or not report["seccomp"] or report["cgroups"] == "none"
+    assert bool(report["warnings"]) == (degraded or not report["distinct_uid"])
+
+
+def test_sandboxfusion_language_identifiers(client: httpx.Client) -> None:
+    body = run_code(client, code="console.log([1, 2].map(x => x * 2).join(' '))", language="nodejs")
+    assert body["status"] == "Success" and body["run_result"]["stdout"] == "2 4\n"
+    body = run_code(client, code='puts "ruby"', language="ruby")
+    assert body["run_result"]["stdout"] == "ruby\n"

@@ -1,10 +1,26 @@
-"""`python -m everstep_sandbox --host H --port P --grpc-port G [--workers N]`."""
+"""`python -m everstep_sandbox --host H --port P --grpc-port G [--workers N] [--processes K]`."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """A worker process stops (gracefully) when the process that started it is gone."""
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def main() -> None:
@@ -12,14 +28,24 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080, help="HTTP: SandboxFusion API, /metrics, /healthz")
     parser.add_argument("--grpc-port", type=int, default=50055)
-    parser.add_argument("--workers", type=int, default=None, help="concurrent commands (default: CPU count)")
+    parser.add_argument("--workers", type=int, default=None, help="sandbox slots per process (default: CPU count)")
+    parser.add_argument("--processes", type=int, default=1, help="worker processes sharing the ports")
+    parser.add_argument("--slot-offset", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--worker-of", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--isolation", choices=("auto", "bubblewrap", "none"), default="auto",
+                        help="auto: bubblewrap when it works here, else a logged fallback")
     parser.add_argument("--default-memory-limit-mb", type=int, default=None,
-                        help="RLIMIT_AS when a request gives none (default 1024)")
+                        help="memory limit of a run when a request gives none (default 1024)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # The sandbox forks for every run while gRPC threads are busy; grpc's fork handlers would
-    # only log a warning per fork (the children exec at once and never touch gRPC).
+    # The sandbox forks while gRPC threads are busy; grpc's fork handlers would only log a warning.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+    metrics_dir = None
+    if args.processes > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        # Must be set before prometheus_client is imported (here and, inherited, in the workers).
+        metrics_dir = os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="everstep-sandbox-metrics-")
+    if args.worker_of is not None:
+        _exit_with_parent(args.worker_of)
 
     from everstep_sandbox.config import SandboxConfig
     from everstep_sandbox.server import serve
@@ -27,7 +53,13 @@ def main() -> None:
     overrides = {k: v for k, v in {"workers": args.workers,
                                    "default_memory_limit_mb": args.default_memory_limit_mb}.items()
                  if v is not None}
-    serve(SandboxConfig(host=args.host, port=args.port, grpc_port=args.grpc_port, **overrides))
+    try:
+        serve(SandboxConfig(host=args.host, port=args.port, grpc_port=args.grpc_port, processes=args.processes,
+                            slot_offset=args.slot_offset, isolation=args.isolation, **overrides),
+              argv=sys.argv[1:] if args.worker_of is None else None)
+    finally:
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["SandboxConfig"]
+__all__ = ["SandboxConfig", "default_python"]
+
+
+def default_python() -> str:
+    """The interpreter of Python runs: the system one (it lives in /usr, visible in the sandbox)."""
+    return "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 
 
 class SandboxConfig(BaseModel):
@@ -17,16 +24,35 @@ class SandboxConfig(BaseModel):
     port: int = Field(8080, ge=0, le=65535, description="HTTP port: SandboxFusion API, /metrics, /healthz.")
     grpc_port: int = Field(50055, ge=0, le=65535, description="gRPC port: everstep.v1.Sandbox and health.")
     workers: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1,
-                         description="Commands (compile or run) executing at once; the rest wait in a queue.")
+                         description="Sandbox slots of this process (requests running at once); the rest queue.")
+    processes: int = Field(1, ge=1, description="Worker processes sharing the ports (SO_REUSEPORT), each with "
+                                               "`workers` slots.")
+    slot_offset: int = Field(0, ge=0, description="Index of this process's first slot (uids and cgroups of "
+                                                  "worker processes must not collide).")
     grpc_threads: int = Field(32, ge=1, description="gRPC handler threads (requests beyond `workers` queue).")
+    isolation: Literal["auto", "bubblewrap", "none"] = Field(
+        "auto", description="auto: bubblewrap when it works here, else a logged fallback; bubblewrap: "
+                            "fail to start without it; none: no namespaces (trusted code only).")
     default_compile_timeout_seconds: float = Field(10.0, gt=0, description="Used when a request gives 0.")
     default_run_timeout_seconds: float = Field(10.0, gt=0, description="Used when a request gives 0.")
     max_timeout_seconds: float = Field(120.0, gt=0, description="Requests asking for longer are rejected.")
-    default_memory_limit_mb: int = Field(1024, ge=16,
-                                         description="RLIMIT_AS in MiB when a request gives <= 0.")
+    default_memory_limit_mb: int = Field(1024, ge=16, description="Memory limit of a run when a request gives <= 0.")
+    max_memory_limit_mb: int = Field(8192, ge=16, description="Requests asking for more are rejected.")
+    compile_memory_limit_mb: int = Field(2048, ge=64, description="Memory limit of a compile.")
     max_output_bytes: int = Field(1 << 20, ge=1024, description="stdout/stderr kept per command; rest dropped.")
-    max_file_size_bytes: int = Field(64 << 20, ge=1024, description="RLIMIT_FSIZE of every command.")
-    max_processes: int = Field(512, ge=8, description="RLIMIT_NPROC of runs (per user; not enforced for root).")
-    python_executable: str = Field(default_factory=lambda: sys.executable,
-                                   description="Interpreter for language `python`.")
-    work_root: str | None = Field(None, description="Parent of the per-request work dirs (system temp if None).")
+    max_file_size_bytes: int = Field(16 << 20, ge=1024,
+                                     description="RLIMIT_FSIZE of every command (also stops output floods).")
+    max_processes: int = Field(128, ge=8, description="Processes and threads of one run (pids cgroup and "
+                                                      "RLIMIT_NPROC of the slot's uid).")
+    cpu_cores_per_run: float = Field(1.0, gt=0, description="CPU quota of one command (cgroup cpu).")
+    work_dir_size_mb: int = Field(256, ge=8, description="Size of each slot's private /work and /tmp tmpfs.")
+    base_uid: int = Field(61000, ge=1000, description="Slot i runs programs as uid base_uid + i (when root).")
+    max_requests_per_slot: int = Field(5000, ge=1, description="A slot's zygote is replaced after this many.")
+    python_executable: str = Field(default_factory=default_python,
+                                   description="Interpreter of language `python` (and of the slots' zygotes).")
+    work_root: str = Field(default_factory=tempfile.gettempdir,
+                           description="Host dir for slot dirs when there is no mount namespace.")
+    compile_cache_dir: str = Field(default_factory=lambda: os.path.join(tempfile.gettempdir(),
+                                                                        "everstep-sandbox-compile-cache"),
+                                   description="Compile cache on disk (shared by worker processes).")
+    compile_cache_entries: int = Field(2048, ge=0, description="Compiled programs kept; 0 disables the cache.")

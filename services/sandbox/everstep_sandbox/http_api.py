@@ -4,20 +4,22 @@
 Request and response JSON match SandboxFusion's `sandbox/server/sandbox_api.py` field for field,
 so SandboxFusion clients work unchanged. Differences: an unsupported language is a 422 naming the
 supported ones (SandboxFusion's schema also answers 422), `args` (pytest arguments) is accepted and
-ignored with a warning, and `c` is an extra language.
+ignored with a warning, and `c` is an extra language. `POST /run_tests` is the batch endpoint:
+compile once, run every test case. `GET /v1/isolation` says what isolation this host gives.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import logging
 import os
 import socket
 from enum import StrEnum
 
 from fastapi import FastAPI, HTTPException, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
 from pydantic import BaseModel, Field
 
 from everstep_sandbox.process import CommandResult
@@ -120,6 +122,11 @@ def _unprocessable(loc: tuple[str, ...], message: str) -> HTTPException:
     return HTTPException(status_code=422, detail=[{"loc": list(loc), "msg": message, "type": "value_error"}])
 
 
+def _json_response(model: BaseModel) -> Response:
+    """Serialises an already-typed response once (FastAPI would validate it again on the hot path)."""
+    return Response(model.model_dump_json(), media_type="application/json")
+
+
 def create_app(runner: SandboxRunner) -> FastAPI:
     app = FastAPI(title="everstep sandbox")
     pod_name = os.environ.get("MY_POD_NAME") or socket.gethostname()
@@ -131,7 +138,7 @@ def create_app(runner: SandboxRunner) -> FastAPI:
 
     # Plain `def` handlers: FastAPI runs them in its thread pool, so a long run never blocks the loop.
     @app.post("/run_code", response_model=RunCodeResponse, tags=["sandbox"])
-    def run_code(request: RunCodeRequest) -> RunCodeResponse:
+    def run_code(request: RunCodeRequest) -> Response:
         check_language(request.language)
         if request.args:
             log.warning("ignoring `args` %s: only meaningful for pytest, which is not supported", request.args)
@@ -143,15 +150,15 @@ def create_app(runner: SandboxRunner) -> FastAPI:
             result = runner.run_code(spec, stdin=request.stdin or "", fetch_files=request.fetch_files)
         except InvalidRequest as e:
             raise _unprocessable(("body",), str(e)) from None
-        return RunCodeResponse(
+        return _json_response(RunCodeResponse(
             status=RunStatus(result.status.value), message=result.message,
             compile_result=_command_json(result.compile_result), run_result=_command_json(result.run_result),
             executor_pod_name=pod_name,
             files={path: base64.b64encode(content).decode() for path, content in result.files.items()},
-        )
+        ))
 
     @app.post("/run_tests", response_model=RunTestsResponse, tags=["sandbox"])
-    def run_tests(request: RunTestsRequest) -> RunTestsResponse:
+    def run_tests(request: RunTestsRequest) -> Response:
         check_language(request.language)
         spec = ProgramSpec(code=request.code, language=request.language,
                            compile_timeout_seconds=request.compile_timeout,
@@ -162,13 +169,13 @@ def create_app(runner: SandboxRunner) -> FastAPI:
             result = runner.run_tests(spec, cases)
         except InvalidRequest as e:
             raise _unprocessable(("body",), str(e)) from None
-        return RunTestsResponse(
+        return _json_response(RunTestsResponse(
             status=RunStatus(result.status.value), message=result.message,
             compile_result=_command_json(result.compile_result),
             results=[TestCaseResultModel(passed=r.passed, run_result=_command_json(r.run_result))
                      for r in result.results],
             executor_pod_name=pod_name,
-        )
+        ))
 
     @app.get("/v1/ping")
     def ping() -> str:
@@ -178,8 +185,17 @@ def create_app(runner: SandboxRunner) -> FastAPI:
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
+    @app.get("/v1/isolation")
+    def isolation() -> dict:
+        """What isolation every run gets on this host (see docs/sandbox.md)."""
+        return dataclasses.asdict(runner.isolation)
+
     @app.get("/metrics")
     def prometheus_metrics() -> Response:
+        if "PROMETHEUS_MULTIPROC_DIR" in os.environ:  # worker processes: sum every process's metrics
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+            return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -1,18 +1,36 @@
 """The languages the sandbox can run: how to compile and how to run one program.
 
-A language is data, not code: the runner writes `source_file` into a fresh work directory,
-runs `compile_argv` there (if any), then `run_argv`. Adding a language is adding an entry to
-`_DEFINITIONS`; it is offered only when every tool in `required_tools` is on PATH.
-Language names follow SandboxFusion's (`python`, `cpp`, `bash`, ...); `c` is an everstep addition.
+A language is data, not code: the runner writes the source into the slot's work directory,
+runs `compile_argv` there (if any), keeps the files matching `artifacts` in the compile cache,
+then runs `run_argv`. Commands run inside the sandbox, where PATH is `SANDBOX_PATH` (system
+directories only). Argument templates may use `{main_class}` (Java), `{memory_mb}` (the run's
+memory limit) and `{runtime}` (the directory of the sandbox's helper scripts).
+Language names follow SandboxFusion's (`python`, `cpp`, `nodejs`, `go`, ...); `c` is an addition.
+A language is offered only when every tool in `required_tools` exists.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
-import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-__all__ = ["Language", "available_languages"]
+__all__ = ["SANDBOX_PATH", "Language", "ProgramFiles", "available_languages", "definitions"]
+
+SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+_JAVA_PUBLIC_CLASS = re.compile(r"^\s*public\s+(?:final\s+|abstract\s+)*class\s+([A-Za-z_$][\w$]*)", re.MULTILINE)
+# npm's global root: /usr/lib with NodeSource's nodejs, /usr/local/lib with Debian's npm.
+_TYPESCRIPT_MODULE = next((p for p in ("/usr/lib/node_modules/typescript", "/usr/local/lib/node_modules/typescript")
+                           if os.path.isfile(f"{p}/package.json")), "/usr/lib/node_modules/typescript")
+
+
+@dataclass(frozen=True)
+class ProgramFiles:
+    """Where one program's source goes and what its commands are called with."""
+
+    source_file: str
+    main_class: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -22,37 +40,87 @@ class Language:
     source_file: str
     """File name the code is written to inside the work directory."""
     run_argv: tuple[str, ...]
-    """Command that runs the program, relative to the work directory."""
+    """Command that runs the program, in the work directory."""
     compile_argv: tuple[str, ...] | None = None
     """Command that builds the program; None for interpreted languages."""
+    artifacts: tuple[str, ...] = ()
+    """Glob patterns (in the work directory) of what the compile produces: cached by source hash."""
     required_tools: tuple[str, ...] = ()
-    """Executables that must be on PATH (or absolute paths) for the language to be offered."""
+    """Executables (on SANDBOX_PATH, or absolute paths) that must exist for the language to be offered."""
     limit_address_space: bool = True
-    """Apply RLIMIT_AS (memory_limit_MB) to the run; off where a runtime reserves large virtual memory."""
-    limit_processes: bool = True
-    """Apply RLIMIT_NPROC to the run; off where the language forks as a matter of course (shells)."""
+    """May RLIMIT_AS stand in for the memory limit when no cgroup is available? Off where a runtime
+    reserves large virtual memory (JVM, Go, V8)."""
+    python_inline: bool = False
+    """Run in the slot's pre-initialised Python interpreter (fork, no exec): the warm pool."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment of its commands."""
 
     @property
     def is_compiled(self) -> bool:
         return self.compile_argv is not None
 
+    def files_for(self, code: str) -> ProgramFiles:
+        if self.name == "java":
+            match = _JAVA_PUBLIC_CLASS.search(code)
+            main_class = match.group(1) if match else "Main"
+            return ProgramFiles(f"{main_class}.java", main_class)
+        return ProgramFiles(self.source_file, "")
 
-def _definitions(python_executable: str) -> list[Language]:
+
+def definitions(python_executable: str) -> list[Language]:
+    jvm = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto", "-XX:-UsePerfData")
     return [
-        Language(name="python", source_file="solution.py", run_argv=(python_executable, "-u", "solution.py"),
-                 required_tools=(python_executable,)),
-        Language(name="bash", source_file="solution.sh", run_argv=("bash", "solution.sh"),
-                 required_tools=("bash",), limit_address_space=False, limit_processes=False),
-        Language(name="cpp", source_file="solution.cpp",
-                 compile_argv=("g++", "-O2", "-std=c++17", "-o", "solution", "solution.cpp"),
-                 run_argv=("./solution",), required_tools=("g++",)),
+        Language(name="python", source_file="solution.py", run_argv=(python_executable, "solution.py"),
+                 required_tools=(python_executable,), python_inline=True),
         Language(name="c", source_file="solution.c",
-                 compile_argv=("gcc", "-O2", "-std=c11", "-o", "solution", "solution.c", "-lm"),
-                 run_argv=("./solution",), required_tools=("gcc",)),
+                 compile_argv=("gcc", "-O2", "-std=gnu11", "-o", "solution", "solution.c", "-lm"),
+                 artifacts=("solution",), run_argv=("./solution",), required_tools=("gcc",)),
+        Language(name="cpp", source_file="solution.cpp",
+                 compile_argv=("g++", "-O2", "-std=gnu++17", "-o", "solution", "solution.cpp"),
+                 artifacts=("solution",), run_argv=("./solution",), required_tools=("g++",)),
+        Language(name="java", source_file="Main.java",
+                 compile_argv=("javac", *(f"-J{o}" for o in jvm), "-encoding", "UTF-8", "-d", ".",
+                               "{main_class}.java"),
+                 artifacts=("*.class",),
+                 # -XX:MaxRAM sizes the heap from the run's limit (the JVM cannot see the cgroup).
+                 run_argv=("java", *jvm, "-XX:MaxRAM={memory_mb}m", "-Xss64m", "-cp", ".", "{main_class}"),
+                 required_tools=("java", "javac"), limit_address_space=False),
+        Language(name="go", source_file="solution.go",
+                 compile_argv=("go", "build", "-o", "solution", "solution.go"),
+                 artifacts=("solution",), run_argv=("./solution",), required_tools=("go",),
+                 limit_address_space=False,
+                 env={"GOCACHE": "/tmp/go-build", "GOPATH": "/tmp/go", "GO111MODULE": "off",
+                      "CGO_ENABLED": "0", "GOTOOLCHAIN": "local", "GOFLAGS": "-buildvcs=false"}),
+        Language(name="rust", source_file="solution.rs",
+                 compile_argv=("rustc", "-O", "--edition", "2021", "-C", "debuginfo=0", "-o", "solution",
+                               "solution.rs"),
+                 artifacts=("solution",), run_argv=("./solution",), required_tools=("rustc",)),
+        Language(name="nodejs", source_file="solution.js", run_argv=("node", "solution.js"),
+                 required_tools=("node",), limit_address_space=False),
+        Language(name="typescript", source_file="solution.ts",
+                 compile_argv=("node", "{runtime}/ts_transpile.js", _TYPESCRIPT_MODULE, "solution.ts",
+                               "solution.js"),
+                 artifacts=("solution.js",), run_argv=("node", "solution.js"),
+                 required_tools=("node", _TYPESCRIPT_MODULE + "/package.json"), limit_address_space=False),
+        Language(name="bash", source_file="solution.sh", run_argv=("bash", "solution.sh"),
+                 required_tools=("bash",)),
+        Language(name="ruby", source_file="solution.rb", run_argv=("ruby", "solution.rb"),
+                 required_tools=("ruby",)),
+        Language(name="php", source_file="solution.php", run_argv=("php", "-d", "memory_limit=-1", "solution.php"),
+                 required_tools=("php",)),
+        Language(name="perl", source_file="solution.pl", run_argv=("perl", "solution.pl"),
+                 required_tools=("perl",)),
+        Language(name="lua", source_file="solution.lua", run_argv=("lua5.4", "solution.lua"),
+                 required_tools=("lua5.4",)),
     ]
 
 
-def available_languages(python_executable: str | None = None) -> dict[str, Language]:
+def _exists(tool: str) -> bool:
+    if tool.startswith("/"):
+        return os.path.exists(tool)
+    return shutil.which(tool, path=SANDBOX_PATH) is not None
+
+
+def available_languages(python_executable: str = "/usr/bin/python3") -> dict[str, Language]:
     """Languages whose tools exist on this machine, by name."""
-    definitions = _definitions(python_executable or sys.executable)
-    return {lang.name: lang for lang in definitions if all(shutil.which(t) for t in lang.required_tools)}
+    return {lang.name: lang for lang in definitions(python_executable) if all(map(_exists, lang.required_tools))}

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the sandbox (default registry, served at /metrics)."""
+"""Prometheus metrics of the sandbox (default registry, or multiprocess mode with worker processes)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,15 @@ from prometheus_client import Counter, Gauge, Histogram
 
 REQUESTS = Counter("everstep_sandbox_requests_total", "Requests (run_code and run_tests) by outcome.",
                    ["language", "status"])
-RUN_SECONDS = Histogram("everstep_sandbox_run_seconds", "Wall time of one request, compile included.",
-                        ["language"], buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
-INFLIGHT = Gauge("everstep_sandbox_inflight_requests", "Requests being handled (queued or running).")
-QUEUE_DEPTH = Gauge("everstep_sandbox_queue_depth", "Commands waiting for a free execution slot.")
+RUN_SECONDS = Histogram("everstep_sandbox_run_seconds", "Wall time of one request, queue and compile included.",
+                        ["language"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
+INFLIGHT = Gauge("everstep_sandbox_inflight_requests", "Requests being handled (queued or running).",
+                 multiprocess_mode="livesum")
+QUEUE_DEPTH = Gauge("everstep_sandbox_queue_depth", "Requests waiting for a free sandbox slot.",
+                    multiprocess_mode="livesum")
+COMPILE_CACHE = Counter("everstep_sandbox_compile_cache_total", "Compile cache lookups by result (hit, miss).",
+                        ["language", "result"])
+SLOT_RESTARTS = Counter("everstep_sandbox_slot_restarts_total", "Sandbox slots replaced after a failure.")
 
 
 @dataclass

@@ -1,33 +1,38 @@
-"""Executes one program: a fresh work directory, compile once (if the language needs it), then
-run it once (`run_code`) or once per test case (`run_tests`), and decide the outcome with
-SandboxFusion's rules.
+"""Executes one program in a sandbox slot: write the files, compile once (or take the compile
+cache's artifacts), run it once (`run_code`) or once per test case (`run_tests`), and decide the
+outcome with SandboxFusion's rules.
 
-What this skeleton does NOT protect against: the program runs as the sandbox's own user with
-the sandbox's view of the filesystem and the network. It can read any file that user can read,
-write outside its work directory, and open network connections. Only CPU time, wall time, file
-size, address space (python/c/cpp), process count (see process.py) and captured output are
-limited. Namespaces/bubblewrap isolation comes with the sandbox-isolation issue; until then run
-it only on code you would run yourself, or inside a locked-down container.
+What the sandbox protects against and what it does not is in docs/sandbox.md and in
+`isolation.py`; in short, every run gets (where this host allows) no network, a private
+writable /work and /tmp with everything else read-only, a private PID namespace, a per-slot
+unprivileged uid, a seccomp filter, cgroup limits on memory, processes and CPU, rlimits on CPU
+time and file size, a wall-clock timeout, and capped output, and every process it started is
+killed before the response is sent. It does not protect against kernel exploits (the kernel is
+shared), CPU side channels, or reading world-readable files under /usr and /etc.
 """
 
 from __future__ import annotations
 
+import glob
 import logging
 import math
 import os
 import shutil
 import tempfile
-import threading
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from everstep_sandbox import metrics
+from everstep_sandbox.cgroups import CgroupTree
+from everstep_sandbox.compile_cache import CompileCache, CompiledProgram, cache_key
 from everstep_sandbox.config import SandboxConfig
-from everstep_sandbox.languages import Language
-from everstep_sandbox.process import CommandResult, CommandStatus, ResourceLimits, run_command
+from everstep_sandbox.isolation import IsolationReport, probe
+from everstep_sandbox.languages import SANDBOX_PATH, Language, ProgramFiles, available_languages
+from everstep_sandbox.process import CommandResult, CommandStatus
+from everstep_sandbox.seccomp import build_filter
+from everstep_sandbox.slots import ExecRequest, Slot, SlotPool
 
 __all__ = [
     "InvalidRequest", "ProgramResult", "ProgramSpec", "RunStatus", "SandboxRunner", "TestCase",
@@ -116,14 +121,38 @@ def _status_of(*results: CommandResult | None) -> tuple[RunStatus, str]:
 
 
 class SandboxRunner:
-    """Runs programs with at most `config.workers` commands executing at once (thread-safe)."""
+    """Runs programs in a pool of isolated slots (thread-safe; one slot per request)."""
 
-    def __init__(self, config: SandboxConfig, languages: Mapping[str, Language]) -> None:
+    def __init__(self, config: SandboxConfig, languages: Mapping[str, Language], pool: SlotPool,
+                 cache: CompileCache, isolation: IsolationReport) -> None:
         self._config = config
         self._languages = dict(languages)
-        self._slots = threading.BoundedSemaphore(config.workers)
-        self._queue_lock = threading.Lock()
-        self._num_waiting = 0
+        self._pool = pool
+        self._cache = cache
+        self.isolation = isolation
+
+    @classmethod
+    def start(cls, config: SandboxConfig, languages: Mapping[str, Language] | None = None) -> SandboxRunner:
+        """Probes the isolation this host allows, then starts (pre-forks) every slot."""
+        languages = available_languages(config.python_executable) if languages is None else languages
+        cgroups = CgroupTree.create(f"everstep-sandbox-{os.getpid()}")
+        seccomp = build_filter()
+        report = probe(config, f"v{cgroups.version}" if cgroups else "none", seccomp is not None)
+        host_root = Path(tempfile.mkdtemp(prefix="everstep-sandbox-slots-", dir=config.work_root))
+        pool = SlotPool(config, report, seccomp, cgroups, host_root)
+        pool.start()
+        runner = cls(config, languages, pool, CompileCache(config.compile_cache_dir, config.compile_cache_entries),
+                     report)
+        runner._cleanup = (cgroups, host_root)
+        return runner
+
+    def close(self) -> None:
+        self._pool.stop()
+        cgroups, host_root = getattr(self, "_cleanup", (None, None))
+        if cgroups is not None:
+            cgroups.remove()
+        if host_root is not None:
+            shutil.rmtree(host_root, ignore_errors=True)
 
     @property
     def languages(self) -> list[str]:
@@ -131,19 +160,20 @@ class SandboxRunner:
 
     def run_code(self, spec: ProgramSpec, *, stdin: str = "", fetch_files: Sequence[str] = ()) -> ProgramResult:
         language = self._language(spec.language)
+        plan = self._plan(spec, language)
+        for path in fetch_files:
+            _check_path(path)
         with metrics.track_request(language.name) as outcome:
             try:
-                with self._workdir() as workdir:
-                    compile_result = self._prepare(spec, language, workdir)
+                with self._pool.acquire() as slot:
+                    compile_result = self._prepare(slot, spec, language, plan)
                     run_result = None
                     if compile_result is None or _compiled(compile_result):
-                        run_result = self._run(spec, language, workdir, stdin)
+                        run_result = self._run(slot, language, plan, stdin)
+                    files = slot.collect([glob.escape(p) for p in fetch_files], self._config.max_file_size_bytes)
                     status, message = _status_of(compile_result, run_result)
                     result = ProgramResult(status, message, compile_result, run_result,
-                                           _fetch(workdir, fetch_files))
-            except InvalidRequest:
-                outcome.status = "invalid"
-                raise
+                                           {p: content for p, (content, _) in files.items()})
             except Exception as e:  # a fault of the sandbox itself, never of the program
                 log.exception("run_code failed for language %s", language.name)
                 result = ProgramResult(RunStatus.SANDBOX_ERROR, f"sandbox error: {e}")
@@ -152,30 +182,26 @@ class SandboxRunner:
 
     def run_tests(self, spec: ProgramSpec, cases: Sequence[TestCase]) -> TestsResult:
         language = self._language(spec.language)
+        plan = self._plan(spec, language)
         with metrics.track_request(language.name) as outcome:
             try:
-                with self._workdir() as workdir:
-                    result = self._run_cases(spec, language, workdir, cases)
-            except InvalidRequest:
-                outcome.status = "invalid"
-                raise
+                with self._pool.acquire() as slot:
+                    result = self._run_cases(slot, spec, language, plan, cases)
             except Exception as e:
                 log.exception("run_tests failed for language %s", language.name)
                 result = TestsResult(RunStatus.SANDBOX_ERROR, f"sandbox error: {e}")
             outcome.status = result.status.value
             return result
 
-    def _run_cases(self, spec: ProgramSpec, language: Language, workdir: Path,
+    def _run_cases(self, slot: Slot, spec: ProgramSpec, language: Language, plan: _Plan,
                    cases: Sequence[TestCase]) -> TestsResult:
-        compile_result = self._prepare(spec, language, workdir)
+        compile_result = self._prepare(slot, spec, language, plan)
         if compile_result is not None and not _compiled(compile_result):
             status, message = _status_of(compile_result)
             return TestsResult(status, message, compile_result, [TestCaseResult(False, None) for _ in cases])
         results: list[TestCaseResult] = []
         for case in cases:
-            run_result = self._run(spec, language, workdir, case.stdin)
-            if run_result.status == CommandStatus.ERROR:
-                return TestsResult(RunStatus.SANDBOX_ERROR, run_result.stderr, compile_result, results)
+            run_result = self._run(slot, language, plan, case.stdin)
             passed = (run_result.status == CommandStatus.FINISHED and run_result.return_code == 0
                       and outputs_match(run_result.stdout, case.expected_stdout))
             results.append(TestCaseResult(passed, run_result))
@@ -188,97 +214,92 @@ class SandboxRunner:
         except KeyError:
             raise InvalidRequest(f"unknown language {name!r}; supported: {', '.join(self.languages)}") from None
 
+    def _plan(self, spec: ProgramSpec, language: Language) -> _Plan:
+        """Checks the request and settles its limits before it takes a slot."""
+        config = self._config
+        for path in spec.files:
+            _check_path(path)
+        if spec.memory_limit_mb > config.max_memory_limit_mb:
+            raise InvalidRequest(f"memory_limit_MB must be at most {config.max_memory_limit_mb}")
+        memory_mb = spec.memory_limit_mb if spec.memory_limit_mb > 0 else config.default_memory_limit_mb
+        return _Plan(
+            files=language.files_for(spec.code),
+            compile_timeout_seconds=self._timeout(spec.compile_timeout_seconds,
+                                                  config.default_compile_timeout_seconds, "compile_timeout"),
+            run_timeout_seconds=self._timeout(spec.run_timeout_seconds, config.default_run_timeout_seconds,
+                                              "run_timeout"),
+            memory_mb=memory_mb,
+        )
+
     def _timeout(self, requested: float, default: float, name: str) -> float:
         if requested < 0 or requested > self._config.max_timeout_seconds:
             raise InvalidRequest(f"{name} must be in [0, {self._config.max_timeout_seconds}] seconds")
         return requested or default
 
-    def _prepare(self, spec: ProgramSpec, language: Language, workdir: Path) -> CommandResult | None:
-        """Writes the files and the source, then compiles; returns the compile result (None if none)."""
-        for relative_path, content in spec.files.items():
-            target = _inside(workdir, relative_path)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(content)
-        (workdir / language.source_file).write_text(spec.code)
+    def _prepare(self, slot: Slot, spec: ProgramSpec, language: Language, plan: _Plan) -> CommandResult | None:
+        """Writes the files and the source, then compiles (or takes the compile cache's artifacts)."""
+        files = {path: (content, 0o644) for path, content in spec.files.items()}
+        files[plan.files.source_file] = (spec.code.encode(), 0o644)
+        slot.write_files(files)
         if language.compile_argv is None:
             return None
-        timeout = self._timeout(spec.compile_timeout_seconds, self._config.default_compile_timeout_seconds,
-                                "compile_timeout")
-        limits = ResourceLimits(cpu_seconds=math.ceil(timeout) + 1,
-                                file_size_bytes=self._config.max_file_size_bytes)
-        return self._execute(language.compile_argv, workdir, b"", timeout, limits)
+        argv = self._argv(language.compile_argv, slot, plan, self._config.compile_memory_limit_mb)
+        key = cache_key(language.name, argv, plan.files.source_file, spec.code, spec.files)
+        cached = self._cache.get(key)
+        metrics.COMPILE_CACHE.labels(language.name, "hit" if cached else "miss").inc()
+        if cached is not None:
+            slot.write_files(cached.artifacts)
+            return cached.compile_result
+        result = slot.execute(ExecRequest(
+            argv=argv, env=self._env(language, slot), stdin=b"", timeout_seconds=plan.compile_timeout_seconds,
+            cpu_seconds=math.ceil(plan.compile_timeout_seconds) + 1,
+            memory_bytes=self._config.compile_memory_limit_mb << 20, limit_address_space=False))
+        if _compiled(result):
+            artifacts = slot.collect(language.artifacts, self._config.max_file_size_bytes)
+            self._cache.put(key, CompiledProgram(artifacts, result))
+        return result
 
-    def _run(self, spec: ProgramSpec, language: Language, workdir: Path, stdin: str) -> CommandResult:
-        timeout = self._timeout(spec.run_timeout_seconds, self._config.default_run_timeout_seconds,
-                                "run_timeout")
-        memory_mb = spec.memory_limit_mb if spec.memory_limit_mb > 0 else self._config.default_memory_limit_mb
-        limits = ResourceLimits(
-            cpu_seconds=math.ceil(timeout) + 1,
-            file_size_bytes=self._config.max_file_size_bytes,
-            address_space_bytes=memory_mb << 20 if language.limit_address_space else None,
-            max_processes=self._config.max_processes if language.limit_processes else None,
-        )
-        return self._execute(language.run_argv, workdir, stdin.encode(), timeout, limits)
+    def _run(self, slot: Slot, language: Language, plan: _Plan, stdin: str) -> CommandResult:
+        return slot.execute(ExecRequest(
+            argv=self._argv(language.run_argv, slot, plan, plan.memory_mb), env=self._env(language, slot),
+            stdin=stdin.encode(), timeout_seconds=plan.run_timeout_seconds,
+            cpu_seconds=math.ceil(plan.run_timeout_seconds) + 1, memory_bytes=plan.memory_mb << 20,
+            limit_address_space=language.limit_address_space, python_inline=language.python_inline))
 
-    def _execute(self, argv: Sequence[str], workdir: Path, stdin: bytes, timeout: float,
-                 limits: ResourceLimits) -> CommandResult:
-        with self._slot():
-            return run_command(argv, cwd=str(workdir), env=_child_env(workdir), stdin=stdin,
-                               timeout_seconds=timeout, limits=limits,
-                               max_output_bytes=self._config.max_output_bytes)
+    @staticmethod
+    def _argv(template: Sequence[str], slot: Slot, plan: _Plan, memory_mb: int) -> list[str]:
+        values = {"{main_class}": plan.files.main_class, "{memory_mb}": str(memory_mb),
+                  "{runtime}": slot.layout.runtime_dir}
+        argv = []
+        for arg in template:
+            for placeholder, value in values.items():
+                arg = arg.replace(placeholder, value)
+            argv.append(arg)
+        return argv
 
-    @contextmanager
-    def _slot(self) -> Iterator[None]:
-        with self._queue_lock:
-            self._num_waiting += 1
-            metrics.QUEUE_DEPTH.set(self._num_waiting)
-        try:
-            self._slots.acquire()
-        finally:
-            with self._queue_lock:
-                self._num_waiting -= 1
-                metrics.QUEUE_DEPTH.set(self._num_waiting)
-        try:
-            yield
-        finally:
-            self._slots.release()
+    @staticmethod
+    def _env(language: Language, slot: Slot) -> dict[str, str]:
+        """A minimal environment: nothing of the server's (tokens, proxies) leaks into user code."""
+        tmp = slot.layout.tmp_dir
+        env = {"PATH": SANDBOX_PATH, "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8",
+               "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"}
+        env.update({name: value.replace("{tmp}", tmp) for name, value in language.env.items()})
+        return env
 
-    @contextmanager
-    def _workdir(self) -> Iterator[Path]:
-        path = Path(tempfile.mkdtemp(prefix="everstep-sandbox-", dir=self._config.work_root))
-        try:
-            yield path
-        finally:
-            shutil.rmtree(path, ignore_errors=True)
+
+@dataclass(frozen=True)
+class _Plan:
+    files: ProgramFiles
+    compile_timeout_seconds: float
+    run_timeout_seconds: float
+    memory_mb: int
 
 
 def _compiled(result: CommandResult) -> bool:
     return result.status == CommandStatus.FINISHED and result.return_code == 0
 
 
-def _inside(workdir: Path, relative_path: str) -> Path:
-    target = (workdir / relative_path).resolve()
-    if not relative_path or not target.is_relative_to(workdir.resolve()):
+def _check_path(relative_path: str) -> None:
+    parts = PurePosixPath(relative_path).parts
+    if not relative_path or relative_path.startswith("/") or ".." in parts or "\0" in relative_path:
         raise InvalidRequest(f"file path {relative_path!r} must be relative and stay inside the work dir")
-    return target
-
-
-def _fetch(workdir: Path, paths: Sequence[str]) -> dict[str, bytes]:
-    fetched: dict[str, bytes] = {}
-    for relative_path in paths:
-        target = _inside(workdir, relative_path)
-        if target.is_file():
-            fetched[relative_path] = target.read_bytes()
-    return fetched
-
-
-def _child_env(workdir: Path) -> dict[str, str]:
-    """A minimal environment: nothing of the server's (tokens, proxies) leaks into user code."""
-    return {
-        "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
-        "HOME": str(workdir),
-        "TMPDIR": str(workdir),
-        "LANG": "C.UTF-8",
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "PYTHONIOENCODING": "utf-8",
-    }

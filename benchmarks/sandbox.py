@@ -1,0 +1,171 @@
+"""Sandbox throughput and latency: `python -m benchmarks.sandbox [--requests N] [--quick]`.
+
+Python and C++ programs that read stdin and print, at concurrency 1, 4 and 16, through the
+sandbox service's HTTP API (`POST /run_code`, isolation on, a real service process on this
+machine), against a baseline that starts one plain subprocess per request with no isolation
+(`python3 solution.py`, or the pre-compiled C++ binary), on the same machine in the same run.
+The last line of output is one JSON object: `<lang>_c<C>_p50_ms`, `<lang>_c<C>_rps`,
+`<lang>_c<C>_baseline_rps`, `<lang>_c<C>_ratio` (rps / baseline rps) for each language and
+concurrency, plus what isolation was on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+PROGRAMS = {
+    "python": "import sys\nname = sys.stdin.readline().strip()\nprint('hello', name)\n",
+    "cpp": "#include <iostream>\n#include <string>\nint main() { std::string name; std::getline(std::cin, name);"
+           " std::cout << \"hello \" << name << '\\n'; }\n",
+}
+CONCURRENCY = (1, 4, 16)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_service(workers: int) -> tuple[subprocess.Popen, int]:
+    http_port, grpc_port = _free_port(), _free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "everstep_sandbox", "--host", "127.0.0.1", "--port", str(http_port),
+         "--grpc-port", str(grpc_port), "--workers", str(workers)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"sandbox exited with {process.returncode}")
+        try:
+            connection = http.client.HTTPConnection("127.0.0.1", http_port, timeout=2)
+            connection.request("GET", "/v1/ping")
+            if connection.getresponse().status == 200:
+                return process, http_port
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError("sandbox did not start")
+
+
+def _measure(concurrency: int, num_requests: int, make_call: Callable[[], Callable[[int], None]]
+             ) -> tuple[float, float]:
+    """Runs `num_requests` calls on `concurrency` threads; returns (p50 latency in ms, requests/s)."""
+    latencies: list[float] = []
+    lock = threading.Lock()
+    counter = iter(range(num_requests))
+
+    def worker() -> None:
+        call = make_call()
+        while True:
+            with lock:
+                index = next(counter, None)
+            if index is None:
+                return
+            start = time.perf_counter()
+            call(index)
+            elapsed = time.perf_counter() - start
+            with lock:
+                latencies.append(elapsed)
+
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - start
+    return statistics.median(latencies) * 1000, num_requests / wall
+
+
+def _service_call(port: int, language: str) -> Callable[[], Callable[[int], None]]:
+    def make() -> Callable[[int], None]:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+
+        def call(index: int) -> None:
+            body = json.dumps({"code": PROGRAMS[language], "language": language, "stdin": f"n{index}\n"}).encode()
+            connection.request("POST", "/run_code", body, {"Content-Type": "application/json"})
+            reply = json.loads(connection.getresponse().read())
+            if reply["status"] != "Success" or reply["run_result"]["stdout"] != f"hello n{index}\n":
+                raise RuntimeError(f"unexpected sandbox reply: {reply}")
+
+        return call
+
+    return make
+
+
+def _baseline_call(argv: list[str], cwd: str) -> Callable[[], Callable[[int], None]]:
+    def make() -> Callable[[int], None]:
+        def call(index: int) -> None:
+            result = subprocess.run(argv, cwd=cwd, input=f"n{index}\n".encode(), capture_output=True, timeout=60,
+                                    check=False)
+            if result.stdout != f"hello n{index}\n".encode():
+                raise RuntimeError(f"unexpected baseline output: {result}")
+
+        return call
+
+    return make
+
+
+def _baseline_argv(language: str, work: Path) -> list[str]:
+    if language == "python":
+        (work / "solution.py").write_text(PROGRAMS["python"])
+        return ["/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable, "solution.py"]
+    (work / "solution.cpp").write_text(PROGRAMS["cpp"])
+    subprocess.run(["g++", "-O2", "-o", "solution", "solution.cpp"], cwd=work, check=True)
+    return ["./solution"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="benchmarks.sandbox", description=__doc__)
+    parser.add_argument("--requests", type=int, default=160, help="requests per measurement (c >= 4)")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="sandbox slots")
+    args = parser.parse_args()
+    process, port = _start_service(args.workers)
+    summary: dict[str, float | int | str | bool] = {}
+    try:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        connection.request("GET", "/v1/isolation")
+        isolation = json.loads(connection.getresponse().read())
+        summary["isolation_bubblewrap"] = isolation["bubblewrap"]
+        summary["isolation_cgroups"] = isolation["cgroups"]
+        summary["isolation_seccomp"] = isolation["seccomp"]
+        with tempfile.TemporaryDirectory(prefix="everstep-bench-") as work:
+            for language in PROGRAMS:
+                baseline_argv = _baseline_argv(language, Path(work))
+                _measure(1, 4, _service_call(port, language))  # warm-up: compile cache, slots
+                for concurrency in CONCURRENCY:
+                    num_requests = args.requests // 2 if concurrency == 1 else args.requests
+                    p50, rps = _measure(concurrency, num_requests, _service_call(port, language))
+                    base_p50, base_rps = _measure(concurrency, num_requests, _baseline_call(baseline_argv, work))
+                    key = f"{language}_c{concurrency}"
+                    summary.update({f"{key}_p50_ms": round(p50, 2), f"{key}_rps": round(rps, 1),
+                                    f"{key}_baseline_p50_ms": round(base_p50, 2),
+                                    f"{key}_baseline_rps": round(base_rps, 1),
+                                    f"{key}_ratio": round(rps / base_rps, 2)})
+                    print(f"{key}: {rps:.1f} rps p50 {p50:.1f} ms | baseline {base_rps:.1f} rps "
+                          f"p50 {base_p50:.1f} ms", file=sys.stderr, flush=True)
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+    summary["cpu_count"] = os.cpu_count() or 1
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,379 @@
+"""The sandbox slot's resident process (the "zygote"): runs inside the slot's namespaces, forks one
+child per command, and resets the slot between requests.
+
+It is started once per slot by the server (inside bubblewrap when available), imports what
+Python programs commonly import, then serves length-prefixed JSON frames on stdin/stdout:
+
+- `init`: seccomp filter (hex), uid to drop to, cgroup `cgroup.procs` fds, work and tmp dirs.
+- `write`: files into the work dir (base64, with mode bits).
+- `exec`: fork; the child joins the run cgroups, takes rlimits, memfds as stdin/stdout/stderr,
+  drops to the run uid, sets no_new_privs and the seccomp filter, then execs the command, or for
+  `python_inline` runs the program in this pre-initialised interpreter (the warm pool: no
+  interpreter start-up per run). The parent waits with a wall-clock timeout, then kills every
+  process of the run.
+- `collect`: files of the work dir matching glob patterns (compile artifacts, fetch_files).
+- `reset`: kill every leftover process and wipe the work and tmp dirs.
+- `batch`: several of the above in one round trip.
+
+Standard library only, no everstep imports: this file is bind-mounted alone into the sandbox.
+It trusts the server (its only peer) and never the program it runs.
+"""
+
+from __future__ import annotations
+
+# Preloaded for Python programs (forked children find them already imported).
+import array  # noqa: F401
+import base64
+import bisect  # noqa: F401
+import builtins
+import collections  # noqa: F401
+import contextlib
+import copy  # noqa: F401
+import ctypes
+import dataclasses  # noqa: F401
+import decimal  # noqa: F401
+import fractions  # noqa: F401
+import functools  # noqa: F401
+import gc
+import glob
+import heapq  # noqa: F401
+import io
+import itertools  # noqa: F401
+import json
+import math  # noqa: F401
+import operator  # noqa: F401
+import os
+import random
+import re  # noqa: F401
+import resource
+import select
+import shutil
+import signal
+import stat
+import statistics  # noqa: F401
+import string  # noqa: F401
+import struct
+import sys
+import threading
+import time
+import traceback
+import types
+import typing  # noqa: F401
+
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
+_KILL_ROUNDS = 200
+_HEADER = struct.Struct("!I")
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+class Zygote:
+    def __init__(self, channel_in: io.BufferedReader, channel_out: io.BufferedWriter) -> None:
+        self._in = channel_in
+        self._out = channel_out
+        self._seccomp: bytes = b""
+        self._run_uid: int | None = None
+        self._cgroup_fds: list[int] = []
+        self._work_dir = "/work"
+        self._tmp_dir = "/tmp"
+        self._extra_wipe: list[str] = []
+        self._pid_namespace = True
+
+    # -- protocol -----------------------------------------------------------------------------
+    def serve(self) -> None:
+        while True:
+            header = self._in.read(_HEADER.size)
+            if len(header) < _HEADER.size:
+                return
+            (length,) = _HEADER.unpack(header)
+            request = json.loads(self._in.read(length))
+            try:
+                reply = getattr(self, "_op_" + request["op"])(request)
+            except Exception as e:  # reported to the server, which restarts the slot
+                reply = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
+            data = json.dumps(reply).encode()
+            self._out.write(_HEADER.pack(len(data)) + data)
+            self._out.flush()
+
+    def _op_init(self, request: dict) -> dict:
+        self._seccomp = bytes.fromhex(request["seccomp_hex"])
+        self._run_uid = request["run_uid"]
+        self._cgroup_fds = list(request["cgroup_fds"])
+        self._work_dir = request["work_dir"]
+        self._tmp_dir = request["tmp_dir"]
+        self._extra_wipe = list(request["extra_wipe"])
+        self._pid_namespace = request["pid_namespace"]
+        for path in (self._work_dir, self._tmp_dir):
+            os.makedirs(path, exist_ok=True)
+            if self._run_uid is not None:
+                os.chown(path, self._run_uid, self._run_uid)
+            os.chmod(path, 0o700)
+        return {"ok": True, "pid": os.getpid()}
+
+    def _op_batch(self, request: dict) -> dict:
+        """Several steps in one round trip (the server queues reset and write until it needs a reply)."""
+        return {"results": [getattr(self, "_op_" + step["op"])(step) for step in request["steps"]]}
+
+    def _op_write(self, request: dict) -> dict:
+        for entry in request["files"]:
+            target = self._inside(entry["path"])
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with open(target, "wb") as f:
+                f.write(base64.b64decode(entry["content"]))
+            os.chmod(target, entry.get("mode", 0o644))
+            if self._run_uid is not None:
+                for path in self._owned_chain(target):
+                    os.chown(path, self._run_uid, self._run_uid)
+        return {"ok": True}
+
+    def _op_collect(self, request: dict) -> dict:
+        files = []
+        limit = request["max_bytes"]
+        for pattern in request["patterns"]:
+            for path in sorted(glob.glob(os.path.join(self._work_dir, pattern))):
+                real = os.path.realpath(path)
+                if not real.startswith(os.path.realpath(self._work_dir) + os.sep) or not os.path.isfile(real):
+                    continue  # a symlink out of the work dir, or a directory
+                with open(real, "rb") as f:
+                    content = f.read(limit + 1)
+                if len(content) > limit:
+                    continue
+                files.append({"path": os.path.relpath(path, self._work_dir),
+                              "content": base64.b64encode(content).decode(),
+                              "mode": stat.S_IMODE(os.stat(real).st_mode)})
+        return {"files": files}
+
+    def _op_reset(self, request: dict) -> dict:
+        self._kill_all()
+        for directory in (self._work_dir, self._tmp_dir, *self._extra_wipe):
+            _wipe(directory)
+        return {"ok": True}
+
+    def _op_exec(self, request: dict) -> dict:
+        stdin_fd = os.memfd_create("stdin", 0)
+        os.write(stdin_fd, base64.b64decode(request["stdin"]))
+        os.lseek(stdin_fd, 0, os.SEEK_SET)
+        stdout_fd = os.memfd_create("stdout", 0)
+        stderr_fd = os.memfd_create("stderr", 0)
+        start = time.monotonic()
+        pid = os.fork()
+        if pid == 0:  # child: never returns
+            self._child(request, stdin_fd, stdout_fd, stderr_fd)
+        for fd in (stdin_fd,):
+            os.close(fd)
+        timed_out = False
+        pidfd = os.pidfd_open(pid)
+        try:
+            ready, _, _ = select.select([pidfd], [], [], request["timeout_seconds"])
+            if not ready:
+                timed_out = True
+                _signal(pid, signal.SIGKILL)
+        finally:
+            os.close(pidfd)
+        _, wait_status, usage = os.wait4(pid, 0)
+        elapsed = time.monotonic() - start
+        _signal(-pid, signal.SIGKILL)  # the run's process group (children that did not setsid)
+        self._kill_all()
+        max_output = request["max_output_bytes"]
+        reply = {
+            "timed_out": timed_out,
+            "exit_code": os.waitstatus_to_exitcode(wait_status),
+            "execution_time": elapsed,
+            "stdout": _read_capped(stdout_fd, max_output),
+            "stderr": _read_capped(stderr_fd, max_output),
+            "max_rss_kb": usage.ru_maxrss,
+        }
+        os.close(stdout_fd)
+        os.close(stderr_fd)
+        return reply
+
+    # -- the child ----------------------------------------------------------------------------
+    def _child(self, request: dict, stdin_fd: int, stdout_fd: int, stderr_fd: int) -> None:
+        code = 127
+        try:
+            os.setsid()
+            for fd in self._cgroup_fds:
+                os.write(fd, b"0")
+            for fd, target in ((stdin_fd, 0), (stdout_fd, 1), (stderr_fd, 2)):
+                os.dup2(fd, target)
+            os.closerange(3, 65536)
+            os.chdir(self._work_dir)
+            limits = request["limits"]
+            _setrlimit(resource.RLIMIT_CPU, limits["cpu_seconds"], limits["cpu_seconds"] + 1)
+            _setrlimit(resource.RLIMIT_FSIZE, limits["file_size_bytes"])
+            _setrlimit(resource.RLIMIT_CORE, 0)
+            if limits.get("address_space_bytes"):
+                _setrlimit(resource.RLIMIT_AS, limits["address_space_bytes"])
+            if limits.get("max_processes") and self._run_uid is not None:
+                _setrlimit(resource.RLIMIT_NPROC, limits["max_processes"])
+            if self._run_uid is not None:
+                os.setgroups([])
+                os.setresgid(self._run_uid, self._run_uid, self._run_uid)
+                os.setresuid(self._run_uid, self._run_uid, self._run_uid)
+            if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+                raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+            if self._seccomp:
+                _install_seccomp(self._seccomp)
+            env = request["env"]
+            if request.get("python_inline"):
+                code = _run_python(request["argv"][-1], env)
+            else:
+                for signum in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD, signal.SIGINT, signal.SIGTERM):
+                    signal.signal(signum, signal.SIG_DFL)
+                argv = request["argv"]
+                os.execvpe(argv[0], argv, env)
+        except BaseException as e:  # noqa: BLE001 - report anything on the program's stderr
+            with contextlib.suppress(OSError):
+                os.write(2, f"sandbox: could not start the program: {e}\n".encode())
+        os._exit(code)
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _inside(self, relative_path: str) -> str:
+        root = os.path.realpath(self._work_dir)
+        target = os.path.realpath(os.path.join(root, relative_path))
+        if not target.startswith(root + os.sep):
+            raise ValueError(f"path {relative_path!r} leaves the work dir")
+        return target
+
+    def _owned_chain(self, target: str) -> list[str]:
+        chain, path = [], target
+        root = os.path.realpath(self._work_dir)
+        while path != root and path.startswith(root):
+            chain.append(path)
+            path = os.path.dirname(path)
+        return chain
+
+    def _kill_all(self) -> None:
+        """SIGKILLs every process of the slot but this one (and the namespace's init)."""
+        if not self._pid_namespace:
+            return  # without a PID namespace the server kills the run's cgroup or process group
+        me = os.getpid()
+        for _ in range(_KILL_ROUNDS):
+            others = [int(name) for name in os.listdir("/proc") if name.isdigit() and int(name) not in (1, me)]
+            if not others:
+                return
+            for pid in others:
+                _signal(pid, signal.SIGKILL)
+            _reap()
+            time.sleep(0.001)
+
+
+def _run_python(path: str, env: dict) -> int:
+    """Runs a Python program in this (forked) interpreter, as `python path` would."""
+    os.environ.clear()
+    os.environ.update(env)
+    random.seed()  # the fork copied the zygote's random state: reseed from os.urandom
+    sys.argv = [path]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    sys.stdin = open(0, encoding="utf-8", errors="surrogateescape", closefd=False)  # noqa: SIM115
+    sys.stdout = open(1, "w", encoding="utf-8", errors="surrogateescape", closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False,  # noqa: SIM115
+                      buffering=1)
+    code = 0
+    try:
+        # What `python path` does, minus runpy's per-call imports: a fresh __main__ module.
+        with open(path, "rb") as f:
+            program = compile(f.read(), path, "exec")
+        main_module = types.ModuleType("__main__")
+        main_module.__file__ = path
+        main_module.__builtins__ = builtins  # type: ignore[attr-defined]
+        sys.modules["__main__"] = main_module
+        exec(program, main_module.__dict__)
+    except SystemExit as e:
+        if e.code is None:
+            code = 0
+        elif isinstance(e.code, int):
+            code = e.code
+        else:
+            print(e.code, file=sys.stderr)
+            code = 1
+    except BaseException:  # noqa: BLE001 - a traceback, as the interpreter prints it
+        traceback.print_exc()
+        code = 1
+    with contextlib.suppress(BaseException):
+        threading._shutdown()  # type: ignore[attr-defined]  # join non-daemon threads, as at exit
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:  # noqa: BLE001 - e.g. EFBIG when the output limit was hit
+            code = code or 1
+    return code & 0xFF
+
+
+def _install_seccomp(program: bytes) -> None:
+    buffer = ctypes.create_string_buffer(program)
+    fprog = _SockFprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
+    if _libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
+
+
+def _setrlimit(which: int, soft: int, hard: int | None = None) -> None:
+    hard = soft if hard is None else hard
+    _, current_hard = resource.getrlimit(which)
+    if current_hard != resource.RLIM_INFINITY:  # cannot raise a hard limit (no CAP_SYS_RESOURCE)
+        soft, hard = min(soft, current_hard), min(hard, current_hard)
+    resource.setrlimit(which, (soft, hard))
+
+
+def _signal(pid: int, signum: int) -> None:
+    """Sends a signal to a process (or, with a negative pid, its process group)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signum)
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _read_capped(fd: int, max_bytes: int) -> dict:
+    size = os.fstat(fd).st_size
+    data = os.pread(fd, max_bytes, 0)
+    return {"data": base64.b64encode(data).decode(), "truncated": size > max_bytes, "size": size}
+
+
+def _wipe(directory: str) -> None:
+    try:
+        entries = os.listdir(directory)
+    except FileNotFoundError:
+        return
+    for name in entries:
+        path = os.path.join(directory, name)
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.unlink(path)
+        except OSError:
+            pass
+
+
+def main() -> None:
+    # The channel is stdin/stdout; fd 0/1 are re-pointed to /dev/null so nothing else writes there.
+    channel_in = os.fdopen(os.dup(0), "rb")
+    channel_out = os.fdopen(os.dup(1), "wb")
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.close(null)
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    # Forked runs share this interpreter's pages copy-on-write; a garbage collection in a run would
+    # touch (and so copy) every tracked object. Frozen objects are never scanned.
+    gc.collect()
+    gc.freeze()
+    Zygote(channel_in, channel_out).serve()
+
+
+if __name__ == "__main__":
+    main()
