@@ -28,19 +28,23 @@ def spec(answer: str) -> reward_pb2.VerifierSpec:
     return reward_pb2.VerifierSpec(name="math", weight=1.0, answer=answer)
 
 
-def test_labeled_set_is_big_and_balanced() -> None:
-    assert len(MATH_CASES) >= 40
-    assert sum(ok for _, _, ok in MATH_CASES) >= 15 and sum(not ok for _, _, ok in MATH_CASES) >= 15
+def test_labeled_set_is_big_balanced_and_covers_every_form() -> None:
+    assert len(MATH_CASES) >= 200
+    assert sum(ok for _, _, ok in MATH_CASES) >= 80 and sum(not ok for _, _, ok in MATH_CASES) >= 80
+    text = " ".join(response + " " + answer for response, answer, _ in MATH_CASES)
+    for form in ("\\frac", "0.", "\\%", "\\text{", "\\cup", "\\{", "pmatrix", "bmatrix", "\\sqrt", "[", "^\\circ"):
+        assert form in text, form
+    assert len({(r, a) for r, a, _ in MATH_CASES}) == len(MATH_CASES), "a pair appears twice"
 
 
 def test_labeled_set(pool: ProcessWorkerPool) -> None:
     verifier = MathVerifier(pool, timeout_seconds=20)
-    wrong = []
-    for response, answer, correct in MATH_CASES:
-        result = verifier.score(response, spec(answer))
-        assert result.ok, (response, answer, result)
-        if result.score != (1.0 if correct else 0.0):
-            wrong.append((response, answer, correct, result.score))
+    with ThreadPoolExecutor(pool.max_workers) as threads:
+        results = list(threads.map(lambda case: verifier.score(case[0], spec(case[1])), MATH_CASES))
+    errors = [(case, r) for case, r in zip(MATH_CASES, results, strict=True) if not r.ok]
+    assert errors == []
+    wrong = [(case, r.score) for case, r in zip(MATH_CASES, results, strict=True)
+             if r.score != (1.0 if case[2] else 0.0)]
     assert wrong == []
 
 

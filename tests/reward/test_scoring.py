@@ -85,3 +85,24 @@ def test_extract_code_takes_last_fenced_block() -> None:
     response = "try:\n```python\nprint(0)\n```\nbetter:\n```python\nprint(1)\n```"
     assert extract_code(response) == "print(1)\n"
     assert extract_code("print(2)") == "print(2)"
+
+
+def test_non_finite_weight_is_a_part_error_not_a_nan_reward() -> None:
+    result = make_scorer().score_item(item(
+        "\\boxed{ 3 }", reward_pb2.VerifierSpec(name="format", weight=float("inf")),
+        reward_pb2.VerifierSpec(name="format", weight=0.5)))
+    assert "finite" in result.parts[0].error and result.parts[0].weight == 0.0
+    assert result.reward == 0.5
+
+
+def test_errors_are_counted_by_verifier_and_kind() -> None:
+    from prometheus_client import REGISTRY
+
+    def count(verifier: str, kind: str) -> float:
+        return REGISTRY.get_sample_value("everstep_reward_errors_total", {"verifier": verifier, "kind": kind}) or 0.0
+
+    before = count("none", "invalid_spec"), count("unknown", "unknown_verifier")
+    scorer = make_scorer()
+    scorer.score_item(item("x"))
+    scorer.score_item(item("x", reward_pb2.VerifierSpec(name="astrology", weight=1.0)))
+    assert (count("none", "invalid_spec"), count("unknown", "unknown_verifier")) == (before[0] + 1, before[1] + 1)

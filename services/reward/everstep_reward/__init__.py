@@ -1,1 +1,2 @@
-"""everstep reward service: scores responses with a weighted mix of verifiers (math, code, format)."""
+"""everstep reward service: scores responses with a weighted mix of verifiers (math, code, format,
+length, model)."""

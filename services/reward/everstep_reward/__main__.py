@@ -1,5 +1,5 @@
 """`python -m everstep_reward --host H --port P --grpc-port G [--sandbox-endpoint HOST:PORT]
-[--math-workers N] [--timeout-seconds S]`."""
+[--math-workers N] [--reward-model PATH] ...` (see --help)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 import logging
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="everstep_reward", description="everstep reward service")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9105, help="Prometheus /metrics")
@@ -17,16 +17,36 @@ def main() -> None:
     parser.add_argument("--timeout-seconds", type=float, default=None, help="per-item math timeout (default 10)")
     parser.add_argument("--code-timeout-seconds", type=float, default=None,
                         help="limit of one sandbox RunTests call (default 60)")
-    args = parser.parse_args()
+    parser.add_argument("--code-run-timeout-seconds", type=float, default=None,
+                        help="sandbox run limit per test case (default 5)")
+    parser.add_argument("--code-compile-timeout-seconds", type=float, default=None,
+                        help="sandbox compile limit per sample (default 10)")
+    parser.add_argument("--code-reward-mode", choices=("fraction", "all_pass"), default=None,
+                        help="code score: fraction of tests passed (default) or all_pass")
+    parser.add_argument("--format-require-think", action="store_true", default=None,
+                        help="format rule: a closed <think> block is required")
+    parser.add_argument("--length-max", type=int, default=None, help="length verifier L_max (default 4096)")
+    parser.add_argument("--length-cache", type=int, default=None, help="length verifier L_cache (default 512)")
+    parser.add_argument("--length-unit", choices=("words", "chars"), default=None,
+                        help="how response length is measured (default words)")
+    parser.add_argument("--reward-model", default=None,
+                        help="HF sequence-classification reward model dir (needs the [model] extra)")
+    parser.add_argument("--reward-model-device", default=None, help="torch device (default cpu)")
+    parser.add_argument("--reward-model-max-tokens", type=int, default=None)
+    parser.add_argument("--reward-model-batch-size", type=int, default=None)
+    parser.add_argument("--reward-model-threads", type=int, default=None)
+    return parser
+
+
+def main() -> None:
+    args = _parser().parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from everstep_reward.config import RewardConfig
     from everstep_reward.server import serve
 
-    optional = {"sandbox_endpoint": args.sandbox_endpoint, "math_workers": args.math_workers,
-                "timeout_seconds": args.timeout_seconds, "code_timeout_seconds": args.code_timeout_seconds}
-    serve(RewardConfig(host=args.host, port=args.port, grpc_port=args.grpc_port,
-                       **{k: v for k, v in optional.items() if v is not None}))
+    given = {k: v for k, v in vars(args).items() if v is not None}
+    serve(RewardConfig(**given))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from everstep_reward.verifiers.code import CodeRewardMode
+from everstep_reward.verifiers.length import LengthUnit
 
 __all__ = ["RewardConfig"]
 
@@ -24,5 +27,24 @@ class RewardConfig(BaseModel):
     timeout_seconds: float = Field(10.0, gt=0, description="Per-item limit of a math check, in seconds.")
     code_timeout_seconds: float = Field(60.0, gt=0, description="Limit of one sandbox RunTests call.")
     code_run_timeout_seconds: float = Field(5.0, gt=0, description="Sandbox run limit per test case.")
+    code_compile_timeout_seconds: float = Field(10.0, gt=0, description="Sandbox compile limit per sample.")
+    code_reward_mode: CodeRewardMode = Field(
+        CodeRewardMode.FRACTION, description="Code score: fraction of tests passed, or all_pass (1 or 0).")
+    format_require_think: bool = Field(False, description="The format rule requires a closed <think> block.")
+    length_max: int = Field(4096, ge=1, description="Length verifier L_max (DAPO overlong penalty).")
+    length_cache: int = Field(512, ge=0, description="Length verifier L_cache: soft penalty band below L_max.")
+    length_unit: LengthUnit = Field(LengthUnit.WORDS, description="How response length is measured (interim).")
+    reward_model: str | None = Field(None, description="Hugging Face reward model dir; enables the model verifier.")
+    reward_model_device: str = Field("cpu", description="torch device of the reward model.")
+    reward_model_max_tokens: int = Field(4096, ge=1, description="Reward model input limit (left-truncated).")
+    reward_model_batch_size: int = Field(16, ge=1, description="Most responses per reward-model forward pass.")
+    reward_model_threads: int | None = Field(None, ge=1, description="torch CPU threads (None: torch default).")
+    model_timeout_seconds: float = Field(60.0, gt=0, description="Per-item limit of a reward-model score.")
     max_concurrent_items: int = Field(64, ge=1, description="Items scored at once across all requests.")
     grpc_threads: int = Field(16, ge=1, description="gRPC handler threads (concurrent Score calls).")
+
+    @model_validator(mode="after")
+    def _check_length(self) -> RewardConfig:
+        if self.length_cache > self.length_max:
+            raise ValueError("length_cache must not exceed length_max")
+        return self

@@ -1,13 +1,15 @@
 """Scores reward items: each verifier part in turn, reward = sum(weight * score) over the parts.
 
-A part that cannot be scored (unknown verifier, missing field, timeout, sandbox down) scores 0
-with `RewardPart.error` set, and the item's `ScoreResult.error` lists those parts, so a consumer
-can tell a wrong answer from an unscored one. Nothing here raises for a bad item.
+A part that cannot be scored (unknown verifier, missing field, a weight that is not a finite
+number, timeout, sandbox down) scores 0 with `RewardPart.error` set, and the item's
+`ScoreResult.error` lists those parts, so a consumer can tell a wrong answer from an unscored one.
+Every such part is counted in everstep_reward_errors_total. Nothing here raises for a bad item.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
@@ -20,14 +22,8 @@ __all__ = ["RewardScorer"]
 
 log = logging.getLogger(__name__)
 _UNKNOWN_LABEL = "unknown"
-
-
-def _outcome(result: VerifierResult) -> str:
-    if result.error_kind == ErrorKind.TIMEOUT:
-        return "timeout"
-    if not result.ok:
-        return "error"
-    return "correct" if result.score >= 1.0 else "incorrect"
+_NO_VERIFIER_LABEL = "none"
+_SANDBOX_KINDS = (ErrorKind.SANDBOX_ERROR, ErrorKind.SANDBOX_UNAVAILABLE)
 
 
 class RewardScorer:
@@ -46,6 +42,8 @@ class RewardScorer:
         errors = [f"{p.verifier}: {p.error}" for p in parts if p.error]
         if not parts:
             errors.append("item names no verifiers")
+            metrics.ITEMS.labels(_NO_VERIFIER_LABEL, "error").inc()
+            metrics.ERRORS.labels(_NO_VERIFIER_LABEL, ErrorKind.INVALID_SPEC.value).inc()
         return reward_pb2.ScoreResult(id=item.id, reward=sum(p.weight * p.score for p in parts), parts=parts,
                                       error="; ".join(errors))
 
@@ -70,6 +68,9 @@ class RewardScorer:
             result = VerifierResult.failure(
                 ErrorKind.UNKNOWN_VERIFIER,
                 f"unknown verifier {spec.name!r}; known: {', '.join(self._registry.names)}")
+        elif not math.isfinite(spec.weight):
+            result = VerifierResult.failure(ErrorKind.INVALID_SPEC,
+                                            f"weight must be a finite number, not {spec.weight}")
         else:
             try:
                 result = verifier.score(response, spec)
@@ -77,7 +78,12 @@ class RewardScorer:
                 log.exception("verifier %s raised", spec.name)
                 result = VerifierResult.failure(ErrorKind.INTERNAL, f"internal error: {e}")
         metrics.ITEM_SECONDS.labels(label).observe(time.monotonic() - start)
-        metrics.ITEMS.labels(label, _outcome(result)).inc()
+        metrics.ITEMS.labels(label, result.metric_outcome().value).inc()
         if result.error_kind is not None:
             metrics.ERRORS.labels(label, result.error_kind.value).inc()
-        return reward_pb2.RewardPart(verifier=spec.name, score=result.score, weight=spec.weight, error=result.error)
+            if result.error_kind == ErrorKind.TIMEOUT:
+                metrics.TIMEOUTS.labels(label).inc()
+            elif result.error_kind in _SANDBOX_KINDS:
+                metrics.SANDBOX_ERRORS.labels(result.error_kind.value).inc()
+        weight = spec.weight if math.isfinite(spec.weight) else 0.0  # a NaN must not poison the item's reward
+        return reward_pb2.RewardPart(verifier=spec.name, score=result.score, weight=weight, error=result.error)

@@ -16,8 +16,10 @@ from everstep_reward.config import RewardConfig
 from everstep_reward.scoring import RewardScorer
 from everstep_reward.verifiers import VerifierRegistry
 from everstep_reward.verifiers.code import CodeVerifier
-from everstep_reward.verifiers.format import FormatVerifier
+from everstep_reward.verifiers.format import FormatRules, FormatVerifier
+from everstep_reward.verifiers.length import LengthParams, LengthVerifier
 from everstep_reward.verifiers.math import MathVerifier, prepare_math_worker
+from everstep_reward.verifiers.model import ModelVerifier, RewardModel, RewardModelSettings
 from everstep_reward.verifiers.worker_pool import ProcessWorkerPool
 
 __all__ = ["RewardServicer", "serve"]
@@ -57,9 +59,21 @@ def serve(config: RewardConfig) -> None:
     pool = ProcessWorkerPool(config.math_workers, start_method=config.worker_start_method,
                              initializer=prepare_math_worker)
     code_verifier = CodeVerifier(config.sandbox_endpoint, timeout_seconds=config.code_timeout_seconds,
-                                 run_timeout_seconds=config.code_run_timeout_seconds)
-    registry = VerifierRegistry([MathVerifier(pool, timeout_seconds=config.timeout_seconds), FormatVerifier(),
-                                 code_verifier])
+                                 run_timeout_seconds=config.code_run_timeout_seconds,
+                                 compile_timeout_seconds=config.code_compile_timeout_seconds,
+                                 reward_mode=config.code_reward_mode)
+    # Loading (and importing torch) before SERVING: a bad --reward-model fails at startup, not per item.
+    reward_model = RewardModel.load(_model_settings(config)) if config.reward_model else None
+    model_verifier = ModelVerifier(reward_model, timeout_seconds=config.model_timeout_seconds,
+                                   batch_size=config.reward_model_batch_size)
+    registry = VerifierRegistry([
+        MathVerifier(pool, timeout_seconds=config.timeout_seconds),
+        FormatVerifier(FormatRules(require_think=config.format_require_think)),
+        code_verifier,
+        LengthVerifier(LengthParams(max_length=config.length_max, cache_length=config.length_cache,
+                                    unit=config.length_unit)),
+        model_verifier,
+    ])
     scorer = RewardScorer(registry, max_concurrent_items=config.max_concurrent_items)
     reward_pb2_grpc.add_RewardServicer_to_server(RewardServicer(scorer), grpc_server)
     grpc_server.add_insecure_port(f"{config.host}:{config.grpc_port}")
@@ -67,14 +81,22 @@ def serve(config: RewardConfig) -> None:
     try:
         pool.start()
         health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-        log.info("reward ready: grpc %s:%d metrics :%d verifiers %s math workers %d sandbox %s", config.host,
-                 config.grpc_port, config.port, ",".join(registry.names), config.math_workers,
-                 config.sandbox_endpoint or "none")
+        log.info("reward ready: grpc %s:%d metrics :%d verifiers %s math workers %d sandbox %s reward model %s",
+                 config.host, config.grpc_port, config.port, ",".join(registry.names), config.math_workers,
+                 config.sandbox_endpoint or "none", config.reward_model or "none")
         stop.wait()
     finally:
         health_servicer.enter_graceful_shutdown()
         grpc_server.stop(_GRPC_GRACE_SECONDS).wait()
         scorer.close()
         code_verifier.close()
+        model_verifier.close()
         pool.close()
         log.info("reward stopped")
+
+
+def _model_settings(config: RewardConfig) -> RewardModelSettings:
+    assert config.reward_model is not None
+    return RewardModelSettings(path=config.reward_model, device=config.reward_model_device,
+                               max_tokens=config.reward_model_max_tokens, batch_size=config.reward_model_batch_size,
+                               num_threads=config.reward_model_threads)

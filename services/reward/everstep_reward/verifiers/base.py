@@ -8,7 +8,7 @@ from typing import Protocol
 
 from everstep.v1 import reward_pb2
 
-__all__ = ["ErrorKind", "Verifier", "VerifierResult"]
+__all__ = ["ErrorKind", "Outcome", "Verifier", "VerifierResult"]
 
 
 class ErrorKind(StrEnum):
@@ -21,15 +21,32 @@ class ErrorKind(StrEnum):
     SANDBOX_UNAVAILABLE = "sandbox_unavailable"
     SANDBOX_ERROR = "sandbox_error"
     WORKER_CRASHED = "worker_crashed"
+    MODEL_UNAVAILABLE = "model_unavailable"
+    """A `model` verifier was requested but the service was started without `--reward-model`."""
     INTERNAL = "internal"
+
+
+class Outcome(StrEnum):
+    """The `outcome` label of everstep_reward_items_total."""
+
+    CORRECT = "correct"
+    PARTIAL = "partial"
+    INCORRECT = "incorrect"
+    SCORED = "scored"
+    """A score without a notion of right or wrong (the reward model)."""
+    TIMEOUT = "timeout"
+    ERROR = "error"
 
 
 @dataclass(frozen=True)
 class VerifierResult:
     score: float = 0.0
-    """In [0, 1]; 0 when `error` is set."""
+    """In [0, 1] for math, code and format; in [-1, 0] for length (a penalty); unbounded for model.
+    0 when `error` is set."""
     error: str = ""
     error_kind: ErrorKind | None = None
+    outcome: Outcome | None = None
+    """Set by verifiers whose scores do not follow the 0 = wrong, 1 = right rule; derived otherwise."""
 
     @classmethod
     def failure(cls, kind: ErrorKind, message: str) -> VerifierResult:
@@ -38,6 +55,17 @@ class VerifierResult:
     @property
     def ok(self) -> bool:
         return self.error_kind is None
+
+    def metric_outcome(self) -> Outcome:
+        if self.error_kind == ErrorKind.TIMEOUT:
+            return Outcome.TIMEOUT
+        if self.error_kind is not None:
+            return Outcome.ERROR
+        if self.outcome is not None:
+            return self.outcome
+        if self.score >= 1.0:
+            return Outcome.CORRECT
+        return Outcome.INCORRECT if self.score <= 0.0 else Outcome.PARTIAL
 
 
 class Verifier(Protocol):

@@ -1,33 +1,108 @@
-"""The format rule: a final answer in `\\boxed{}`, after a closed think block if one was opened."""
+"""The format rules: required tags, a final answer present, no degenerate repetition.
+
+A response passes (1.0) when
+- its think block is well formed: `<think>` and `</think>` each at most once, closed after being
+  opened; with `require_think` the block must be there (and be closed);
+- the answer part (after `</think>`, or all of it without a think block) holds a non-empty
+  `\\boxed{}` (the same extraction the math verifier uses);
+- it does not loop: no stretch of words repeated back to back `repetition_min_repeats` times or
+  more, covering at least `repetition_min_words` words (a model that degenerates repeats a phrase
+  until it hits the length limit).
+Else it scores 0.0, and the first rule broken is counted in everstep_reward_format_violations_total.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from enum import StrEnum
+
 from everstep.v1 import reward_pb2
+from everstep_reward import metrics
 from everstep_reward.verifiers.base import VerifierResult
 from everstep_reward.verifiers.math import extract_boxed_answer
 
-__all__ = ["FormatVerifier", "is_well_formatted"]
+__all__ = ["FormatRule", "FormatRules", "FormatVerifier", "find_format_violation", "has_degenerate_repetition",
+           "is_well_formatted"]
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
-def is_well_formatted(response: str) -> bool:
-    """True when the answer part holds a non-empty `\\boxed{...}` and any think block is closed once."""
+class FormatRule(StrEnum):
+    THINK_BLOCK = "think_block"
+    ANSWER = "answer"
+    REPETITION = "repetition"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FormatRules:
+    require_think: bool = False
+    """The response must contain a closed `<think>...</think>` block."""
+    repetition_min_repeats: int = 10
+    """Back-to-back copies of one stretch of words that make a response degenerate."""
+    repetition_min_words: int = 40
+    """Fewest words the repeated run must cover (so `1 1 1` in a sum is not a loop)."""
+    repetition_max_period: int = 32
+    """Longest repeated stretch looked for, in words."""
+
+    def __post_init__(self) -> None:
+        if self.repetition_min_repeats < 2:
+            raise ValueError("repetition_min_repeats must be >= 2")
+        if self.repetition_min_words < 1 or self.repetition_max_period < 1:
+            raise ValueError("repetition_min_words and repetition_max_period must be >= 1")
+
+
+def has_degenerate_repetition(text: str, *, min_repeats: int, min_words: int, max_period: int) -> bool:
+    """True when some run of words is periodic with period p <= max_period, holds >= min_repeats
+    periods and >= min_words words. O(len(words) * max_period)."""
+    words = text.split()
+    for period in range(1, max_period + 1):
+        run = 0  # positions i so far with words[i] == words[i + period], consecutively
+        for i in range(len(words) - period):
+            if words[i] == words[i + period]:
+                run += 1
+                covered = run + period
+                if covered >= min_words and covered >= min_repeats * period:
+                    return True
+            else:
+                run = 0
+    return False
+
+
+def find_format_violation(response: str, rules: FormatRules) -> FormatRule | None:
+    """The first rule `response` breaks, or None."""
     answer_part = response
     if THINK_OPEN in response or THINK_CLOSE in response:
         if response.count(THINK_OPEN) != 1 or response.count(THINK_CLOSE) != 1:
-            return False
+            return FormatRule.THINK_BLOCK
         opened, closed = response.index(THINK_OPEN), response.index(THINK_CLOSE)
         if closed < opened:
-            return False
+            return FormatRule.THINK_BLOCK
         answer_part = response[closed + len(THINK_CLOSE):]
-    return extract_boxed_answer(answer_part) is not None
+    elif rules.require_think:
+        return FormatRule.THINK_BLOCK
+    if extract_boxed_answer(answer_part) is None:
+        return FormatRule.ANSWER
+    if has_degenerate_repetition(response, min_repeats=rules.repetition_min_repeats,
+                                 min_words=rules.repetition_min_words, max_period=rules.repetition_max_period):
+        return FormatRule.REPETITION
+    return None
+
+
+def is_well_formatted(response: str, rules: FormatRules | None = None) -> bool:
+    return find_format_violation(response, rules or FormatRules()) is None
 
 
 class FormatVerifier:
-    """Scores 1.0 for a well-formatted response, else 0.0; needs no spec fields."""
+    """Scores 1.0 for a response that keeps every rule, else 0.0; needs no spec fields."""
 
     name = "format"
 
+    def __init__(self, rules: FormatRules | None = None) -> None:
+        self._rules = rules or FormatRules()
+
     def score(self, response: str, spec: reward_pb2.VerifierSpec) -> VerifierResult:
-        return VerifierResult(1.0 if is_well_formatted(response) else 0.0)
+        violation = find_format_violation(response, self._rules)
+        if violation is not None:
+            metrics.FORMAT_VIOLATIONS.labels(violation.value).inc()
+            return VerifierResult(0.0)
+        return VerifierResult(1.0)

@@ -1,0 +1,195 @@
+"""Reward throughput: `python -m benchmarks.reward [--math-items N] [--code-samples N] [--workers W]`.
+
+- Math: the same items (generated answer pairs: fractions, decimals, percentages, expressions,
+  intervals, sets, matrices) scored by our process pool (`ProcessWorkerPool` + `MathVerifier`,
+  W workers, per-item timeouts, items submitted from W threads as the service does) against the
+  same check called serially in this one process; both warm, same run.
+- Code: end to end through a real reward service and a real sandbox service (bubblewrap when it
+  works here): Score batches of Python samples with 10 stdin/stdout tests each, half of them
+  correct, one RunTests call per sample.
+The last line of output is one JSON object with math_items_per_s, math_serial_items_per_s,
+math_ratio, code_samples_per_s, the settings, and the load average when it started (the pool can
+only beat the serial run by as many cores as are idle).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from fractions import Fraction
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from everstep.v1 import reward_pb2, reward_pb2_grpc
+from everstep_reward.verifiers.math import MathVerifier, check_math_answer, prepare_math_worker
+from everstep_reward.verifiers.worker_pool import ProcessWorkerPool
+
+
+def _math_items(count: int) -> list[tuple[str, str]]:
+    """(response, reference) pairs, about half of them equivalent."""
+    forms = []
+    for i in range(1, count + 1):
+        p, q = i % 17 + 1, i % 13 + 2
+        value = Fraction(p, q)
+        kind = i % 8
+        if kind == 0:
+            forms.append((f"\\frac{{{2 * p}}}{{{2 * q}}}", f"{value.numerator}/{value.denominator}"))
+        elif kind == 1:
+            forms.append((f"{p / 8:.3f}", f"\\frac{{{p}}}{{8}}"))
+        elif kind == 2:
+            forms.append((f"{5 * i}\\%", f"{5 * i + i % 2}/100"))
+        elif kind == 3:
+            forms.append((f"(x+{p})^2", f"x^2+{2 * p}x+{p * p + i % 2}"))
+        elif kind == 4:
+            forms.append((f"[{-p}, {q})", f"[{-p},{q + i % 2})"))
+        elif kind == 5:
+            forms.append((f"\\{{{p}, {q}, {p + q}\\}}", f"\\{{{p + q}, {q}, {p + i % 2}\\}}"))
+        elif kind == 6:
+            forms.append((f"\\begin{{pmatrix}} {p} & {q} \\\\ 0 & 1 \\end{{pmatrix}}",
+                          f"\\begin{{pmatrix}} {p} & {q + i % 2} \\\\ 0 & 1 \\end{{pmatrix}}"))
+        else:
+            forms.append((f"\\sqrt{{{4 * p}}}", f"{2 + i % 2}\\sqrt{{{p}}}"))
+    return [(f"<think> work </think> so the answer is \\boxed{{{answer}}}", reference) for answer, reference in forms]
+
+
+def _bench_math(num_items: int, workers: int) -> dict[str, float | int]:
+    items = _math_items(num_items)
+    pool = ProcessWorkerPool(workers, initializer=prepare_math_worker)
+    pool.start()
+    try:
+        verifier = MathVerifier(pool, timeout_seconds=30)
+
+        def score(item: tuple[str, str]) -> float:
+            result = verifier.score(item[0], reward_pb2.VerifierSpec(name="math", weight=1.0, answer=item[1]))
+            if not result.ok:
+                raise RuntimeError(f"math item failed: {item}: {result.error}")
+            return result.score
+
+        with ThreadPoolExecutor(workers) as threads:
+            start = time.perf_counter()
+            pool_scores = list(threads.map(score, items))
+            pool_seconds = time.perf_counter() - start
+    finally:
+        pool.close()
+
+    prepare_math_worker()  # the serial baseline pays its imports before the clock, as the workers do
+    start = time.perf_counter()
+    serial_scores = [1.0 if check_math_answer(response, reference).correct else 0.0 for response, reference in items]
+    serial_seconds = time.perf_counter() - start
+    if pool_scores != serial_scores:
+        raise RuntimeError("pool and serial scores differ")
+    pool_rate, serial_rate = num_items / pool_seconds, num_items / serial_seconds
+    return {"math_items": num_items, "math_workers": workers,
+            "math_correct_fraction": round(sum(pool_scores) / num_items, 3),
+            "math_items_per_s": round(pool_rate, 1), "math_serial_items_per_s": round(serial_rate, 1),
+            "math_ratio": round(pool_rate / serial_rate, 2)}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(module: str, *args: str) -> tuple[subprocess.Popen, str]:
+    http_port, grpc_port = _free_port(), _free_port()
+    process = subprocess.Popen([sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(http_port),
+                                "--grpc-port", str(grpc_port), *args],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    address = f"127.0.0.1:{grpc_port}"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{module} exited with {process.returncode}")
+        try:
+            with grpc.insecure_channel(address) as channel:
+                reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return process, address
+        except grpc.RpcError:
+            pass
+        time.sleep(0.2)
+    _stop(process)
+    raise TimeoutError(f"{module} did not become ready")
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=15)
+
+
+def _code_items(count: int, offset: int) -> tuple[list[reward_pb2.RewardItem], dict[str, float]]:
+    items, expected = [], {}
+    for i in range(count):
+        k = offset + i  # distinct programs: the sandbox's compile cache must not turn runs into lookups
+        correct = i % 2 == 0
+        body = f"print(sum(map(int, input().split())) + {0 if correct else 1})  # sample {k}"
+        tests = [reward_pb2.CodeTest(stdin=f"{t} {k}\n", expected_stdout=f"{t + k}\n") for t in range(10)]
+        item_id = f"code-{k}"
+        items.append(reward_pb2.RewardItem(id=item_id, response=f"```python\n{body}\n```", verifiers=[
+            reward_pb2.VerifierSpec(name="code", weight=1.0, language="python", tests=tests)]))
+        expected[item_id] = 1.0 if correct else 0.0
+    return items, expected
+
+
+def _bench_code(num_samples: int) -> dict[str, float | int]:
+    sandbox, sandbox_address = _start("everstep_sandbox")
+    try:
+        reward, reward_address = _start("everstep_reward", "--math-workers", "1",
+                                        "--sandbox-endpoint", sandbox_address)
+        try:
+            with grpc.insecure_channel(reward_address) as channel:
+                stub = reward_pb2_grpc.RewardStub(channel)
+                warm_items, _ = _code_items(2, offset=10_000)
+                list(stub.Score(reward_pb2.ScoreRequest(items=warm_items), timeout=120))
+                items, expected = _code_items(num_samples, offset=0)
+                start = time.perf_counter()
+                results = list(stub.Score(reward_pb2.ScoreRequest(items=items), timeout=600))
+                seconds = time.perf_counter() - start
+        finally:
+            _stop(reward)
+    finally:
+        _stop(sandbox)
+    got = {r.id: r.reward for r in results}
+    errors = [r.error for r in results if r.error]
+    if errors or got != expected:
+        raise RuntimeError(f"unexpected code rewards: errors {errors[:3]}")
+    return {"code_samples": num_samples, "code_tests_per_sample": 10, "code_language": "python",
+            "code_samples_per_s": round(num_samples / seconds, 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="benchmarks.reward", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--math-items", type=int, default=240)
+    parser.add_argument("--code-samples", type=int, default=24)
+    parser.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1), help="math pool workers")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    # Other work on the machine decides whether W workers get W cores: record it with the result.
+    summary: dict[str, float | int | str] = {"cpu_count": os.cpu_count() or 1,
+                                             "load_avg_1m_at_start": round(os.getloadavg()[0], 2)}
+    summary.update(_bench_math(args.math_items, args.workers))
+    print(f"math: {summary['math_items_per_s']} items/s pool vs {summary['math_serial_items_per_s']} serial",
+          file=sys.stderr, flush=True)
+    summary.update(_bench_code(args.code_samples))
+    print(f"code: {summary['code_samples_per_s']} samples/s", file=sys.stderr, flush=True)
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
