@@ -117,7 +117,12 @@ class JobRunner:
         if d.eval_path:
             self.eval_rows = load_prompt_rows(d.eval_path, tokenizer, prompt_field=d.prompt_field,
                                               answer_field=d.answer_field).rows[: spec.evaluation.num_prompts]
-        self.rollout.load(spec.model_path, dtype=spec.sampling.dtype, version=0, seed=spec.seed)
+        s = spec.scheduler
+        # the engine decodes the whole pool at once: Omega for C3PO++, one batch for the baseline
+        max_running = (s.pool_capacity if s.mode.value == "c3po"
+                       else s.prompts_per_iteration * spec.algorithm.group_size)
+        self.rollout.load(spec.model_path, dtype=spec.sampling.dtype, version=0, seed=spec.seed,
+                          max_running=max_running)
         self.trainer.load(spec.model_path, trainer_config(spec), version=0)
 
     def _honour_requests(self) -> None:
@@ -331,9 +336,9 @@ class JobRunner:
         history = dict(record.evaluation) if record else {}
         history[str(step)] = evaluation
         self.store.update(self.job_id, evaluation=history)
-        metrics.EVAL_ACCURACY.labels(job=self.job_id, kind="sampled").set(evaluation["accuracy"] or 0.0)
+        metrics.EVAL_ACCURACY.labels(job_id=self.job_id, kind="sampled").set(evaluation["accuracy"] or 0.0)
         if evaluation["greedy_accuracy"] is not None:
-            metrics.EVAL_ACCURACY.labels(job=self.job_id, kind="greedy").set(evaluation["greedy_accuracy"])
+            metrics.EVAL_ACCURACY.labels(job_id=self.job_id, kind="greedy").set(evaluation["greedy_accuracy"])
         log.info("job %s eval at step %d: %s", self.job_id, step, evaluation)
 
     def _checkpoint(self, step: int) -> None:

@@ -10,14 +10,14 @@ JOBS = Gauge("everstep_controller_jobs", "Jobs by state.", ["state"])
 JOBS_STARTED = Counter("everstep_controller_jobs_started_total", "Jobs whose runner started.")
 DATASET_ROWS_SKIPPED = Counter("everstep_controller_dataset_rows_skipped_total",
                                "Dataset rows without a prompt or answer, reported and skipped.")
-STEP = Gauge("everstep_controller_job_step", "Training steps completed.", ["job"])
-POLICY_VERSION = Gauge("everstep_controller_policy_version", "Policy version the job's engines run.", ["job"])
+STEP = Gauge("everstep_controller_job_step", "Training steps completed.", ["job_id"])
+POLICY_VERSION = Gauge("everstep_controller_policy_version", "Policy version the job's engines run.", ["job_id"])
 REWARD_MEAN = Gauge("everstep_controller_reward_mean", "Mean reward of the samples scored in the latest step.",
-                    ["job"])
+                    ["job_id"])
 EVAL_ACCURACY = Gauge("everstep_controller_eval_accuracy_ratio", "Held-out accuracy (avg@k or greedy).",
-                      ["job", "kind"])
+                      ["job_id", "kind"])
 TOKENS_PER_SECOND = Gauge("everstep_controller_rollout_tokens_per_second",
-                          "Tokens generated per second of rollout phase, latest step.", ["job"])
+                          "Tokens generated per second of rollout phase, latest step.", ["job_id"])
 ITERATION_SECONDS = Histogram("everstep_controller_iteration_seconds", "Wall time of one C3PO++ iteration.",
                               buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800))
 PHASE_SECONDS = Histogram("everstep_controller_phase_seconds", "Time per iteration phase.", ["phase"],
@@ -26,7 +26,7 @@ TOKENS_PER_ITERATION = Histogram("everstep_controller_tokens_per_iteration", "Ou
                                  buckets=(1e2, 1e3, 1e4, 3e4, 1e5, 3e5, 1e6, 1e7))
 GENERATED_TOKENS = Counter("everstep_controller_generated_tokens_total", "Output tokens generated for training.")
 PARTIAL_BUFFER = Gauge("everstep_controller_partial_buffer_size", "Unfinished rollouts carried to the next iteration.",
-                       ["job"])
+                       ["job_id"])
 RETENTION = Histogram("everstep_controller_retention_iterations", "Carry-overs of each carried rollout.",
                       buckets=(0, 1, 2, 3, 4, 6, 8, 16))
 PURGED = Counter("everstep_controller_purged_samples_total", "Rollouts purged by the retention limit.")
@@ -39,11 +39,11 @@ STALENESS = Histogram("everstep_controller_staleness_versions", "Policy versions
 
 
 def observe_iteration(job_id: str, record: dict[str, Any], retention_ages: list[int], staleness: list[int]) -> None:
-    STEP.labels(job=job_id).set(record["step"])
-    POLICY_VERSION.labels(job=job_id).set(record["policy_version"])
-    REWARD_MEAN.labels(job=job_id).set(record["reward_mean"])
-    TOKENS_PER_SECOND.labels(job=job_id).set(record["tokens_per_s"])
-    PARTIAL_BUFFER.labels(job=job_id).set(record["partial_buffer_size"])
+    STEP.labels(job_id=job_id).set(record["step"])
+    POLICY_VERSION.labels(job_id=job_id).set(record["policy_version"])
+    REWARD_MEAN.labels(job_id=job_id).set(record["reward_mean"])
+    TOKENS_PER_SECOND.labels(job_id=job_id).set(record["tokens_per_s"])
+    PARTIAL_BUFFER.labels(job_id=job_id).set(record["partial_buffer_size"])
     ITERATION_SECONDS.observe(record["iteration_seconds"])
     for phase in ("rollout", "reward", "train", "weight_push"):
         PHASE_SECONDS.labels(phase=phase).observe(record[f"{phase}_seconds"])

@@ -1,0 +1,254 @@
+{{/* Names ------------------------------------------------------------------------------- */}}
+{{- define "everstep.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "everstep.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" -}}
+{{- else if contains (include "everstep.name" .) .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name (include "everstep.name" .) | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "everstep.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "everstep.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "everstep.apiTokenSecret" -}}
+{{- default (printf "%s-api-token" (include "everstep.fullname" .)) .Values.apiToken.existingSecret -}}
+{{- end -}}
+
+{{- define "everstep.redisUrl" -}}
+{{- if .Values.redis.bundled -}}
+{{- printf "redis://%s-redis:6379/0" (include "everstep.fullname" .) -}}
+{{- else -}}
+{{- required "redis.external.url is required when redis.bundled is false" .Values.redis.external.url -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels; call with (dict "root" $ "component" "reward") ------------------------------ */}}
+{{- define "everstep.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "everstep.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "everstep.labels" -}}
+{{ include "everstep.selectorLabels" . }}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/part-of: everstep
+{{- with .root.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Image of a service; call with (dict "root" $ "component" "reward") ----------------- */}}
+{{- define "everstep.image" -}}
+{{- printf "%s/everstep-%s:%s" .root.Values.image.registry .component (default .root.Chart.AppVersion .root.Values.image.tag) -}}
+{{- end -}}
+
+{{/* Pod-level fields every everstep pod shares; call with (dict "root" $ "values" .Values.X) */}}
+{{- define "everstep.podCommon" -}}
+serviceAccountName: {{ include "everstep.serviceAccountName" .root }}
+securityContext:
+  {{- toYaml .root.Values.podSecurityContext | nindent 2 }}
+{{- with .root.Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* Probes of a gRPC service (standard health service); call with the port number */}}
+{{- define "everstep.grpcProbes" -}}
+startupProbe:
+  grpc: {port: {{ . }}}
+  periodSeconds: 5
+  failureThreshold: 120
+readinessProbe:
+  grpc: {port: {{ . }}}
+  periodSeconds: 5
+  failureThreshold: 3
+livenessProbe:
+  grpc: {port: {{ . }}}
+  periodSeconds: 10
+  timeoutSeconds: 5
+  failureThreshold: 6
+{{- end -}}
+
+{{/* Container resources with N GPUs added to the limits; call with (dict "root" $ "values" .Values.X) */}}
+{{- define "everstep.gpuResources" -}}
+{{- $resources := deepCopy .values.resources -}}
+{{- if gt (int .values.gpus) 0 -}}
+{{- $limits := default (dict) $resources.limits -}}
+{{- $_ := set $limits .root.Values.gpu.resourceName (int .values.gpus) -}}
+{{- $_ := set $resources "limits" $limits -}}
+{{- end -}}
+{{- toYaml $resources -}}
+{{- end -}}
+
+{{/* env of the GPU workloads: NCCL settings, then the user's extras */}}
+{{- define "everstep.gpuEnv" -}}
+{{- range $name, $value := .root.Values.gpu.ncclEnv }}
+- name: {{ $name }}
+  value: {{ $value | quote }}
+{{- end }}
+{{- with .values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Volumes of the GPU workloads */}}
+{{- define "everstep.gpuVolumes" -}}
+- name: tmp
+  emptyDir: {}
+- name: shm
+  emptyDir:
+    medium: Memory
+    sizeLimit: {{ .root.Values.gpu.shmSizeLimit }}
+{{- if .root.Values.sharedStorage.enabled }}
+- name: shared
+  persistentVolumeClaim:
+    claimName: {{ default (printf "%s-shared" (include "everstep.fullname" .root)) .root.Values.sharedStorage.existingClaim }}
+{{- end }}
+{{- end -}}
+
+{{- define "everstep.gpuVolumeMounts" -}}
+- {name: tmp, mountPath: /tmp}
+- {name: shm, mountPath: /dev/shm}
+{{- if .root.Values.sharedStorage.enabled }}
+- {name: shared, mountPath: {{ .root.Values.sharedStorage.mountPath }}}
+{{- end }}
+{{- end -}}
+
+{{/* Pod spec of a rollout engine: used by the PodTemplate and the standing Deployment */}}
+{{- define "everstep.rolloutPodSpec" -}}
+{{- $v := .Values.rollout -}}
+{{ include "everstep.podCommon" (dict "root" . "values" $v) }}
+terminationGracePeriodSeconds: 60
+containers:
+  - name: rollout
+    image: {{ include "everstep.image" (dict "root" . "component" "rollout") }}
+    imagePullPolicy: {{ .Values.image.pullPolicy }}
+    args:
+      - --host=0.0.0.0
+      - --port={{ $v.port }}
+      - --grpc-port={{ $v.grpcPort }}
+      - --device={{ if gt (int $v.gpus) 0 }}cuda{{ else }}cpu{{ end }}
+      - --dtype={{ $v.dtype }}
+      - --max-running={{ $v.maxRunning }}
+      - --max-seq-len={{ $v.maxSeqLen }}
+      {{- with $v.extraArgs }}
+      {{- toYaml . | nindent 6 }}
+      {{- end }}
+    env:
+      {{- include "everstep.gpuEnv" (dict "root" . "values" $v) | nindent 6 }}
+    ports:
+      - {name: metrics, containerPort: {{ $v.port }}}
+      - {name: grpc, containerPort: {{ $v.grpcPort }}}
+    {{- include "everstep.grpcProbes" $v.grpcPort | nindent 4 }}
+    resources:
+      {{- include "everstep.gpuResources" (dict "root" . "values" $v) | nindent 6 }}
+    securityContext:
+      {{- toYaml .Values.containerSecurityContext | nindent 6 }}
+    volumeMounts:
+      {{- include "everstep.gpuVolumeMounts" (dict "root" .) | nindent 6 }}
+volumes:
+  {{- include "everstep.gpuVolumes" (dict "root" .) | nindent 2 }}
+{{- end -}}
+
+{{/* Pod spec of the trainer */}}
+{{- define "everstep.trainerPodSpec" -}}
+{{- $v := .Values.trainer -}}
+{{ include "everstep.podCommon" (dict "root" . "values" $v) }}
+terminationGracePeriodSeconds: 120
+containers:
+  - name: trainer
+    image: {{ include "everstep.image" (dict "root" . "component" "trainer") }}
+    imagePullPolicy: {{ .Values.image.pullPolicy }}
+    args:
+      - --host=0.0.0.0
+      - --port={{ $v.port }}
+      - --grpc-port={{ $v.grpcPort }}
+      {{- with $v.extraArgs }}
+      {{- toYaml . | nindent 6 }}
+      {{- end }}
+    env:
+      {{- include "everstep.gpuEnv" (dict "root" . "values" $v) | nindent 6 }}
+    ports:
+      - {name: metrics, containerPort: {{ $v.port }}}
+      - {name: grpc, containerPort: {{ $v.grpcPort }}}
+    {{- include "everstep.grpcProbes" $v.grpcPort | nindent 4 }}
+    resources:
+      {{- include "everstep.gpuResources" (dict "root" . "values" $v) | nindent 6 }}
+    securityContext:
+      {{- toYaml .Values.containerSecurityContext | nindent 6 }}
+    volumeMounts:
+      {{- include "everstep.gpuVolumeMounts" (dict "root" .) | nindent 6 }}
+volumes:
+  {{- include "everstep.gpuVolumes" (dict "root" .) | nindent 2 }}
+{{- end -}}
+
+{{/* HPA; call with (dict "root" $ "component" "reward" "values" .Values.reward "kind" "Deployment") */}}
+{{- define "everstep.hpa" -}}
+{{- $a := .values.autoscaling -}}
+apiVersion: autoscaling/v2
+kind: HorizontalPodAutoscaler
+metadata:
+  name: {{ include "everstep.fullname" .root }}-{{ .component }}
+  labels:
+    {{- include "everstep.labels" . | nindent 4 }}
+spec:
+  scaleTargetRef:
+    apiVersion: apps/v1
+    kind: Deployment
+    name: {{ include "everstep.fullname" .root }}-{{ .component }}
+  minReplicas: {{ $a.minReplicas }}
+  maxReplicas: {{ $a.maxReplicas }}
+  metrics:
+    - type: Resource
+      resource:
+        name: cpu
+        target:
+          type: Utilization
+          averageUtilization: {{ $a.targetCPUUtilizationPercentage }}
+    {{- with $a.extraMetrics }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+{{- end -}}
+
+{{/* ClusterIP Service with the metrics and grpc ports; call with (dict "root" $ "component" "reward" "values" ...) */}}
+{{- define "everstep.grpcService" -}}
+apiVersion: v1
+kind: Service
+metadata:
+  name: {{ include "everstep.fullname" .root }}-{{ .component }}
+  labels:
+    {{- include "everstep.labels" . | nindent 4 }}
+spec:
+  selector:
+    {{- include "everstep.selectorLabels" . | nindent 4 }}
+  ports:
+    - {name: {{ .portName | default "metrics" }}, port: {{ .values.port }}, targetPort: {{ .portName | default "metrics" }}}
+    - {name: grpc, port: {{ .values.grpcPort }}, targetPort: grpc, appProtocol: grpc}
+{{- end -}}

@@ -1,0 +1,203 @@
+"""The Helm chart: lint, render with default and non-default values, every object valid for
+Kubernetes 1.30 (strict), the values schema rejecting a wrongly typed value, and what the rendered
+objects must contain (GPUs, probes, security context, templates, monitoring)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+from deploy_assets import CHART, DASHBOARDS, RULES
+
+KUBERNETES_VERSION = "1.30.0"
+NONDEFAULT = Path(__file__).parent / "values-nondefault.yaml"
+OPERATOR_APIS = ["--api-versions", "monitoring.coreos.com/v1/ServiceMonitor",
+                 "--api-versions", "monitoring.coreos.com/v1/PrometheusRule"]
+OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule"}
+
+
+def render(helm: str, *args: str) -> list[dict]:
+    result = subprocess.run([helm, "template", "rel", str(CHART), "--namespace", "rl", *args],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def by_kind_name(objects: list[dict]) -> dict[tuple[str, str], dict]:
+    return {(o["kind"], o["metadata"]["name"]): o for o in objects}
+
+
+def pod_specs(objects: list[dict]) -> dict[str, dict]:
+    specs = {}
+    for o in objects:
+        if o["kind"] in ("Deployment", "StatefulSet", "PodTemplate"):
+            specs[f'{o["kind"]}/{o["metadata"]["name"]}'] = o["template"]["spec"] if o["kind"] == "PodTemplate" \
+                else o["spec"]["template"]["spec"]
+    return specs
+
+
+@pytest.fixture(scope="module")
+def default_objects(helm: str) -> list[dict]:
+    return render(helm)
+
+
+@pytest.fixture(scope="module")
+def nondefault_objects(helm: str) -> list[dict]:
+    return render(helm, "-f", str(NONDEFAULT), *OPERATOR_APIS)
+
+
+def test_helm_lint_strict(helm: str) -> None:
+    for extra in ([], ["-f", str(NONDEFAULT)]):
+        result = subprocess.run([helm, "lint", "--strict", str(CHART), *extra], capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("values", ["default", "nondefault"])
+def test_every_object_valid_for_kubernetes_1_30(values: str, default_objects: list[dict],
+                                                nondefault_objects: list[dict]) -> None:
+    objects = default_objects if values == "default" else nondefault_objects
+    assert len(objects) > 15
+    errors = []
+    for o in objects:
+        if o["kind"] in OPERATOR_KINDS:
+            continue  # CRDs: checked below, no schema ships with kubernetes-validate
+        try:
+            kubernetes_validate.validate(o, KUBERNETES_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            errors.append(f'{o["kind"]}/{o["metadata"]["name"]}: {".".join(map(str, e.path))}: {e.message}')
+    assert not errors, "\n".join(errors)
+
+
+def test_schema_rejects_wrong_types(helm: str) -> None:
+    for bad in ("reward.replicas=two", "rollout.gpus=true", "redis.bundled=maybe", "sandbox.autoscaling.enabled=1"):
+        result = subprocess.run([helm, "template", "rel", str(CHART), "--set", bad], capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode != 0, f"--set {bad} was accepted"
+        assert "schema" in result.stderr, result.stderr
+    misspelt = subprocess.run([helm, "template", "rel", str(CHART), "--set", "sandbox.replica=3"],
+                              capture_output=True, text=True, timeout=60)
+    assert misspelt.returncode != 0 and "replica" in misspelt.stderr
+
+
+def test_services_workloads_and_redis(default_objects: list[dict]) -> None:
+    objects = by_kind_name(default_objects)
+    for component in ("controller", "reward", "sandbox", "rollout", "trainer"):
+        assert ("Deployment", f"rel-everstep-{component}") in objects
+        assert ("Service", f"rel-everstep-{component}") in objects
+    redis = objects[("StatefulSet", "rel-everstep-redis")]
+    assert redis["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "10Gi"
+    args = redis["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--appendonly") + 1] == "yes"
+    controller = objects[("Deployment", "rel-everstep-controller")]
+    controller_args = controller["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--redis-url=redis://rel-everstep-redis:6379/0" in controller_args
+    assert "--rollout=rel-everstep-rollout:50051" in controller_args
+    hpas = {name for kind, name in objects if kind == "HorizontalPodAutoscaler"}
+    assert hpas == {"rel-everstep-reward", "rel-everstep-sandbox"}
+    secret = objects[("Secret", "rel-everstep-api-token")]
+    assert len(secret["data"]["token"]) > 20
+    role = objects[("Role", "rel-everstep-controller")]
+    assert any("podtemplates" in r["resources"] for r in role["rules"])
+    assert any("statefulsets" in r["resources"] and "create" in r["verbs"] for r in role["rules"])
+    assert not any(kind in OPERATOR_KINDS for kind, _ in objects), "no Prometheus Operator objects without its CRDs"
+
+
+def test_external_redis_secret_and_options(nondefault_objects: list[dict]) -> None:
+    objects = by_kind_name(nondefault_objects)
+    assert not any(kind == "StatefulSet" for kind, _ in objects)
+    assert not any(kind == "Secret" for kind, _ in objects), "an existing Secret is used, none made"
+    assert not any(kind in ("Role", "ServiceAccount") for kind, _ in objects)
+    controller = objects[("Deployment", "es-controller")]["spec"]["template"]["spec"]
+    container = controller["containers"][0]
+    assert "--redis-url=redis://redis.infra.svc:6379/3" in container["args"]
+    assert container["image"] == "registry.example.com/ml/everstep-controller:1.2.3"
+    token = next(e for e in container["env"] if e["name"] == "EVERSTEP_API_TOKEN")
+    assert token["valueFrom"]["secretKeyRef"] == {"name": "everstep-token", "key": "api-token"}
+    assert controller["serviceAccountName"] == "everstep-runner"
+    assert {n for k, n in objects if k == "HorizontalPodAutoscaler"} == {"es-sandbox", "es-rollout"}
+    assert "replicas" not in objects[("Deployment", "es-rollout")]["spec"], "the HPA owns the replica count"
+    sandbox_hpa = objects[("HorizontalPodAutoscaler", "es-sandbox")]
+    assert sandbox_hpa["spec"]["metrics"][1]["pods"]["metric"]["name"] == "everstep_sandbox_queue_depth"
+    assert objects[("Deployment", "es-sandbox")]["spec"]["template"]["spec"]["runtimeClassName"] == "gvisor"
+
+
+@pytest.mark.parametrize("values", ["default", "nondefault"])
+def test_every_pod_has_probes_resources_and_locked_down_containers(values: str, default_objects: list[dict],
+                                                                   nondefault_objects: list[dict]) -> None:
+    objects = default_objects if values == "default" else nondefault_objects
+    for name, spec in pod_specs(objects).items():
+        assert spec["securityContext"]["runAsNonRoot"] is True, name
+        for container in spec["containers"]:
+            assert "readinessProbe" in container and "livenessProbe" in container, name
+            assert container["resources"]["requests"] and container["resources"]["limits"], name
+            security = container["securityContext"]
+            assert security["readOnlyRootFilesystem"] is True and security["capabilities"]["drop"] == ["ALL"], name
+            assert security["allowPrivilegeEscalation"] is False, name
+
+
+def test_gpu_workloads_and_per_job_templates(helm: str, default_objects: list[dict],
+                                             nondefault_objects: list[dict]) -> None:
+    default = by_kind_name(default_objects)
+    for component in ("rollout", "trainer"):
+        template = default[("PodTemplate", f"rel-everstep-{component}")]
+        assert template["metadata"]["labels"]["everstep.io/workload-template"] == component
+        spec = template["template"]["spec"]
+        container = spec["containers"][0]
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+        assert {"name": "NCCL_SOCKET_IFNAME", "value": "eth0"} in container["env"]
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+        assert any(v["name"] == "shm" and v["emptyDir"]["medium"] == "Memory" for v in spec["volumes"])
+        # the shared Deployment runs the very same pod
+        assert default[("Deployment", f"rel-everstep-{component}")]["spec"]["template"]["spec"] == spec
+    rollout_template = default[("PodTemplate", "rel-everstep-rollout")]["template"]
+    assert "--device=cuda" in rollout_template["spec"]["containers"][0]["args"]
+
+    other = by_kind_name(nondefault_objects)
+    rollout = other[("PodTemplate", "es-rollout")]["template"]["spec"]
+    assert rollout["nodeSelector"] == {"node.kubernetes.io/instance-type": "p5.48xlarge"}
+    assert rollout["containers"][0]["resources"]["limits"]["amd.com/gpu"] == 2
+    assert "--seed=7" in rollout["containers"][0]["args"]
+    assert {"name": "NCCL_IB_HCA", "value": "mlx5"} in rollout["containers"][0]["env"]
+    trainer = other[("PodTemplate", "es-trainer")]["template"]["spec"]
+    assert trainer["containers"][0]["resources"]["limits"]["amd.com/gpu"] == 8
+    assert trainer["tolerations"] == [{"key": "dedicated", "operator": "Equal", "value": "training",
+                                       "effect": "NoSchedule"}]
+    cpu_only = by_kind_name(render(helm, "--set", "rollout.gpus=0"))
+    container = cpu_only[("PodTemplate", "rel-everstep-rollout")]["template"]["spec"]["containers"][0]
+    assert "--device=cpu" in container["args"] and "nvidia.com/gpu" not in container["resources"]["limits"]
+
+
+def test_monitoring_objects(nondefault_objects: list[dict]) -> None:
+    objects = by_kind_name(nondefault_objects)
+    monitor = objects[("ServiceMonitor", "es")]
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert {e["port"] for e in monitor["spec"]["endpoints"]} == {"metrics", "http"}
+    assert not any(e.get("honorLabels") for e in monitor["spec"]["endpoints"]), "job_id never clashes with job"
+    # every scraped Service of the release has a port the ServiceMonitor names
+    for (kind, name), o in objects.items():
+        if kind == "Service":
+            assert {p["name"] for p in o["spec"]["ports"]} & {"metrics", "http"}, name
+    rule = objects[("PrometheusRule", "es")]
+    assert rule["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"]
+
+    dashboards = {o["metadata"]["name"]: o for o in nondefault_objects if o["kind"] == "ConfigMap"}
+    assert len(dashboards) == len(DASHBOARDS)
+    for path in DASHBOARDS:
+        configmap = dashboards[f"es-dashboard-{path.stem}"]
+        assert configmap["metadata"]["labels"]["grafana_dashboard"] == "everstep"
+        assert configmap["metadata"]["annotations"]["grafana_folder"] == "RL"
+        assert json.loads(configmap["data"][path.name]) == json.loads(path.read_text())
+
+
+def test_notes_tell_how_to_submit_a_job(helm: str) -> None:
+    result = subprocess.run([helm, "install", "rel", str(CHART), "--dry-run=client", "--namespace", "rl"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    notes = result.stdout.split("NOTES:", 1)[1]
+    assert "port-forward svc/rel-everstep-controller 8000:8000" in notes
+    assert "POST" in notes and "/v1/jobs" in notes and "Authorization: Bearer" in notes

@@ -1,0 +1,58 @@
+"""Images: one Dockerfile per service, each installing only the proto stubs and its own service;
+the controller, reward and sandbox images without torch (checked on the dependency closure the
+image's pip install resolves, as installed here)."""
+
+from __future__ import annotations
+
+import re
+from importlib.metadata import PackageNotFoundError, distribution
+
+import pytest
+from deploy_assets import REPO
+
+SERVICES = ("controller", "rollout", "trainer", "reward", "sandbox")
+TORCH_FREE = ("controller", "reward", "sandbox")
+
+
+def dependency_closure(name: str) -> set[str]:
+    """Distribution names `pip install name` pulls in (extras and environment markers aside)."""
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        current = re.sub(r"[-_.]+", "-", todo.pop()).lower()
+        if current in seen:
+            continue
+        seen.add(current)
+        try:
+            requires = distribution(current).requires or []
+        except PackageNotFoundError:
+            continue
+        for requirement in requires:
+            if "extra ==" in requirement:
+                continue
+            todo.append(re.match(r"[A-Za-z0-9_.-]+", requirement).group(0))
+    return seen
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_one_dockerfile_per_service(service: str) -> None:
+    path = REPO / "deploy" / "docker" / f"{service}.Dockerfile"
+    assert path.exists(), f"{path} missing"
+    text = path.read_text()
+    copies = {line.split()[1] for line in text.splitlines() if line.startswith("COPY") and "--from" not in line}
+    foreign = {c for c in copies if c not in ("proto", f"services/{service}") and not c.startswith("deploy/docker/")}
+    assert not foreign, f"{service} image copies {foreign}: only the proto stubs and its own service belong in it"
+    starts = [line for line in text.splitlines() if line.startswith(("ENTRYPOINT", "CMD"))]
+    assert any(f"everstep_{service}" in line for line in starts), f"{service} image does not start its service"
+    user = re.findall(r"^USER\s+(\S+)", text, flags=re.M)
+    assert user and user[-1].split(":")[0] not in ("root", "0"), f"{service} image must run as non-root"
+
+
+@pytest.mark.parametrize("service", TORCH_FREE)
+def test_torch_free_images_pull_no_torch(service: str) -> None:
+    closure = dependency_closure(f"everstep-{service}")
+    assert f"everstep-{service}" in closure and "everstep-proto" in closure
+    assert not {"torch", "transformers", "nvidia-cuda-runtime-cu12"} & closure, sorted(closure)
+    text = (REPO / "deploy" / "docker" / f"{service}.Dockerfile").read_text()
+    installs = [line for line in text.splitlines() if "pip install" in line]
+    assert not any(re.search(r"\btorch\b", line) for line in installs), installs
