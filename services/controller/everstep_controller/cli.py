@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -51,7 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM unwinds like Ctrl-C, so `demo` still brings down the stack it started."""
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> None:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     args, extra = build_parser().parse_known_args(argv)
     if extra and args.command != "serve":
         sys.exit(f"everstep {args.command}: unrecognized arguments: {' '.join(extra)}")

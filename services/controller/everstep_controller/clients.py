@@ -80,8 +80,10 @@ class RolloutClient:
         self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
         self._stub = rollout_pb2_grpc.RolloutStub(self._channel)
 
-    def load(self, model_path: str, *, dtype: str, version: int, seed: int) -> rollout_pb2.LoadModelResponse:
-        request = rollout_pb2.LoadModelRequest(model_path=model_path, dtype=dtype, version=version, seed=seed)
+    def load(self, model_path: str, *, dtype: str, version: int, seed: int,
+             max_running: int) -> rollout_pb2.LoadModelResponse:
+        request = rollout_pb2.LoadModelRequest(model_path=model_path, dtype=dtype, version=version, seed=seed,
+                                               max_running=max_running)
         return self._stub.Load(request, timeout=self.timeout_seconds)
 
     def generate(self, stream_timeout_seconds: float) -> GenerateStream:

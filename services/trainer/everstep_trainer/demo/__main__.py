@@ -1,0 +1,39 @@
+"""`python -m everstep_trainer.demo --out DIR [--seed S] [--quick]`: build the demo model directory.
+
+Prints warm_start.json's summary as one JSON line at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m everstep_trainer.demo", description=__doc__)
+    parser.add_argument("--out", type=Path, required=True, help="directory to write (created if missing)")
+    parser.add_argument("--seed", type=int, default=0, help="seed for data, weights and warm start")
+    parser.add_argument("--quick", action="store_true", help="tiny and fast, for tests (no accuracy target)")
+    parser.add_argument("--no-eval", action="store_true", help="skip scoring the warm start")
+    parser.add_argument("--sft-steps", type=int, default=None,
+                        help="warm-start optimizer steps (default: the build's; fewer is faster and weaker)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    from everstep_trainer.demo.build import BuildConfig, build_demo, quick_build_config
+
+    config = quick_build_config(args.seed) if args.quick else BuildConfig(seed=args.seed)
+    if args.no_eval:
+        config.evaluate = False
+    if args.sft_steps is not None:
+        config.sft = dataclasses.replace(config.sft, max_steps=args.sft_steps)
+    summary = build_demo(args.out, config)
+    summary.pop("config")
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

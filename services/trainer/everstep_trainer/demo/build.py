@@ -1,0 +1,156 @@
+"""Build the demo model: tokenizer, a small Llama, a supervised warm start, datasets and its scores.
+
+Output directory (Hugging Face format plus the task's data)::
+
+    config.json  generation_config.json  model.safetensors  tokenizer.json  tokenizer_config.json
+    train.jsonl  eval.jsonl      rows {"prompt", "answer", "num_ops"}; no prompt is in both
+    warm_start.json              settings, SFT timing, and held-out greedy / sampled (T=1, avg@k) accuracy
+
+The defaults leave the model knowing the procedure (decent greedy accuracy) with a noisy sampling
+distribution, so sampled accuracy at temperature 1 sits in the middle and RL has groups with mixed
+rewards to learn from.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from everstep_trainer.demo.evaluation import evaluate
+from everstep_trainer.demo.task import TaskConfig, solution_text, split_train_eval, write_problems
+from everstep_trainer.demo.tokenizer import save_tokenizer
+from everstep_trainer.sft import SFTConfig, train_supervised
+
+__all__ = ["BuildConfig", "ModelShape", "build_demo", "quick_build_config"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True)
+class ModelShape:
+    """Llama dimensions (defaults: about 0.8M parameters, fast on two CPU cores)."""
+
+    hidden_size: int = 128
+    """Width of the residual stream."""
+    intermediate_size: int = 384
+    """Width of the MLP."""
+    num_layers: int = 4
+    """Transformer blocks."""
+    num_heads: int = 4
+    """Attention heads."""
+    num_kv_heads: int = 2
+    """Key/value heads (grouped-query attention)."""
+    max_position_embeddings: int = 512
+    """Longest sequence the model is meant for (prompt + solution of the longest chain is ~330)."""
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if value <= 0:
+                raise ValueError(f"ModelShape.{name} must be > 0")
+        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
+            raise ValueError("ModelShape: hidden_size % num_heads and num_heads % num_kv_heads must be 0")
+
+
+@dataclass(kw_only=True)
+class BuildConfig:
+    """Everything `python -m everstep_trainer.demo` decides."""
+
+    seed: int = 0
+    """Seeds the task split, the initial weights and the warm start."""
+    task: TaskConfig = field(default_factory=TaskConfig)
+    """The arithmetic chains."""
+    model: ModelShape = field(default_factory=ModelShape)
+    """Model dimensions."""
+    sft: SFTConfig = field(default_factory=lambda: SFTConfig(
+        max_steps=300, batch_size=256, learning_rate=3e-3, label_smoothing=0.05))
+    """The warm start (a step budget, so the result does not depend on machine load). Label smoothing
+    keeps sampling at temperature 1 noisy while the argmax is learned: greedy accuracy ends near 0.6,
+    sampled avg@k near 0.33, so GRPO groups have mixed rewards."""
+    num_train: int = 50_000
+    """Rows of train.jsonl (the warm start and RL prompts come from these)."""
+    num_eval: int = 200
+    """Rows of eval.jsonl (held out)."""
+    num_eval_samples: int = 8
+    """k of the sampled avg@k score in warm_start.json."""
+    eval_temperature: float = 1.0
+    """Sampling temperature of that score."""
+    evaluate: bool = True
+    """Score the warm start on eval.jsonl."""
+    eval_max_new_tokens: int | None = None
+    """Generation cap while scoring (None: room for the longest chain)."""
+
+    def __post_init__(self) -> None:
+        if self.num_train < 1 or self.num_eval < 1 or self.num_eval_samples < 1:
+            raise ValueError("BuildConfig.num_train, num_eval and num_eval_samples must be >= 1")
+        if self.eval_temperature <= 0:
+            raise ValueError("BuildConfig.eval_temperature must be > 0")
+
+
+def quick_build_config(seed: int = 0) -> BuildConfig:
+    """Tiny and fast (seconds), for tests; no accuracy target."""
+    return BuildConfig(
+        seed=seed, task=TaskConfig(max_ops=8),
+        model=ModelShape(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1),
+        sft=SFTConfig(max_steps=5, batch_size=16, warmup_steps=1, log_every=1, seed=seed),
+        num_train=200, num_eval=8, num_eval_samples=2, eval_max_new_tokens=16,
+    )
+
+
+def _llama_config(tokenizer, shape: ModelShape) -> LlamaConfig:
+    return LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_layers, num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_kv_heads, max_position_embeddings=shape.max_position_embeddings,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True,
+    )
+
+
+def build_demo(out: Path, config: BuildConfig) -> dict:
+    """Write the demo model directory; returns what warm_start.json holds."""
+    started = time.monotonic()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    train, held_out = split_train_eval(config.num_train, config.num_eval, seed=config.seed, config=config.task)
+    write_problems(out / "train.jsonl", train)
+    write_problems(out / "eval.jsonl", held_out)
+    tokenizer = save_tokenizer(config.task.words(), out)
+
+    torch.manual_seed(config.seed)
+    model = LlamaForCausalLM(_llama_config(tokenizer, config.model))
+    num_parameters = sum(p.numel() for p in model.parameters())
+    log.info("demo model: %d parameters, vocabulary %d", num_parameters, len(tokenizer))
+    sft = train_supervised(model, tokenizer, [(p.prompt, solution_text(p)) for p in train], config.sft)
+    model.generation_config.do_sample = True  # the sampling defaults RL uses: plain T=1, no top-k
+    model.generation_config.temperature = 1.0
+    model.generation_config.top_k = 0
+    model.generation_config.top_p = 1.0
+    model.save_pretrained(out)
+
+    summary: dict = {
+        "num_parameters": num_parameters,
+        "sft_steps": sft.steps, "sft_seconds": round(sft.seconds, 1), "sft_final_loss": round(sft.final_loss, 4),
+        "config": asdict(config),
+    }
+    if config.evaluate:
+        result = evaluate(model, tokenizer, held_out, num_samples=config.num_eval_samples,
+                          temperature=config.eval_temperature,
+                          max_new_tokens=config.eval_max_new_tokens or _max_new_tokens(config.task))
+        summary.update(greedy_accuracy=result.greedy_accuracy, sampled_accuracy=result.sampled_accuracy,
+                       num_eval_samples=result.num_samples, eval_temperature=result.temperature,
+                       eval_seconds=round(result.seconds, 1),
+                       sampled_accuracy_by_num_ops=result.sampled_accuracy_by_num_ops)
+    summary["wall_seconds"] = round(time.monotonic() - started, 1)
+    (out / "warm_start.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _max_new_tokens(task: TaskConfig) -> int:
+    """Room for the longest worked solution (6 tokens per step, 3 for the box, EOS) plus slack."""
+    return 6 * task.max_ops + 16

@@ -1,0 +1,76 @@
+"""`python -m everstep_trainer.demo --quick` writes a directory the Auto classes load, and the SFT loop learns."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from everstep_trainer.demo.task import TaskConfig, generate_problems, solution_text
+from everstep_trainer.sft import SFTConfig, train_supervised, warm_start_directory
+
+
+@pytest.mark.slow
+def test_quick_build_writes_a_loadable_model_directory(tmp_path):
+    out = tmp_path / "demo"
+    done = subprocess.run([sys.executable, "-m", "everstep_trainer.demo", "--out", str(out), "--quick"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert {"greedy_accuracy", "sampled_accuracy", "sft_steps", "wall_seconds"} <= summary.keys()
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "train.jsonl", "eval.jsonl", "warm_start.json"):
+        assert (out / name).is_file(), name
+    assert json.loads((out / "warm_start.json").read_text())["sft_steps"] == summary["sft_steps"]
+
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.config.model_type == "llama"
+    assert model.config.vocab_size == len(tokenizer)
+    assert model.config.eos_token_id == tokenizer.eos_token_id
+    row = json.loads((out / "eval.jsonl").read_text().splitlines()[0])
+    ids = tokenizer(row["prompt"], return_tensors="pt")
+    generated = model.generate(**ids, max_new_tokens=5, do_sample=False)
+    assert generated.shape[1] > ids.input_ids.shape[1]
+    assert tokenizer.decode(ids.input_ids[0], skip_special_tokens=True) == row["prompt"]
+    train_prompts = {json.loads(line)["prompt"] for line in (out / "train.jsonl").read_text().splitlines()}
+    eval_prompts = {json.loads(line)["prompt"] for line in (out / "eval.jsonl").read_text().splitlines()}
+    assert not train_prompts & eval_prompts
+
+
+def test_supervised_loss_falls_only_on_completion_tokens(tiny_model_dir, tmp_path):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    # The shared tiny tokenizer knows numbers up to 39; the default task stays under 30.
+    examples = [(p.prompt, solution_text(p)) for p in generate_problems(32, seed=0, config=TaskConfig(max_ops=2))]
+    result = train_supervised(model, tokenizer, examples,
+                              SFTConfig(max_steps=20, batch_size=8, learning_rate=1e-2, warmup_steps=2))
+    assert result.steps == 20 and len(result.losses) == 20
+    assert result.losses[-1] < 0.6 * result.losses[0]
+
+    # The loss ignores the prompt: changing prompt logits' targets cannot change it.
+    from everstep_trainer.sft import _collate, _encode
+    batch = _collate([_encode(tokenizer, "1 + 2 =", "1 + 2 = 3 \\boxed{ 3 }")], tokenizer.pad_token_id)
+    prompt_len = len(tokenizer("1 + 2 =").input_ids)
+    assert (batch["labels"][0, :prompt_len] == -100).all()
+    assert batch["labels"][0, -1].item() == tokenizer.eos_token_id
+    with torch.no_grad():
+        assert torch.isfinite(model(**batch).loss)
+
+
+def test_warm_start_directory_saves_in_place(tiny_model_dir, tmp_path):
+    out = tmp_path / "warm"
+    result = warm_start_directory(tiny_model_dir, [("1 + 2 =", "1 + 2 = 3 \\boxed{ 3 }")] * 4,
+                                  SFTConfig(max_steps=2, batch_size=2, warmup_steps=1), out_dir=out)
+    assert result.steps == 2
+    assert AutoModelForCausalLM.from_pretrained(out).config.vocab_size == len(AutoTokenizer.from_pretrained(out))
+
+
+def test_sft_config_names_the_bad_field():
+    with pytest.raises(ValueError, match="batch_size"):
+        SFTConfig(batch_size=0)
+    with pytest.raises(ValueError, match="max_seconds"):
+        SFTConfig(max_seconds=0)
