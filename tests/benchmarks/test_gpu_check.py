@@ -1,0 +1,158 @@
+"""benchmarks.gpu_check: the whole run on CPU at the tiny size (same code paths as the H200 run), and its parts."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def gpu_check(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(REPO))
+    return importlib.import_module("benchmarks.gpu_check")
+
+
+def _run(*args: str, timeout: float = 240) -> tuple[subprocess.CompletedProcess, dict]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    process = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", *args], cwd=REPO, env=env,
+                             capture_output=True, text=True, timeout=timeout)
+    lines = process.stdout.strip().splitlines()
+    assert lines, f"no stdout; stderr:\n{process.stderr[-4000:]}"
+    return process, json.loads(lines[-1])
+
+
+def _finite(*values: float) -> bool:
+    return all(isinstance(v, int | float) and math.isfinite(v) for v in values)
+
+
+@pytest.mark.slow
+def test_tiny_cpu_run_reports_every_part(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    process, report = _run("--size", "tiny", "--device", "cpu", "--out", str(out))
+    parts = report["parts"]
+    failed = {name: part.get("error") for name, part in parts.items() if not part.get("ok")}
+    assert not failed, f"{failed}\n{process.stderr[-4000:]}"
+    assert process.returncode == 0 and report["ok"] is True
+    assert list(parts) == ["model", "throughput", "mismatch", "train_step", "weight_push", "rl"]
+    assert json.loads((out / "gpu_check.json").read_text()) == report
+
+    model = parts["model"]
+    assert 10_000 < model["num_parameters"] < 1_000_000 and model["vocab_size"] == 54
+
+    throughput = parts["throughput"]
+    assert throughput["tokens_per_s"] > 0 and throughput["decode_tokens_per_s"] > 0
+    # EOS ignored and not truncated: every sequence ran exactly to its long-tailed length.
+    assert not throughput["truncated"]
+    assert throughput["finish_reasons"] == {"LENGTH": throughput["num_prompts"]}
+    assert throughput["num_tokens"] == throughput["max_new_tokens"]["sum"]
+    assert throughput["max_new_tokens"]["max"] > 2 * throughput["max_new_tokens"]["median"]  # a long tail
+    assert 1 < throughput["mean_running"] <= throughput["max_running"]
+
+    mismatch = parts["mismatch"]
+    assert mismatch["num_tokens"] > 0 and mismatch["engine_dtype"] == "bfloat16"
+    assert _finite(mismatch["mismatch_kl"], mismatch["logp_diff_max"], mismatch["logp_diff_abs_mean"])
+    # bf16 engine vs float32 trainer on the same weights: close, but not bit-identical.
+    assert 0 <= mismatch["mismatch_kl"] < 1e-2 and 0 < mismatch["logp_diff_max"] < 0.5
+
+    train = parts["train_step"]
+    assert _finite(train["loss"], train["policy_loss"], train["grad_norm"], train["seconds"])
+    assert train["grad_norm"] > 0 and train["num_tokens"] > 0 and train["version"] == 1
+    assert train["loss_difference"] < 1e-4  # train_step's loss at ratio 1 is policy_loss on the same batch
+
+    push = parts["weight_push"]
+    assert push["transport"] == "cpu_shared_memory" and push["verified"] is True
+    assert push["mismatched_tensors"] == [] and push["num_tensors"] > 0
+    assert push["changed_tensors"] > 0  # the engine process really received the trained weights
+    assert push["num_bytes"] >= 4 * model["num_parameters"]
+    assert push["gb_per_s"] >= 0 and push["seconds"] > 0 and push["num_pushes"] == 3
+
+    rl = parts["rl"]
+    assert len(rl["steps"]) == 2 and len(rl["reward_per_step"]) == 2
+    assert all(0.0 <= r <= 1.0 for r in rl["reward_per_step"])
+    assert [s["version"] for s in rl["steps"]] == [1, 2]
+    assert all(_finite(s["loss"], s["mismatch_kl"]) for s in rl["steps"])
+    assert rl["warm_start"]["steps"] == 10 and rl["warm_start"]["final_loss"] < rl["warm_start"]["first_loss"]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="checks the no-GPU message on the CPU-only machine")
+def test_cuda_without_gpu_says_so() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    process, report = _run("--size", "tiny", "--device", "cuda", timeout=120)
+    assert process.returncode == 2 and report["ok"] is False
+    assert "cuda" in report["error"] and report["parts"] == {}
+
+
+def test_one_failing_part_is_recorded_and_the_rest_run(gpu_check: ModuleType) -> None:
+    class PartsStandIn:
+        deadline = gpu_check.Deadline(60)
+
+        def part_first(self) -> dict:
+            raise ValueError("boom")
+
+        def part_second(self) -> dict:
+            return {"value": 1}
+
+    report: dict = {"parts": {}}
+    gpu_check.run_parts(PartsStandIn(), report, parts=("first", "second"))
+    assert report["parts"]["first"]["ok"] is False and report["parts"]["first"]["error"] == "ValueError: boom"
+    assert report["parts"]["second"]["ok"] is True and report["parts"]["second"]["value"] == 1
+
+
+def test_spent_budget_skips_parts(gpu_check: ModuleType) -> None:
+    class PartsStandIn:
+        deadline = gpu_check.Deadline(0)
+
+        def part_first(self) -> dict:
+            raise AssertionError("must not run")
+
+    report: dict = {"parts": {}}
+    gpu_check.run_parts(PartsStandIn(), report, parts=("first",))
+    assert report["parts"]["first"]["ok"] is False and "time budget" in report["parts"]["first"]["error"]
+
+
+def test_deadline_part_never_passes_the_end(gpu_check: ModuleType) -> None:
+    import time
+
+    deadline = gpu_check.Deadline(10)
+    assert deadline.part(0.5) <= time.monotonic() + 5.01
+    assert deadline.part(5.0) <= deadline.start + 10.01
+
+
+def test_long_tailed_lengths(gpu_check: ModuleType) -> None:
+    lengths = gpu_check.long_tailed_lengths(2000, median=128, cap=1024, seed=2)
+    assert lengths == gpu_check.long_tailed_lengths(2000, median=128, cap=1024, seed=2)
+    assert min(lengths) >= 1 and max(lengths) == 1024
+    assert 110 <= sorted(lengths)[1000] <= 150
+    assert sum(lengths) / len(lengths) > 128  # right-skewed: the mean sits above the median
+
+
+def test_grpo_advantages(gpu_check: ModuleType) -> None:
+    advantages = gpu_check.grpo_advantages([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0], group_size=4)
+    assert advantages[4:] == [0.0] * 4  # a group that agrees teaches nothing
+    assert abs(sum(advantages[:4])) < 1e-9 and advantages[0] > 0 > advantages[1]
+    assert advantages[0] == pytest.approx(3 ** 0.5, rel=1e-4)
+
+
+def test_weight_checksums_see_a_change_of_one_value_or_of_order(gpu_check: ModuleType) -> None:
+    import torch
+
+    weight = torch.randn(8, 16)
+    base = gpu_check.weight_checksums({"w": weight}, torch.bfloat16)["w"]
+    assert gpu_check.weight_checksums({"w": weight.clone()}, torch.bfloat16)["w"] == base
+    changed = weight.clone()
+    changed[3, 5] += 0.5
+    assert gpu_check.weight_checksums({"w": changed}, torch.bfloat16)["w"] != base
+    assert gpu_check.weight_checksums({"w": weight.flip(0)}, torch.bfloat16)["w"] != base
