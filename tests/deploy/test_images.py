@@ -48,7 +48,12 @@ def test_one_dockerfile_per_service(service: str) -> None:
     starts = [line for line in text.splitlines() if line.startswith(("ENTRYPOINT", "CMD"))]
     assert any(f"everstep_{service}" in line for line in starts), f"{service} image does not start its service"
     user = re.findall(r"^USER\s+(\S+)", text, flags=re.M)
-    assert user and user[-1].split(":")[0] not in ("root", "0"), f"{service} image must run as non-root"
+    if service == "sandbox":
+        # the documented exception (docs/sandbox.md): bubblewrap and per-run cgroups need root; programs
+        # run under it as unprivileged per-slot uids
+        assert "bwrap" in text or "bubblewrap" in text, "the sandbox image carries bubblewrap"
+    else:
+        assert user and user[-1].split(":")[0] not in ("root", "0"), f"{service} image must run as non-root"
 
 
 @pytest.mark.parametrize("service", TORCH_FREE)
