@@ -15,3 +15,13 @@ def hang_or_check(response: str, reference: str) -> MathCheck:
     if "CRASH" in response:
         os._exit(1)
     return check_math_answer(response, reference)
+
+
+def sleep_then_return(seconds: float, value: int) -> int:
+    time.sleep(seconds)
+    return value
+
+
+def process_ids() -> tuple[int, int]:
+    """(pid, session id) of the worker that runs it."""
+    return os.getpid(), os.getsid(0)

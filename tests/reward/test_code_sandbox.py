@@ -1,19 +1,20 @@
-"""The code verifier against a real sandbox service: verdicts in three compiled languages,
-function-call cases, the judge's whitespace rules, and both reward modes."""
+"""Code rewards end to end: a real reward service in front of a real sandbox service, both over gRPC.
+Verdicts in three compiled languages, function-call cases, the judge's whitespace rules, both reward
+modes and per-item limits (VerifierSpec.params), and errors that name the field."""
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
+import grpc
+import httpx
 import pytest
-from prometheus_client import REGISTRY
 
-from everstep.v1 import reward_pb2
-from everstep_reward.verifiers.code import CodeRewardMode, CodeVerifier
+from everstep.v1 import reward_pb2, reward_pb2_grpc
 
 DOUBLE_TESTS = [reward_pb2.CodeTest(stdin=f"{x}\n", expected_stdout=f"{2 * x}\n") for x in (3, -4, 10)]
 
-# language -> verdict -> (program reading one integer and printing twice it, or failing to)
+# language -> verdict -> program reading one integer and printing twice it, or failing to
 PROGRAMS: dict[str, dict[str, str]] = {
     "c": {
         "accepted": "#include <stdio.h>\nint main(void) { long x; scanf(\"%ld\", &x); printf(\"%ld\\n\", 2 * x); }\n",
@@ -34,79 +35,95 @@ PROGRAMS: dict[str, dict[str, str]] = {
         "compile_error": "package main\nimport \"fmt\"\nfunc main() { x := 1 }\n",  # unused x and fmt
     },
 }
+ADD_CALLS = [reward_pb2.FunctionCallTest(arguments_json=f"[{a}, {b}]", expected_json=str(a + b))
+             for a, b in [(1, 2), (5, -7)]]
+SORT_CALLS = [reward_pb2.FunctionCallTest(arguments_json="[[3, 1, 2]]", expected_json="[1, 2, 3]"),
+              reward_pb2.FunctionCallTest(arguments_json='{"values": [2.0, 1.5]}', expected_json="[1.5, 2]"),
+              reward_pb2.FunctionCallTest(arguments_json="[[]]", expected_json='{"unused": 1}')]  # wrong on purpose
 
 
-def code_spec(language: str, tests: list[reward_pb2.CodeTest], function_name: str = "") -> reward_pb2.VerifierSpec:
-    return reward_pb2.VerifierSpec(name="code", weight=1.0, language=language, tests=tests, answer=function_name)
+def code_item(item_id: str, response: str, language: str, *, params: dict[str, Any] | None = None,
+              **fields: Any) -> reward_pb2.RewardItem:
+    spec = reward_pb2.VerifierSpec(name="code", weight=1.0, language=language, **fields)
+    spec.params.update(params or {})
+    return reward_pb2.RewardItem(id=item_id, response=response, verifiers=[spec])
 
 
 def fenced(language: str, code: str) -> str:
     return f"Here is my solution.\n```{language}\n{code}```\nIt reads the input and prints the result."
 
 
-def verdict_count(language: str, verdict: str) -> float:
-    return REGISTRY.get_sample_value("everstep_reward_code_results_total",
-                                     {"language": language, "verdict": verdict}) or 0.0
+def metric(text: str, name: str, **labels: str) -> float:
+    wanted = name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(wanted + " ")]
+    return values[0] if values else 0.0
 
 
 @pytest.mark.slow
-def test_code_rewards_through_the_real_sandbox(service_process) -> None:
+def test_code_rewards_through_the_real_services(service_process) -> None:
     sandbox = service_process("sandbox")
-    verifier = CodeVerifier(sandbox.grpc_address, timeout_seconds=60, run_timeout_seconds=5,
-                            compile_timeout_seconds=30)
-    # Only the looping programs get a short limit: a busy machine must not turn a pass into a TLE.
-    looping = CodeVerifier(sandbox.grpc_address, timeout_seconds=60, run_timeout_seconds=1,
-                           compile_timeout_seconds=30)
-    all_pass = CodeVerifier(sandbox.grpc_address, timeout_seconds=60, run_timeout_seconds=2,
-                            compile_timeout_seconds=30, reward_mode=CodeRewardMode.ALL_PASS)
-    add_tests = [reward_pb2.CodeTest(stdin=f"[{a}, {b}]", expected_stdout=str(a + b)) for a, b in [(1, 2), (5, -7)]]
-    sort_tests = [reward_pb2.CodeTest(stdin='[[3, 1, 2]]', expected_stdout="[1, 2, 3]"),
-                  reward_pb2.CodeTest(stdin='{"values": [2.0, 1.5]}', expected_stdout="[1.5, 2]"),
-                  reward_pb2.CodeTest(stdin='[[]]', expected_stdout='{"unused": 1}')]  # a wrong expectation
-    jobs: dict[str, tuple[CodeVerifier, str, reward_pb2.VerifierSpec]] = {}
+    reward = service_process("reward", "--math-workers", "1", "--sandbox-endpoint", sandbox.grpc_address,
+                             "--code-compile-timeout-seconds", "30")
+    items, expected = [], {}
     for language, programs in PROGRAMS.items():
         for verdict, code in programs.items():
-            if verdict == "time_limit":  # each case costs the whole limit
-                jobs[f"{language}/{verdict}"] = (looping, fenced(language, code), code_spec(language, DOUBLE_TESTS[:1]))
-            else:
-                jobs[f"{language}/{verdict}"] = (verifier, fenced(language, code), code_spec(language, DOUBLE_TESTS))
-    jobs.update({
-        # The judge ignores trailing whitespace per line and at the end, and \r\n line ends.
-        "whitespace": (verifier, "```python\nprint('a  \\r\\nb \\n\\n')\n```",
-                       code_spec("python", [reward_pb2.CodeTest(stdin="", expected_stdout="a\nb")])),
-        "leading-space-matters": (verifier, "```python\nprint(' a')\n```",
-                                  code_spec("python", [reward_pb2.CodeTest(stdin="", expected_stdout="a")])),
-        "python-function": (verifier, fenced("python", "def add(a, b):\n    print('noise')\n    return a + b\n\n"
-                                                      "if __name__ == '__main__':\n    print(add(0, 0))\n"),
-                            code_spec("python", add_tests, "add")),
-        "python-method": (verifier, fenced("python", "class Solution:\n    def sort(self, values):\n"
+            item_id = f"{language}/{verdict}"
+            if verdict == "time_limit":  # each case costs the whole limit: one case, a short per-item limit
+                items.append(code_item(item_id, fenced(language, code), language, tests=DOUBLE_TESTS[:1],
+                                       params={"run_timeout_seconds": 1}))
+            else:  # a busy machine must not turn a pass into a time limit: the service's 5 s default
+                items.append(code_item(item_id, fenced(language, code), language, tests=DOUBLE_TESTS))
+            expected[item_id] = 1.0 if verdict == "accepted" else 0.0
+    add = fenced("python", "def add(a, b):\n    print('noise')\n    return a + b\n\n"
+                           "if __name__ == '__main__':\n    print(add(0, 0))\n")
+    items += [
+        # The judge ignores trailing whitespace per line and at the end, and \r\n line ends; not leading space.
+        code_item("whitespace", "```python\nprint('a  \\r\\nb \\n\\n')\n```", "python",
+                  tests=[reward_pb2.CodeTest(stdin="", expected_stdout="a\nb")]),
+        code_item("leading-space-matters", "```python\nprint(' a')\n```", "python",
+                  tests=[reward_pb2.CodeTest(stdin="", expected_stdout="a")]),
+        code_item("python-half", fenced("python", "x = int(input())\nprint(2 * x if x > 0 else 0)\n"), "python",
+                  tests=DOUBLE_TESTS[:2]),
+        code_item("python-crash", fenced("python", "raise SystemExit(1)\n"), "python", tests=DOUBLE_TESTS),
+        code_item("python-function", add, "python", function_name="add", function_tests=ADD_CALLS),
+        code_item("python-method", fenced("python", "class Solution:\n    def sort(self, values):\n"
                                                     "        return sorted(values)\n"),
-                          code_spec("python", sort_tests, "Solution.sort")),
-        "nodejs-function": (verifier, fenced("javascript", "function add(a, b) { console.log('noise'); "
+                  "python", function_name="Solution.sort", function_tests=SORT_CALLS),
+        code_item("nodejs-function", fenced("javascript", "function add(a, b) { console.log('noise'); "
                                                           "return a + b; }\n"),
-                            code_spec("nodejs", add_tests, "add")),
-        "nodejs-wrong-function": (verifier, fenced("javascript", "function add(a, b) { return a - b; }\n"),
-                                  code_spec("nodejs", add_tests, "add")),
-        "all-pass-partial": (all_pass, fenced("python", "x = int(input())\nprint(2 * x if x > 0 else 0)\n"),
-                             code_spec("python", DOUBLE_TESTS)),
-        "all-pass-accepted": (all_pass, fenced("python", "print(2 * int(input()))\n"),
-                              code_spec("python", DOUBLE_TESTS)),
-    })
-    before = {(lang, v): verdict_count(lang, v) for lang in PROGRAMS for v in PROGRAMS[lang]}
-    with ThreadPoolExecutor(4) as threads:
-        futures = {name: threads.submit(v.score, response, spec) for name, (v, response, spec) in jobs.items()}
-        results = {name: future.result() for name, future in futures.items()}
-    for code_verifier in (verifier, looping, all_pass):
-        code_verifier.close()
+                  "nodejs", function_name="add", function_tests=ADD_CALLS),
+        code_item("nodejs-wrong-function", fenced("javascript", "function add(a, b) { return a - b; }\n"),
+                  "nodejs", function_name="add", function_tests=ADD_CALLS),
+        code_item("all-pass-partial", fenced("python", "x = int(input())\nprint(2 * x if x > 0 else 0)\n"),
+                  "python", tests=DOUBLE_TESTS, params={"reward_mode": "all_pass"}),
+        code_item("all-pass-accepted", fenced("python", "print(2 * int(input()))\n"), "python",
+                  tests=DOUBLE_TESTS, params={"reward_mode": "all_pass"}),
+        code_item("memory-limit", fenced("python", "x = bytearray(400 * 2**20)\nprint(2 * int(input()))\n"),
+                  "python", tests=DOUBLE_TESTS[:1], params={"memory_limit_mb": 128}),
+    ]
+    expected.update({"whitespace": 1.0, "leading-space-matters": 0.0, "python-half": 0.5, "python-crash": 0.0,
+                     "python-function": 1.0, "python-method": 2 / 3, "nodejs-function": 1.0,
+                     "nodejs-wrong-function": 0.0, "all-pass-partial": 0.0, "all-pass-accepted": 1.0,
+                     "memory-limit": 0.0})
+    # Errors of the item, not of the program: the sandbox refuses the language; a spec that names no cases.
+    items += [code_item("no-such-language", "```\nprint(1)\n```", "cobol", tests=DOUBLE_TESTS[:1]),
+              code_item("no-cases", "```python\nprint(1)\n```", "python")]
 
-    assert all(r.ok for r in results.values()), {k: r.error for k, r in results.items() if not r.ok}
-    scores = {name: r.score for name, r in results.items()}
-    expected = {f"{lang}/{verdict}": 1.0 if verdict == "accepted" else 0.0
-                for lang in PROGRAMS for verdict in PROGRAMS[lang]}
-    expected.update({"whitespace": 1.0, "leading-space-matters": 0.0, "python-function": 1.0,
-                     "python-method": 2 / 3, "nodejs-function": 1.0, "nodejs-wrong-function": 0.0,
-                     "all-pass-partial": 0.0, "all-pass-accepted": 1.0})
-    assert scores == pytest.approx(expected)
+    with grpc.insecure_channel(reward.grpc_address) as channel:
+        results = {r.id: r for r in reward_pb2_grpc.RewardStub(channel).Score(
+            reward_pb2.ScoreRequest(items=items), timeout=300)}
+    assert len(results) == len(items)
+    scored = {k: r for k, r in results.items() if k in expected}
+    assert {k: r.error for k, r in scored.items() if r.error} == {}
+    assert {k: r.reward for k, r in scored.items()} == pytest.approx(expected)
+    assert results["no-such-language"].parts[0].error_kind == "invalid_spec"
+    assert "cobol" in results["no-such-language"].error
+    assert results["no-cases"].parts[0].error_kind == "invalid_spec" and "no test cases" in results["no-cases"].error
+
+    metrics = httpx.get(f"{reward.http_url}/metrics", timeout=10).text
     for language, programs in PROGRAMS.items():
         for verdict in programs:
-            assert verdict_count(language, verdict) == before[(language, verdict)] + 1, (language, verdict)
+            assert metric(metrics, "everstep_reward_code_results_total", language=language, verdict=verdict) == 1.0
+    assert metric(metrics, "everstep_reward_code_results_total", language="python", verdict="runtime_error") == 2.0
+    assert metric(metrics, "everstep_reward_errors_total", verifier="code", kind="invalid_spec") == 2.0
+    assert metric(metrics, "everstep_reward_items_total", verifier="code", outcome="correct") == 7.0

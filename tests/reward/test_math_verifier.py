@@ -11,7 +11,7 @@ from math_cases import MATH_CASES
 from misbehaving_checks import hang_or_check
 
 from everstep.v1 import reward_pb2
-from everstep_reward.verifiers import ErrorKind
+from everstep_reward.verifiers import ErrorKind, SpecError
 from everstep_reward.verifiers.math import MathVerifier, extract_boxed_answer, prepare_math_worker
 from everstep_reward.verifiers.worker_pool import ProcessWorkerPool
 
@@ -28,6 +28,10 @@ def spec(answer: str) -> reward_pb2.VerifierSpec:
     return reward_pb2.VerifierSpec(name="math", weight=1.0, answer=answer)
 
 
+def item(response: str) -> reward_pb2.RewardItem:
+    return reward_pb2.RewardItem(id="a", response=response)
+
+
 def test_labeled_set_is_big_balanced_and_covers_every_form() -> None:
     assert len(MATH_CASES) >= 200
     assert sum(ok for _, _, ok in MATH_CASES) >= 80 and sum(not ok for _, _, ok in MATH_CASES) >= 80
@@ -40,7 +44,7 @@ def test_labeled_set_is_big_balanced_and_covers_every_form() -> None:
 def test_labeled_set(pool: ProcessWorkerPool) -> None:
     verifier = MathVerifier(pool, timeout_seconds=20)
     with ThreadPoolExecutor(pool.max_workers) as threads:
-        results = list(threads.map(lambda case: verifier.score(case[0], spec(case[1])), MATH_CASES))
+        results = list(threads.map(lambda case: verifier.score(item(case[0]), spec(case[1])), MATH_CASES))
     errors = [(case, r) for case, r in zip(MATH_CASES, results, strict=True) if not r.ok]
     assert errors == []
     wrong = [(case, r.score) for case, r in zip(MATH_CASES, results, strict=True)
@@ -60,13 +64,17 @@ def test_extract_boxed_answer(text: str, expected: str | None) -> None:
     assert extract_boxed_answer(text) == expected
 
 
-def test_missing_answer_is_an_error_not_a_zero(pool: ProcessWorkerPool) -> None:
-    result = MathVerifier(pool, timeout_seconds=20).score("\\boxed{ 1 }", spec(""))
-    assert result.error_kind == ErrorKind.INVALID_SPEC and "answer" in result.error
+def test_missing_answer_or_a_param_is_a_spec_error_not_a_zero(pool: ProcessWorkerPool) -> None:
+    with pytest.raises(SpecError, match="`answer` is empty"):
+        MathVerifier(pool, timeout_seconds=20).score(item("\\boxed{ 1 }"), spec(""))
+    with_params = spec("1")
+    with_params.params.update({"tolerance": 0.1})
+    with pytest.raises(SpecError, match="params.tolerance: unknown option"):
+        MathVerifier(pool, timeout_seconds=20).score(item("\\boxed{ 1 }"), with_params)
 
 
 def test_unparseable_reference_is_an_error(pool: ProcessWorkerPool) -> None:
-    result = MathVerifier(pool, timeout_seconds=20).score("\\boxed{ 1 }", spec("\\frac{"))
+    result = MathVerifier(pool, timeout_seconds=20).score(item("\\boxed{ 1 }"), spec("\\frac{"))
     assert result.error_kind == ErrorKind.INVALID_SPEC
 
 
@@ -77,16 +85,16 @@ def test_hung_check_times_out_and_later_items_still_score() -> None:
     try:
         verifier = MathVerifier(pool, timeout_seconds=1.0, check=hang_or_check)
         start = time.monotonic()
-        result = verifier.score("HANG \\boxed{ 1 }", spec("1"))
+        result = verifier.score(item("HANG \\boxed{ 1 }"), spec("1"))
         assert time.monotonic() - start < 2.5
         assert result.error == "timeout" and result.error_kind == ErrorKind.TIMEOUT and result.score == 0.0
         # The only worker hung: the pool must have been replaced for these to score at all.
-        assert verifier.score("\\boxed{ 13 }", spec("13")).score == 1.0
-        assert verifier.score("\\boxed{ 12 }", spec("13")).score == 0.0
+        assert verifier.score(item("\\boxed{ 13 }"), spec("13")).score == 1.0
+        assert verifier.score(item("\\boxed{ 12 }"), spec("13")).score == 0.0
 
-        crashed = verifier.score("CRASH", spec("1"))
+        crashed = verifier.score(item("CRASH"), spec("1"))
         assert crashed.error_kind == ErrorKind.WORKER_CRASHED
-        assert verifier.score("\\boxed{ 7 }", spec("7")).score == 1.0
+        assert verifier.score(item("\\boxed{ 7 }"), spec("7")).score == 1.0
     finally:
         pool.close()
 
@@ -99,7 +107,7 @@ def test_items_running_beside_a_hung_one_still_score() -> None:
         verifier = MathVerifier(pool, timeout_seconds=1.5, check=hang_or_check)
         requests = [("HANG", "1")] + [(f"\\boxed{{ {i} }}", str(i if i % 2 else i + 1)) for i in range(8)]
         with ThreadPoolExecutor(len(requests)) as threads:
-            results = list(threads.map(lambda r: verifier.score(r[0], spec(r[1])), requests))
+            results = list(threads.map(lambda r: verifier.score(item(r[0]), spec(r[1])), requests))
         assert results[0].error == "timeout"
         assert [r.score for r in results[1:]] == [0.0, 1.0] * 4
         assert all(r.ok for r in results[1:])

@@ -18,6 +18,10 @@ RESPONSES = ["so the answer is \\boxed{ 3 }", "bad", "good good good so 7", "<th
              "the answer is 12", "19 18 17 16 15 14 13 12 11 10"]
 
 
+def item(response: str, prompt: str = "") -> reward_pb2.RewardItem:
+    return reward_pb2.RewardItem(id="a", response=response, prompt=prompt)
+
+
 def reference_scores(model_dir: Path, texts: list[str]) -> list[float]:
     """Each text alone through transformers directly: no padding involved."""
     import torch
@@ -34,7 +38,7 @@ def test_batched_scores_equal_one_at_a_time_scores(reward_model_dir: Path) -> No
     verifier = ModelVerifier(model, timeout_seconds=30, batch_size=4, batch_wait_seconds=0.05)
     try:
         with ThreadPoolExecutor(len(RESPONSES)) as threads:  # concurrent items share padded batches
-            results = list(threads.map(lambda text: verifier.score(text, SPEC), RESPONSES))
+            results = list(threads.map(lambda text: verifier.score(item(text), SPEC), RESPONSES))
     finally:
         verifier.close()
     assert all(r.ok and r.metric_outcome() == Outcome.SCORED for r in results)
@@ -49,8 +53,23 @@ def test_long_responses_are_truncated_from_the_left(reward_model_dir: Path) -> N
     assert model.score(["1 2 3 4 5 6 7 8 " + tail])[0] == pytest.approx(model.score([tail])[0], abs=1e-5)
 
 
+def test_the_model_reads_the_prompt_before_the_response(reward_model_dir: Path) -> None:
+    model = RewardModel.load(RewardModelSettings(path=str(reward_model_dir), num_threads=1))
+    verifier = ModelVerifier(model, timeout_seconds=30, batch_size=2)
+    prompt, response = "1 + 2 is", "so the answer is \\boxed{ 3 }"
+    try:
+        with_prompt = verifier.score(item(response, prompt), SPEC).score
+        alone = verifier.score(item(response), SPEC).score
+    finally:
+        verifier.close()
+    # The tiny model's tokenizer has no chat template: the prompt goes first, on its own line.
+    expected_with, expected_alone = reference_scores(reward_model_dir, [f"{prompt}\n{response}", response])
+    assert with_prompt == pytest.approx(expected_with, abs=1e-4) and alone == pytest.approx(expected_alone, abs=1e-4)
+    assert with_prompt != pytest.approx(alone, abs=1e-4)
+
+
 def test_without_a_model_the_verifier_reports_an_error() -> None:
-    result = ModelVerifier(None, timeout_seconds=1).score("x", SPEC)
+    result = ModelVerifier(None, timeout_seconds=1).score(item("x"), SPEC)
     assert result.error_kind == ErrorKind.MODEL_UNAVAILABLE and "--reward-model" in result.error
 
 

@@ -22,6 +22,10 @@ from everstep_reward.verifiers.length import LengthParams, LengthUnit, LengthVer
 SPEC = reward_pb2.VerifierSpec()
 
 
+def item(response: str, **fields: object) -> reward_pb2.RewardItem:
+    return reward_pb2.RewardItem(id="a", response=response, **fields)
+
+
 @pytest.mark.parametrize(("response", "rules", "violation"), [
     ("<think> 12 + 1 </think> so \\boxed{ 13 }", FormatRules(require_think=True), None),
     ("so \\boxed{ 13 }", FormatRules(require_think=True), FormatRule.THINK_BLOCK),
@@ -35,7 +39,7 @@ SPEC = reward_pb2.VerifierSpec()
 ])
 def test_format_rules(response: str, rules: FormatRules, violation: FormatRule | None) -> None:
     assert find_format_violation(response, rules) == violation
-    assert FormatVerifier(rules).score(response, SPEC).score == (1.0 if violation is None else 0.0)
+    assert FormatVerifier(rules).score(item(response), SPEC).score == (1.0 if violation is None else 0.0)
 
 
 def test_repetition_needs_both_enough_copies_and_enough_words() -> None:
@@ -70,18 +74,73 @@ def test_overlong_penalty_without_a_cache_band_is_a_hard_cut() -> None:
     assert overlong_penalty(101, max_length=100, cache_length=0) == -1.0
 
 
-def test_length_verifier_counts_words_or_characters() -> None:
+def test_length_verifier_counts_tokens_and_falls_back_to_words_or_characters() -> None:
     words = LengthVerifier(LengthParams(max_length=10, cache_length=4))
-    assert words.score("a b c d e f", SPEC).score == 0.0
-    half = words.score("a b c d e f g h", SPEC)
+    assert words.score(item("a b c d e f"), SPEC).score == 0.0
+    half = words.score(item("a b c d e f g h"), SPEC)
     assert half.score == pytest.approx(-0.5) and half.metric_outcome() == Outcome.PARTIAL
-    over = words.score("a " * 11, SPEC)
+    over = words.score(item("a " * 11), SPEC)
     assert over.score == -1.0 and over.metric_outcome() == Outcome.INCORRECT
-    assert words.score("", SPEC).metric_outcome() == Outcome.CORRECT
-    chars = LengthVerifier(LengthParams(max_length=10, cache_length=4, unit=LengthUnit.CHARS))
-    assert chars.score("abcdefgh", SPEC).score == pytest.approx(-0.5)
+    assert words.score(item(""), SPEC).metric_outcome() == Outcome.CORRECT
+    # The token count, when the caller sends it, is L whatever the text says (0 included).
+    assert words.score(item("a " * 11, num_response_tokens=7), SPEC).score == pytest.approx(-0.25)
+    assert words.score(item("a " * 11, num_response_tokens=0), SPEC).score == 0.0
+    assert words.score(item("a", num_response_tokens=11), SPEC).score == -1.0
+    chars = LengthVerifier(LengthParams(max_length=10, cache_length=4, fallback_unit=LengthUnit.CHARS))
+    assert chars.score(item("abcdefgh"), SPEC).score == pytest.approx(-0.5)
     with pytest.raises(ValueError, match="cache_length"):
         LengthParams(max_length=10, cache_length=11)
+    with pytest.raises(ValueError, match="fallback_unit"):
+        LengthParams(fallback_unit=LengthUnit.TOKENS)
+
+
+def spec_with(name: str, **params: object) -> reward_pb2.VerifierSpec:
+    spec = reward_pb2.VerifierSpec(name=name, weight=1.0)
+    spec.params.update(params)
+    return spec
+
+
+def test_items_override_the_service_defaults_through_params() -> None:
+    length = LengthVerifier(LengthParams(max_length=10, cache_length=4))
+    tokens = item("", num_response_tokens=100)
+    assert length.score(tokens, SPEC).score == -1.0
+    assert length.score(tokens, spec_with("length", max_length=200, cache_length=100)).score == 0.0
+    assert length.score(tokens, spec_with("length", max_length=150, cache_length=100)).score == pytest.approx(-0.5)
+    text = item("abcdefghijkl")  # 1 word, 12 characters
+    assert length.score(text, spec_with("length", fallback_unit="chars")).score == -1.0
+
+    fmt = FormatVerifier(FormatRules())
+    tagged = item("<think> hmm </think> <answer> 12 </answer>")
+    assert fmt.score(tagged, SPEC).score == 0.0  # no \\boxed{}
+    assert fmt.score(tagged, spec_with("format", required_tags=["answer"], require_boxed=False)).score == 1.0
+    assert fmt.score(item("<answer> </answer>"), spec_with("format", required_tags=["answer"],
+                                                                  require_boxed=False)).score == 0.0
+    assert fmt.score(item("\\boxed{1}"), spec_with("format", require_think=True)).score == 0.0
+
+
+@pytest.mark.parametrize(("verifier", "params", "message"), [
+    ("length", {"max_tokens": 10},
+     "params.max_tokens: unknown option (known: max_length, cache_length, fallback_unit)"),
+    ("length", {"max_length": 10.5}, "params.max_length:"),
+    ("length", {"max_length": 10, "cache_length": 20}, "cache_length (20) must not exceed max_length (10)"),
+    ("format", {"required_tags": ["<answer>"]}, "params.required_tags: "),
+    ("format", {"require_think": "maybe"}, "params.require_think:"),
+    ("format", {"repetition_min_repeats": 1}, "params.repetition_min_repeats:"),
+])
+def test_bad_params_are_spec_errors_naming_the_key(verifier: str, params: dict, message: str) -> None:
+    from everstep_reward.verifiers.params import SpecError
+
+    rule = LengthVerifier() if verifier == "length" else FormatVerifier()
+    with pytest.raises(SpecError) as error:
+        rule.score(item("\\boxed{1}"), spec_with(verifier, **params))
+    assert message in str(error.value)
+
+
+def test_negative_token_count_is_a_spec_error() -> None:
+    from everstep_reward.verifiers.params import SpecError
+
+    with pytest.raises(SpecError, match="num_response_tokens"):
+        LengthVerifier().score(item("x", num_response_tokens=-1), SPEC)
 
 
 def test_canonical_json() -> None:

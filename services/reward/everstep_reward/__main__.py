@@ -22,13 +22,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--code-compile-timeout-seconds", type=float, default=None,
                         help="sandbox compile limit per sample (default 10)")
     parser.add_argument("--code-reward-mode", choices=("fraction", "all_pass"), default=None,
-                        help="code score: fraction of tests passed (default) or all_pass")
+                        help="code score: fraction of tests passed (default) or all_pass (items may override)")
     parser.add_argument("--format-require-think", action="store_true", default=None,
-                        help="format rule: a closed <think> block is required")
-    parser.add_argument("--length-max", type=int, default=None, help="length verifier L_max (default 4096)")
-    parser.add_argument("--length-cache", type=int, default=None, help="length verifier L_cache (default 512)")
+                        help="format rule: a closed <think> block is required (items may override)")
+    parser.add_argument("--length-max", type=int, default=None,
+                        help="length verifier L_max, in tokens (default 4096; items may override)")
+    parser.add_argument("--length-cache", type=int, default=None,
+                        help="length verifier L_cache, in tokens (default 512; items may override)")
     parser.add_argument("--length-unit", choices=("words", "chars"), default=None,
-                        help="how response length is measured (default words)")
+                        help="how L is counted for items without num_response_tokens (default words)")
     parser.add_argument("--reward-model", default=None,
                         help="HF sequence-classification reward model dir (needs the [model] extra)")
     parser.add_argument("--reward-model-device", default=None, help="torch device (default cpu)")

@@ -33,7 +33,8 @@ class RewardConfig(BaseModel):
     format_require_think: bool = Field(False, description="The format rule requires a closed <think> block.")
     length_max: int = Field(4096, ge=1, description="Length verifier L_max (DAPO overlong penalty).")
     length_cache: int = Field(512, ge=0, description="Length verifier L_cache: soft penalty band below L_max.")
-    length_unit: LengthUnit = Field(LengthUnit.WORDS, description="How response length is measured (interim).")
+    length_unit: LengthUnit = Field(
+        LengthUnit.WORDS, description="How L is counted for items without num_response_tokens: words or chars.")
     reward_model: str | None = Field(None, description="Hugging Face reward model dir; enables the model verifier.")
     reward_model_device: str = Field("cpu", description="torch device of the reward model.")
     reward_model_max_tokens: int = Field(4096, ge=1, description="Reward model input limit (left-truncated).")
@@ -47,4 +48,6 @@ class RewardConfig(BaseModel):
     def _check_length(self) -> RewardConfig:
         if self.length_cache > self.length_max:
             raise ValueError("length_cache must not exceed length_max")
+        if self.length_unit == LengthUnit.TOKENS:
+            raise ValueError("length_unit is the fallback for items without num_response_tokens: words or chars")
         return self

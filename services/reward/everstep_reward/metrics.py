@@ -19,4 +19,7 @@ CODE_RESULTS = Counter("everstep_reward_code_results_total",
                        "runtime_error, compile_error).", ["language", "verdict"])
 FORMAT_VIOLATIONS = Counter("everstep_reward_format_violations_total",
                             "Responses failing a format rule, by the first rule broken.", ["rule"])
+LENGTH_MEASUREMENTS = Counter("everstep_reward_length_measurements_total",
+                              "Length verifier results by how L was measured: tokens (num_response_tokens), "
+                              "or the words/chars fallback when the caller sent no token count.", ["unit"])
 INFLIGHT_ITEMS = Gauge("everstep_reward_inflight_items", "Items being scored.")

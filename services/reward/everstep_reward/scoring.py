@@ -1,9 +1,10 @@
 """Scores reward items: each verifier part in turn, reward = sum(weight * score) over the parts.
 
-A part that cannot be scored (unknown verifier, missing field, a weight that is not a finite
-number, timeout, sandbox down) scores 0 with `RewardPart.error` set, and the item's
-`ScoreResult.error` lists those parts, so a consumer can tell a wrong answer from an unscored one.
-Every such part is counted in everstep_reward_errors_total. Nothing here raises for a bad item.
+A part that cannot be scored (unknown verifier, missing or unusable field or param, a weight that
+is not a finite number, timeout, sandbox down) scores 0 with `RewardPart.error` and `error_kind`
+set, and the item's `ScoreResult.error` lists those parts, so a consumer can tell a wrong answer
+from an unscored one. Every such part is counted in everstep_reward_errors_total. Nothing here
+raises for a bad item.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 
 from everstep.v1 import reward_pb2
 from everstep_reward import metrics
-from everstep_reward.verifiers import ErrorKind, VerifierRegistry, VerifierResult
+from everstep_reward.verifiers import ErrorKind, SpecError, VerifierRegistry, VerifierResult
 
 __all__ = ["RewardScorer"]
 
@@ -36,12 +37,12 @@ class RewardScorer:
     def score_item(self, item: reward_pb2.RewardItem) -> reward_pb2.ScoreResult:
         metrics.INFLIGHT_ITEMS.inc()
         try:
-            parts = [self._score_part(item.response, spec) for spec in item.verifiers]
+            parts = [self._score_part(item, spec) for spec in item.verifiers]
         finally:
             metrics.INFLIGHT_ITEMS.dec()
         errors = [f"{p.verifier}: {p.error}" for p in parts if p.error]
         if not parts:
-            errors.append("item names no verifiers")
+            errors.append("`verifiers` is empty: the item names no verifier")
             metrics.ITEMS.labels(_NO_VERIFIER_LABEL, "error").inc()
             metrics.ERRORS.labels(_NO_VERIFIER_LABEL, ErrorKind.INVALID_SPEC.value).inc()
         return reward_pb2.ScoreResult(id=item.id, reward=sum(p.weight * p.score for p in parts), parts=parts,
@@ -60,7 +61,7 @@ class RewardScorer:
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    def _score_part(self, response: str, spec: reward_pb2.VerifierSpec) -> reward_pb2.RewardPart:
+    def _score_part(self, item: reward_pb2.RewardItem, spec: reward_pb2.VerifierSpec) -> reward_pb2.RewardPart:
         verifier = self._registry.get(spec.name)
         label = spec.name if verifier is not None else _UNKNOWN_LABEL
         start = time.monotonic()
@@ -73,7 +74,9 @@ class RewardScorer:
                                             f"weight must be a finite number, not {spec.weight}")
         else:
             try:
-                result = verifier.score(response, spec)
+                result = verifier.score(item, spec)
+            except SpecError as e:
+                result = VerifierResult.failure(ErrorKind.INVALID_SPEC, str(e))
             except Exception as e:  # a bug in a verifier must cost one part, not the batch
                 log.exception("verifier %s raised", spec.name)
                 result = VerifierResult.failure(ErrorKind.INTERNAL, f"internal error: {e}")
@@ -86,4 +89,5 @@ class RewardScorer:
             elif result.error_kind in _SANDBOX_KINDS:
                 metrics.SANDBOX_ERRORS.labels(result.error_kind.value).inc()
         weight = spec.weight if math.isfinite(spec.weight) else 0.0  # a NaN must not poison the item's reward
-        return reward_pb2.RewardPart(verifier=spec.name, score=result.score, weight=weight, error=result.error)
+        return reward_pb2.RewardPart(verifier=spec.name, score=result.score, weight=weight, error=result.error,
+                                     error_kind=result.error_kind.value if result.error_kind is not None else "")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Sequence
 from concurrent import futures
 
 import grpc
@@ -15,7 +16,7 @@ from everstep.v1 import reward_pb2, reward_pb2_grpc
 from everstep_reward.config import RewardConfig
 from everstep_reward.scoring import RewardScorer
 from everstep_reward.verifiers import VerifierRegistry
-from everstep_reward.verifiers.code import CodeVerifier
+from everstep_reward.verifiers.code import CodeParams, CodeVerifier
 from everstep_reward.verifiers.format import FormatRules, FormatVerifier
 from everstep_reward.verifiers.length import LengthParams, LengthVerifier
 from everstep_reward.verifiers.math import MathVerifier, prepare_math_worker
@@ -33,6 +34,9 @@ class RewardServicer(reward_pb2_grpc.RewardServicer):
         self._scorer = scorer
 
     def Score(self, request: reward_pb2.ScoreRequest, context: grpc.ServicerContext):
+        problem = _id_problem(request.items)
+        if problem:  # results are matched by id: refuse the batch before scoring any of it
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         results = self._scorer.score_batch(request.items)
         try:
             for result in results:
@@ -41,6 +45,17 @@ class RewardServicer(reward_pb2_grpc.RewardServicer):
                 yield result
         finally:
             results.close()
+
+
+def _id_problem(items: Sequence[reward_pb2.RewardItem]) -> str:
+    seen: set[str] = set()
+    for index, item in enumerate(items):
+        if not item.id:
+            return f"items[{index}].id is empty"
+        if item.id in seen:
+            return f"items[{index}].id {item.id!r} is used by an earlier item"
+        seen.add(item.id)
+    return ""
 
 
 def serve(config: RewardConfig) -> None:
@@ -59,9 +74,9 @@ def serve(config: RewardConfig) -> None:
     pool = ProcessWorkerPool(config.math_workers, start_method=config.worker_start_method,
                              initializer=prepare_math_worker)
     code_verifier = CodeVerifier(config.sandbox_endpoint, timeout_seconds=config.code_timeout_seconds,
-                                 run_timeout_seconds=config.code_run_timeout_seconds,
-                                 compile_timeout_seconds=config.code_compile_timeout_seconds,
-                                 reward_mode=config.code_reward_mode)
+                                 defaults=CodeParams(reward_mode=config.code_reward_mode,
+                                                     run_timeout_seconds=config.code_run_timeout_seconds,
+                                                     compile_timeout_seconds=config.code_compile_timeout_seconds))
     # Loading (and importing torch) before SERVING: a bad --reward-model fails at startup, not per item.
     reward_model = RewardModel.load(_model_settings(config)) if config.reward_model else None
     model_verifier = ModelVerifier(reward_model, timeout_seconds=config.model_timeout_seconds,
@@ -71,7 +86,7 @@ def serve(config: RewardConfig) -> None:
         FormatVerifier(FormatRules(require_think=config.format_require_think)),
         code_verifier,
         LengthVerifier(LengthParams(max_length=config.length_max, cache_length=config.length_cache,
-                                    unit=config.length_unit)),
+                                    fallback_unit=config.length_unit)),
         model_verifier,
     ])
     scorer = RewardScorer(registry, max_concurrent_items=config.max_concurrent_items)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from everstep_reward.verifiers.base import ErrorKind, Verifier, VerifierResult
+from everstep_reward.verifiers.params import SpecError
 
-__all__ = ["ErrorKind", "Verifier", "VerifierRegistry", "VerifierResult"]
+__all__ = ["ErrorKind", "SpecError", "Verifier", "VerifierRegistry", "VerifierResult"]
 
 
 class VerifierRegistry:

@@ -1,4 +1,4 @@
-"""What every verifier is: a name and `score(response, spec) -> VerifierResult`."""
+"""What every verifier is: a name and `score(item, spec) -> VerifierResult`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ class ErrorKind(StrEnum):
 
     UNKNOWN_VERIFIER = "unknown_verifier"
     INVALID_SPEC = "invalid_spec"
-    """A field the verifier needs is missing or unusable (math without `answer`, code without tests)."""
+    """A field the verifier needs is missing or unusable (math without `answer`, code without tests, a bad
+    `params` key)."""
     TIMEOUT = "timeout"
     SANDBOX_UNAVAILABLE = "sandbox_unavailable"
     SANDBOX_ERROR = "sandbox_error"
@@ -71,6 +72,7 @@ class VerifierResult:
 class Verifier(Protocol):
     name: str
 
-    def score(self, response: str, spec: reward_pb2.VerifierSpec) -> VerifierResult:
-        """Scores one response; reports every failure in the result instead of raising."""
+    def score(self, item: reward_pb2.RewardItem, spec: reward_pb2.VerifierSpec) -> VerifierResult:
+        """Scores `item.response` by `spec`. A failure to score is a result with `error` set; only a
+        missing or unusable field of the item or spec may be raised instead, as params.SpecError."""
         ...

@@ -4,10 +4,12 @@ One RunTests call per sample: the sandbox compiles once and runs every case; std
 by the sandbox's judge rules (line endings and trailing whitespace, per line and at the end, are
 ignored). Two case forms:
 
-- stdin/stdout: `CodeTest.stdin` is fed to the program, `expected_stdout` is the expected output.
-- function call (interim encoding, see docs/reward.md): when `VerifierSpec.answer` is set it names
-  the function (`name` or `Class.method`), each `CodeTest.stdin` holds the JSON arguments and
-  `expected_stdout` the JSON return value (function_call.py).
+- stdin/stdout (`VerifierSpec.tests`): `stdin` is fed to the program, `expected_stdout` is the
+  expected output.
+- function call (`VerifierSpec.function_tests` with `function_name`, python and nodejs): each
+  case calls the function with JSON arguments and compares its return value as JSON; the code is
+  wrapped in a driver program (function_call.py), so the cases still share one compile.
+A sample has cases of one form: the two would be two programs.
 
 The score is the fraction of cases passed, or 1/0 for all passed or not (`reward_mode`). A wrong
 answer, a time limit, a crash and a compile error are scores (0 for that case or sample), not
@@ -21,13 +23,15 @@ import threading
 from enum import StrEnum
 
 import grpc
+from pydantic import Field
 
 from everstep.v1 import reward_pb2, sandbox_pb2, sandbox_pb2_grpc
 from everstep_reward import metrics
 from everstep_reward.verifiers.base import ErrorKind, VerifierResult
 from everstep_reward.verifiers.function_call import function_call_program, parse_function_call_case
+from everstep_reward.verifiers.params import SpecError, VerifierParams, read_params
 
-__all__ = ["CodeRewardMode", "CodeVerdict", "CodeVerifier", "extract_code", "verdict_of"]
+__all__ = ["CodeParams", "CodeRewardMode", "CodeVerdict", "CodeVerifier", "extract_code", "verdict_of"]
 
 _FENCE = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
 _TIME_LIMIT = "TimeLimitExceeded"
@@ -74,38 +78,43 @@ def verdict_of(reply: sandbox_pb2.RunTestsResponse) -> CodeVerdict:
     return CodeVerdict.ACCEPTED
 
 
+class CodeParams(VerifierParams):
+    """The code verifier's options (service flags give the defaults; `VerifierSpec.params` per item)."""
+
+    reward_mode: CodeRewardMode = Field(CodeRewardMode.FRACTION,
+                                        description="fraction: passed cases / all cases; all_pass: 1 or 0.")
+    run_timeout_seconds: float = Field(5.0, gt=0, description="Sandbox run limit per test case.")
+    compile_timeout_seconds: float = Field(10.0, gt=0, description="Sandbox compile limit per sample.")
+    memory_limit_mb: int = Field(0, ge=0, description="Sandbox memory limit per run (0: the sandbox's default).")
+
+
 class CodeVerifier:
-    """Scores a response's last fenced code block by `spec.tests` run in `spec.language`."""
+    """Scores a response's last fenced code block by the spec's test cases, run in `spec.language`."""
 
     name = "code"
 
-    def __init__(self, sandbox_endpoint: str | None, *, timeout_seconds: float, run_timeout_seconds: float,
-                 compile_timeout_seconds: float = 10.0,
-                 reward_mode: CodeRewardMode = CodeRewardMode.FRACTION) -> None:
+    def __init__(self, sandbox_endpoint: str | None, *, timeout_seconds: float,
+                 defaults: CodeParams | None = None) -> None:
+        """`timeout_seconds`: limit of one RunTests call (compile and every case)."""
         self._endpoint = sandbox_endpoint
         self._timeout_seconds = timeout_seconds
-        self._run_timeout_seconds = run_timeout_seconds
-        self._compile_timeout_seconds = compile_timeout_seconds
-        self._reward_mode = reward_mode
+        self._defaults = defaults or CodeParams()
         self._lock = threading.Lock()
         self._channel: grpc.Channel | None = None
         self._stub: sandbox_pb2_grpc.SandboxStub | None = None
 
-    def score(self, response: str, spec: reward_pb2.VerifierSpec) -> VerifierResult:
-        if not spec.tests:
-            return VerifierResult.failure(ErrorKind.INVALID_SPEC, "code verifier needs `tests`")
+    def score(self, item: reward_pb2.RewardItem, spec: reward_pb2.VerifierSpec) -> VerifierResult:
+        params = read_params(spec, self._defaults)
         if not spec.language:
-            return VerifierResult.failure(ErrorKind.INVALID_SPEC, "code verifier needs `language`")
-        try:
-            code, cases = self._program(extract_code(response), spec)
-        except ValueError as e:
-            return VerifierResult.failure(ErrorKind.INVALID_SPEC, str(e))
+            raise SpecError("`language` is empty (the sandbox language of the code, e.g. python)")
+        code, cases = self._program(extract_code(item.response), spec)
         if not self._endpoint:
             return VerifierResult.failure(ErrorKind.SANDBOX_UNAVAILABLE,
                                           "no sandbox configured (start the reward service with --sandbox-endpoint)")
         request = sandbox_pb2.RunTestsRequest(code=code, language=spec.language, cases=cases,
-                                              run_timeout=self._run_timeout_seconds,
-                                              compile_timeout=self._compile_timeout_seconds)
+                                              run_timeout=params.run_timeout_seconds,
+                                              compile_timeout=params.compile_timeout_seconds,
+                                              memory_limit_mb=params.memory_limit_mb)
         try:
             reply = self._sandbox().RunTests(request, timeout=self._timeout_seconds)
         except grpc.RpcError as e:
@@ -117,7 +126,7 @@ class CodeVerifier:
                                           f"sandbox returned {len(reply.results)} results for {len(cases)} cases")
         metrics.CODE_RESULTS.labels(spec.language, verdict_of(reply).value).inc()
         passed = sum(1 for result in reply.results if result.passed)
-        if self._reward_mode == CodeRewardMode.ALL_PASS:
+        if params.reward_mode == CodeRewardMode.ALL_PASS:
             return VerifierResult(1.0 if passed == len(cases) else 0.0)
         return VerifierResult(passed / len(cases))
 
@@ -129,17 +138,28 @@ class CodeVerifier:
 
     @staticmethod
     def _program(code: str, spec: reward_pb2.VerifierSpec) -> tuple[str, list[sandbox_pb2.TestCase]]:
-        function_name = spec.answer.strip()
-        if not function_name:
+        """The program to run and its stdin/stdout cases; SpecError for cases that cannot be run."""
+        if spec.tests and spec.function_tests:
+            raise SpecError("set `tests` (stdin/stdout) or `function_tests`, not both: one sample is one program")
+        if spec.tests:
+            if spec.function_name:
+                raise SpecError("`function_name` is set but the cases are stdin/stdout `tests`")
             return code, [sandbox_pb2.TestCase(stdin=t.stdin, expected_stdout=t.expected_stdout) for t in spec.tests]
+        if not spec.function_tests:
+            raise SpecError("no test cases: set `tests` (stdin/stdout) or `function_tests` with `function_name`")
+        if not spec.function_name:
+            raise SpecError("`function_name` is empty (the function that `function_tests` call)")
         cases = []
-        for index, test in enumerate(spec.tests):
+        for index, test in enumerate(spec.function_tests):
             try:
-                stdin, expected = parse_function_call_case(test.stdin, test.expected_stdout, spec.language)
+                stdin, expected = parse_function_call_case(test.arguments_json, test.expected_json, spec.language)
             except ValueError as e:
-                raise ValueError(f"function-call test {index}: {e}") from None
+                raise SpecError(f"function_tests[{index}]: {e}") from None
             cases.append(sandbox_pb2.TestCase(stdin=stdin, expected_stdout=expected))
-        return function_call_program(code, spec.language, function_name), cases
+        try:
+            return function_call_program(code, spec.language, spec.function_name), cases
+        except ValueError as e:
+            raise SpecError(str(e)) from None
 
     def _sandbox(self) -> sandbox_pb2_grpc.SandboxStub:
         with self._lock:

@@ -40,26 +40,26 @@ def canonical_json(text: str) -> str:
 
 
 def parse_function_call_case(arguments_json: str, expected_json: str, language: str) -> tuple[str, str]:
-    """(stdin, expected stdout) of one case; ValueError naming what is wrong."""
+    """(stdin, expected stdout) of one case; ValueError naming the field that is wrong."""
     try:
         arguments = json.loads(arguments_json)
     except ValueError:
-        raise ValueError("arguments (`stdin`) are not JSON") from None
+        raise ValueError("`arguments_json` is not JSON") from None
     allowed = (list, dict) if language == "python" else (list,)
     if not isinstance(arguments, allowed):
         what = "a JSON array (or object of keyword arguments)" if language == "python" else "a JSON array"
-        raise ValueError(f"arguments (`stdin`) must be {what}")
+        raise ValueError(f"`arguments_json` must be {what}")
     try:
         expected = canonical_json(expected_json)
     except ValueError:
-        raise ValueError("expected return value (`expected_stdout`) is not JSON") from None
+        raise ValueError("`expected_json` is not JSON") from None
     return arguments_json, expected + "\n"
 
 
 def function_call_program(code: str, language: str, function_name: str) -> str:
     """The driver program for `language`; ValueError for a bad name or an unsupported language."""
     if not _FUNCTION_NAME.match(function_name):
-        raise ValueError(f"function name {function_name!r} is not `name` or `Class.method`")
+        raise ValueError(f"`function_name` {function_name!r} is not `name` or `Class.method`")
     if language == "python":
         return _PYTHON_DRIVER.format(source=repr(code), name=repr(function_name))
     if language == "nodejs":

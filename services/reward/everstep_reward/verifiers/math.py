@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from everstep.v1 import reward_pb2
 from everstep_reward.verifiers.base import ErrorKind, VerifierResult
+from everstep_reward.verifiers.params import NoParams, SpecError, read_params
 from everstep_reward.verifiers.worker_pool import ProcessWorkerPool, WorkerCrashed, WorkerTimeout
 
 __all__ = ["MathCheck", "MathVerifier", "check_math_answer", "extract_boxed_answer", "prepare_math_worker"]
@@ -75,7 +76,9 @@ def check_math_answer(response: str, reference: str) -> MathCheck:
 
 
 def prepare_math_worker() -> None:
-    """Worker initializer: pays sympy/math-verify import and regex compilation once per process."""
+    """Worker initializer: pays the imports of sympy and math-verify and its regex compilation once per
+    process. (The first use of each answer form, e.g. the first polynomial, still costs up to half a
+    second once; benchmarks.reward warms those up too, to compare steady states.)"""
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     check_math_answer("\\boxed{1}", "1")
 
@@ -91,15 +94,16 @@ class MathVerifier:
         self._timeout_seconds = timeout_seconds
         self._check = check
 
-    def score(self, response: str, spec: reward_pb2.VerifierSpec) -> VerifierResult:
+    def score(self, item: reward_pb2.RewardItem, spec: reward_pb2.VerifierSpec) -> VerifierResult:
+        read_params(spec, NoParams())
         if not spec.answer.strip():
-            return VerifierResult.failure(ErrorKind.INVALID_SPEC, "math verifier needs `answer` (the reference)")
+            raise SpecError("`answer` is empty (math needs the reference answer)")
         try:
-            result = self._pool.call(self._check, response, spec.answer, timeout_seconds=self._timeout_seconds)
+            result = self._pool.call(self._check, item.response, spec.answer, timeout_seconds=self._timeout_seconds)
         except WorkerTimeout:
             return VerifierResult.failure(ErrorKind.TIMEOUT, "timeout")
         except WorkerCrashed as e:
             return VerifierResult.failure(ErrorKind.WORKER_CRASHED, str(e))
         if not result.reference_parsed:
-            return VerifierResult.failure(ErrorKind.INVALID_SPEC, f"reference answer {spec.answer!r} does not parse")
+            return VerifierResult.failure(ErrorKind.INVALID_SPEC, f"`answer` {spec.answer!r} does not parse as math")
         return VerifierResult(1.0 if result.correct else 0.0)

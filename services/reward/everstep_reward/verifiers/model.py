@@ -6,9 +6,13 @@ This is the only place in the service that uses torch, an optional extra
 `RewardModel.load`, which the server calls only when started with `--reward-model PATH`.
 Importing this module costs nothing.
 
+The model reads the prompt and the response together (`RewardItem.prompt`): through the
+tokenizer's chat template when it has one (a user turn, then an assistant turn), else as
+`prompt + "\\n" + response`; an item without a prompt is scored on its response alone. The text is
+truncated from the left, so the response's end (its answer) is what survives.
+
 Items arrive one per scoring thread; a single batcher thread gathers what is waiting (up to
 `batch_size`, waiting at most `batch_wait_seconds` for more) into one padded forward pass.
-Interim: the proto carries no prompt, so the model scores the response text alone.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 
 from everstep.v1 import reward_pb2
 from everstep_reward.verifiers.base import ErrorKind, Outcome, VerifierResult
+from everstep_reward.verifiers.params import NoParams, read_params
 
 __all__ = ["ModelVerifier", "RewardModel", "RewardModelSettings"]
 
@@ -77,7 +82,17 @@ class RewardModel:
         log.info("reward model %s loaded on %s", settings.path, settings.device)
         return cls(model, tokenizer, settings)
 
+    def text(self, prompt: str, response: str) -> str:
+        """What the model reads for one item."""
+        if not prompt:
+            return response
+        if getattr(self._tokenizer, "chat_template", None):
+            return self._tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}], tokenize=False)
+        return f"{prompt}\n{response}"
+
     def score(self, texts: Sequence[str]) -> list[float]:
+        """Raw scores of texts made by `text`."""
         import torch
 
         batch = self._tokenizer(list(texts), padding=True, truncation=True, max_length=self._settings.max_tokens,
@@ -107,12 +122,13 @@ class ModelVerifier:
             self._batcher = threading.Thread(target=self._run_batches, name="reward-model-batcher", daemon=True)
             self._batcher.start()
 
-    def score(self, response: str, spec: reward_pb2.VerifierSpec) -> VerifierResult:
+    def score(self, item: reward_pb2.RewardItem, spec: reward_pb2.VerifierSpec) -> VerifierResult:
+        read_params(spec, NoParams())
         if self._model is None:
             return VerifierResult.failure(ErrorKind.MODEL_UNAVAILABLE,
                                           "no reward model loaded (start the reward service with --reward-model)")
         future: Future[float] = Future()
-        self._requests.put((response, future))
+        self._requests.put((self._model.text(item.prompt, item.response), future))
         try:
             return VerifierResult(future.result(timeout=self._timeout_seconds), outcome=Outcome.SCORED)
         except FutureTimeout:

@@ -1,21 +1,40 @@
-"""A process pool that enforces a per-call timeout and survives hung or crashed workers.
+"""A process pool that enforces a per-call timeout, survives hung or crashed workers, and keeps its
+workers busy.
 
-Why not a plain ProcessPoolExecutor: a call that hangs keeps its worker busy forever and a
-worker that dies breaks the whole executor. Here at most `max_workers` calls are in flight (so
-a submitted call starts at once and its timeout measures work, not queueing); a call that times
-out gets the executor replaced by a fresh, warmed-up one and the old workers killed. Calls that
-were running in the old executor are retried once in the new one.
+Each worker process is owned by one dispatcher thread (a lane) and talks to it over a pipe.
+Why not a plain ProcessPoolExecutor:
+
+- A call that hangs keeps an executor's worker busy forever and a worker that dies breaks the
+  whole executor. Here a lane kills its worker when the running call passes its limit, fails that
+  call alone, and puts the calls queued behind it back at the head of the shared queue; a worker
+  that dies costs one worker, and the call it was running is retried once.
+- Timeouts measure a call's own work, not queueing: a worker runs its calls in order, so a call
+  starts when the result of the one before it came back (or when it was sent, if later).
+- Pipelining: a lane keeps up to `depth` calls in its worker's pipe (the calls it takes at once
+  travel as one message), so a worker starts its next call the moment it finishes one. With one
+  call in flight per worker, each worker idled for a round trip through the parent's threads per
+  call; on a busy machine every such hand-off waits for the scheduler, and with ~1 ms checks (an
+  integer answer) the pool was slower than one process.
+- Own sessions: workers call setsid(), so the kernel's autogroup scheduler (on by default on many
+  Linux distributions, for processes in the root cgroup) gives each worker the CPU share of a
+  separately started process. In one session, W workers on a busy machine share the CPU of one
+  process and the pool cannot beat a serial loop. Since a process-group kill of the server no
+  longer reaches them, workers exit when their parent process dies (they watch its sentinel).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing
+import os
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
-from concurrent.futures import CancelledError, Future, ProcessPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
 from typing import Any, TypeVar
 
 __all__ = ["ProcessWorkerPool", "WorkerCrashed", "WorkerTimeout"]
@@ -23,6 +42,7 @@ __all__ = ["ProcessWorkerPool", "WorkerCrashed", "WorkerTimeout"]
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 _MAX_ATTEMPTS = 2
+_RESTART_BACKOFF_SECONDS = 1.0
 
 
 class WorkerTimeout(Exception):
@@ -33,109 +53,276 @@ class WorkerCrashed(Exception):
     """The call's worker died twice (e.g. the input crashes or exhausts the interpreter)."""
 
 
-def _worker_pid() -> int:
-    import os
-
-    return os.getpid()
+@dataclass(eq=False)
+class _Call:
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    timeout_seconds: float
+    future: Future = field(default_factory=Future)
+    attempts: int = 0
 
 
 class ProcessWorkerPool:
     """Runs picklable top-level functions in worker processes (thread-safe)."""
 
     def __init__(self, max_workers: int, *, start_method: str = "spawn",
-                 initializer: Callable[[], None] | None = None) -> None:
+                 initializer: Callable[[], None] | None = None, depth: int = 4, own_session: bool = True,
+                 start_timeout_seconds: float = 120.0) -> None:
+        """`depth`: most calls queued in one worker's pipe, the running one included (1: no pipelining).
+        `own_session`: workers call setsid() (see the module docstring).
+        `start_timeout_seconds`: how long a worker may take to start and run `initializer`."""
         if max_workers < 1:
             raise ValueError("max_workers must be >= 1")
+        if depth < 1:
+            raise ValueError("depth must be >= 1")
         self._max_workers = max_workers
         self._context = multiprocessing.get_context(start_method)
         self._initializer = initializer
-        self._slots = threading.BoundedSemaphore(max_workers)
-        self._lock = threading.Lock()
-        self._generation = 0
+        self._depth = depth
+        self._own_session = own_session
+        self._start_timeout_seconds = start_timeout_seconds
+        self._pending: deque[_Call] = deque()
+        self._cond = threading.Condition()
         self._closed = False
-        self._executor = self._new_executor()
-        self._ready = threading.Event()  # set once the current executor's workers are warm
+        self._started = False
+        self._lanes = [_Lane(self, index) for index in range(max_workers)]
 
     @property
     def max_workers(self) -> int:
         return self._max_workers
 
     def start(self) -> None:
-        """Starts and warms every worker; call once before serving (calls also wait for it)."""
-        self._warm(self._executor, self._ready)
+        """Starts every worker and waits until each has run `initializer`; RuntimeError if one cannot.
+        Calls start the pool themselves, but the first ones would then wait for the warm-up."""
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("worker pool is closed")
+            if not self._started:
+                self._started = True
+                for lane in self._lanes:
+                    lane.thread.start()
+        deadline = time.monotonic() + self._start_timeout_seconds + 1.0
+        for lane in self._lanes:
+            if not lane.ready.wait(max(0.0, deadline - time.monotonic())):
+                raise RuntimeError(f"math worker {lane.index} did not start within {self._start_timeout_seconds:g}s")
 
     def call(self, fn: Callable[..., T], *args: Any, timeout_seconds: float) -> T:
-        with self._slots:
-            for _ in range(_MAX_ATTEMPTS):
-                future, generation = self._submit_when_ready(fn, args)
-                if future is None:
-                    self._replace(generation, "broken at submit")
-                    continue
-                try:
-                    return future.result(timeout=timeout_seconds)
-                except FutureTimeout:
-                    self._replace(generation, "a call timed out")
-                    raise WorkerTimeout(f"no result within {timeout_seconds:g}s") from None
-                except (BrokenProcessPool, CancelledError):
-                    # Another call's timeout replaced the executor, or this call killed its worker.
-                    self._replace(generation, "a worker died")
-            raise WorkerCrashed("worker died while running this call")
+        """fn(*args) in a worker; WorkerTimeout, WorkerCrashed, or what fn raised."""
+        if not self._started:
+            self.start()
+        call = _Call(fn, args, timeout_seconds)
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("worker pool is closed")
+            self._pending.append(call)
+            self._cond.notify()
+        return call.future.result()
 
-    def _submit_when_ready(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Future | None, int]:
-        """Submits to the current executor once it is warm, so the call's timeout measures only its work."""
-        while True:
-            with self._lock:
-                ready = self._ready
-            ready.wait()
-            with self._lock:
-                if self._closed:
-                    raise RuntimeError("worker pool is closed")
-                if ready is not self._ready:
-                    continue  # replaced while we waited: wait for the new one
-                try:
-                    return self._executor.submit(fn, *args), self._generation
-                except (BrokenProcessPool, RuntimeError):
-                    return None, self._generation
+    def worker_pids(self) -> list[int]:
+        """PIDs of the live workers (for tests and diagnostics)."""
+        return [pid for lane in self._lanes if (pid := lane.pid) is not None]
 
     def close(self) -> None:
-        with self._lock:
+        with self._cond:
             self._closed = True
-            executor = self._executor
-        _kill(executor)
+            pending = list(self._pending)
+            self._pending.clear()
+            self._cond.notify_all()
+        for call in pending:
+            _fail(call, RuntimeError("worker pool is closed"))
+        for lane in self._lanes:
+            lane.kill_worker()
+        for lane in self._lanes:
+            if lane.thread.is_alive():
+                lane.thread.join(timeout=5)
 
-    def _new_executor(self) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(self._max_workers, mp_context=self._context, initializer=self._initializer)
+    # -- used by the lanes ---------------------------------------------------------------------
+    def _take(self, room: int, *, block: bool) -> list[_Call] | None:
+        """Up to `room` calls, a fair share of what is queued; None once the pool is closed."""
+        with self._cond:
+            while block and not self._pending and not self._closed:
+                self._cond.wait()
+            if self._closed:
+                return None
+            share = max(1, math.ceil(len(self._pending) / self._max_workers))
+            return [self._pending.popleft() for _ in range(min(room, share, len(self._pending)))]
 
-    def _warm(self, executor: ProcessPoolExecutor, ready: threading.Event) -> None:
-        try:
-            # One task per worker: a spawn executor starts a process per submit while none is idle.
-            for future in [executor.submit(_worker_pid) for _ in range(self._max_workers)]:
-                future.result()
-        except (BrokenProcessPool, CancelledError, RuntimeError):
-            log.warning("worker pool broke while warming up")
-        finally:
-            ready.set()
+    def _requeue_first(self, calls: list[_Call]) -> None:
+        with self._cond:
+            if self._closed:
+                closed = True
+            else:
+                closed = False
+                self._pending.extendleft(reversed(calls))
+                self._cond.notify_all()
+        if closed:
+            for call in calls:
+                _fail(call, RuntimeError("worker pool is closed"))
 
-    def _replace(self, generation: int, reason: str) -> None:
-        """Swaps in a new executor unless another caller already replaced `generation`."""
+
+class _Lane:
+    """One worker process and the thread that feeds it."""
+
+    def __init__(self, pool: ProcessWorkerPool, index: int) -> None:
+        self.pool = pool
+        self.index = index
+        self.ready = threading.Event()  # set once the first worker has run the initializer
+        self.thread = threading.Thread(target=self._run, name=f"math-lane-{index}", daemon=True)
+        self._lock = threading.Lock()
+        self._process: multiprocessing.process.BaseProcess | None = None
+        self._conn: Connection | None = None
+
+    @property
+    def pid(self) -> int | None:
         with self._lock:
-            if generation != self._generation or self._closed:
+            process = self._process
+        return process.pid if process is not None and process.is_alive() else None
+
+    def kill_worker(self) -> None:
+        with self._lock:
+            process, conn = self._process, self._conn
+            self._process = self._conn = None
+        if process is not None:
+            if process.is_alive():
+                process.kill()
+            process.join(timeout=5)
+        if conn is not None:
+            conn.close()
+
+    def _run(self) -> None:
+        while not self.pool._closed:
+            started = self._start_worker()
+            if started is None:
+                time.sleep(_RESTART_BACKOFF_SECONDS)
+                continue
+            self.ready.set()
+            self._serve(*started)
+            self.kill_worker()
+
+    def _start_worker(self) -> tuple[Connection, int, int] | None:
+        """(pipe, process sentinel, pid) of a worker that ran the initializer, or None."""
+        pool = self.pool
+        parent_conn, child_conn = pool._context.Pipe(duplex=True)
+        process = pool._context.Process(target=_worker_main, name=f"math-worker-{self.index}", daemon=True,
+                                        args=(child_conn, pool._initializer, pool._own_session))
+        process.start()
+        child_conn.close()
+        with self._lock:
+            self._process, self._conn = process, parent_conn
+        if pool._closed:
+            self.kill_worker()
+            return None
+        try:
+            ready = wait([parent_conn, process.sentinel], pool._start_timeout_seconds)
+            if ready and parent_conn.poll() and parent_conn.recv() == _READY:
+                return parent_conn, process.sentinel, process.pid
+        except (EOFError, OSError):
+            pass
+        if not pool._closed:
+            log.error("math worker %d failed to start (exit code %s)", self.index, process.exitcode)
+        self.kill_worker()
+        return None
+
+    def _serve(self, conn: Connection, sentinel: int, pid: int) -> None:
+        """Feeds the worker until it must be replaced (a timeout or a crash) or the pool closes."""
+        pool = self.pool
+        outstanding: deque[tuple[_Call, float]] = deque()  # (call, when it was sent), in the worker's order
+        last_result_at = 0.0
+        while True:
+            if len(outstanding) < pool._depth:
+                calls = pool._take(pool._depth - len(outstanding), block=not outstanding)
+                if calls is None:  # closed
+                    for call, _ in outstanding:
+                        _fail(call, RuntimeError("worker pool is closed"))
+                    return
+                if calls:
+                    try:
+                        conn.send([(call.fn, call.args) for call in calls])
+                    except (OSError, ValueError):  # the worker is gone: handled below as a crash
+                        pool._requeue_first(calls)
+                        calls = []
+                    except Exception as e:  # cannot be pickled: the calls' fault, not the worker's
+                        for call in calls:
+                            _fail(call, e)
+                        calls = []
+                    sent_at = time.monotonic()
+                    outstanding.extend((call, sent_at) for call in calls)
+                    if not outstanding:
+                        continue
+            head, sent_at = outstanding[0]
+            remaining = head.timeout_seconds - (time.monotonic() - max(sent_at, last_result_at))
+            readable = wait([conn, sentinel], max(0.0, remaining))
+            if conn in readable:
+                try:
+                    ok, value = conn.recv()
+                except (EOFError, OSError):
+                    self._crashed(outstanding, pid)
+                    return
+                last_result_at = time.monotonic()
+                outstanding.popleft()
+                if ok:
+                    head.future.set_result(value)
+                else:
+                    head.future.set_exception(value)
+            elif readable:  # the worker died
+                self._crashed(outstanding, pid)
                 return
-            old = self._executor
-            self._generation += 1
-            self._executor = self._new_executor()
-            self._ready = ready = threading.Event()
-            executor = self._executor
-        log.warning("replacing worker pool (%s)", reason)
-        _kill(old)
-        # Warm in the background: the caller that timed out must report now, not after a restart.
-        threading.Thread(target=self._warm, args=(executor, ready), daemon=True).start()
+            elif not pool._closed:
+                log.warning("math worker %d: a call passed its %gs limit; replacing the worker",
+                            self.index, head.timeout_seconds)
+                _fail(head, WorkerTimeout(f"no result within {head.timeout_seconds:g}s"))
+                pool._requeue_first([call for call, _ in list(outstanding)[1:]])
+                return
+
+    def _crashed(self, outstanding: deque[tuple[_Call, float]], pid: int) -> None:
+        calls = [call for call, _ in outstanding]
+        if self.pool._closed:
+            for call in calls:
+                _fail(call, RuntimeError("worker pool is closed"))
+            return
+        log.warning("math worker %d (pid %d) died; replacing it", self.index, pid)
+        if calls:
+            head = calls[0]
+            head.attempts += 1
+            if head.attempts >= _MAX_ATTEMPTS:
+                _fail(head, WorkerCrashed("worker died while running this call"))
+                calls = calls[1:]
+        self.pool._requeue_first(calls)
 
 
-def _kill(executor: ProcessPoolExecutor) -> None:
-    # ProcessPoolExecutor has no public way to stop a busy worker; its process table is the only handle.
-    processes = list(getattr(executor, "_processes", {}).values())
-    executor.shutdown(wait=False, cancel_futures=True)
-    for process in processes:
-        if process.is_alive():
-            process.kill()
+def _fail(call: _Call, error: BaseException) -> None:
+    if not call.future.done():
+        call.future.set_exception(error)
+
+
+_READY = "ready"
+
+
+def _worker_main(conn: Connection, initializer: Callable[[], None] | None, own_session: bool) -> None:
+    if own_session:
+        os.setsid()
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        threading.Thread(target=_exit_with_parent, args=(parent.sentinel,), daemon=True).start()
+    if initializer is not None:
+        initializer()
+    conn.send(_READY)
+    while True:
+        try:
+            batch = conn.recv()
+        except EOFError:
+            return
+        for fn, args in batch:
+            try:
+                reply: tuple[bool, Any] = (True, fn(*args))
+            except Exception as e:
+                reply = (False, e)
+            try:
+                conn.send(reply)
+            except Exception as e:  # the result or the exception does not pickle
+                conn.send((False, RuntimeError(f"{type(e).__name__} sending the result: {e}")))
+
+
+def _exit_with_parent(parent_sentinel: int) -> None:
+    wait([parent_sentinel])
+    os._exit(1)
