@@ -30,6 +30,8 @@ import math
 import multiprocessing
 import os
 import select
+import signal
+import sys
 import threading
 import time
 from collections import deque
@@ -309,8 +311,9 @@ _READY = "ready"
 def _worker_main(conn: Connection, initializer: Callable[[], None] | None, own_session: bool) -> None:
     if own_session:
         os.setsid()
+    _die_with_parent()
     parent = multiprocessing.parent_process()
-    if parent is not None:
+    if parent is not None:  # also covers a parent that died before the line above
         threading.Thread(target=_exit_with_parent, args=(parent.sentinel,), daemon=True).start()
     if initializer is not None:
         initializer()
@@ -334,3 +337,14 @@ def _worker_main(conn: Connection, initializer: Callable[[], None] | None, own_s
 def _exit_with_parent(parent_sentinel: int) -> None:
     wait([parent_sentinel])
     os._exit(1)
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this process when the server thread that started it ends, even while a
+    check holds the GIL (which would keep _exit_with_parent from running)."""
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
