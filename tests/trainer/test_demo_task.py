@@ -43,6 +43,35 @@ def test_solution_steps_are_correct_and_end_in_the_box():
             assert eval(left) == int(right)
 
 
+def test_a_sloppy_teacher_slips_by_one_and_carries_on_from_what_it_wrote():
+    import random
+
+    config, rng = TaskConfig(), random.Random(0)
+    problems = generate_problems(2000, seed=7, config=config, distinct=False)
+    steps_total = slipped = wrong_answers = 0
+    for problem in problems:
+        text = solution_text(problem, slip_probability=0.2, rng=rng, max_value=config.max_value)
+        body, box = text.split(" \\boxed{ ")
+        value = problem.start
+        steps = body.split(" , ")
+        assert len(steps) == problem.num_ops
+        for label, operand, step in zip("abcdefghijklmnopqrstuvwxyz", problem.operands, steps, strict=False):
+            words = step.split()
+            assert words[0] == label and int(words[1]) == value  # starts from the value it wrote before
+            written = int(words[-1])
+            assert abs(written - (value + operand)) <= 1 and 0 <= written <= config.max_value
+            slipped += written != value + operand
+            steps_total += 1
+            value = written
+        assert box == f"{value} }}"  # the box holds the last written value
+        wrong_answers += value != problem.answer
+    assert 0.15 < slipped / steps_total < 0.21  # a few slips are impossible (they would leave the range)
+    assert wrong_answers > 0.2 * len(problems)
+    assert solution_text(problems[0]) == solution_text(problems[0], slip_probability=0.0)
+    with pytest.raises(ValueError, match="slip_probability"):
+        solution_text(problems[0], slip_probability=0.5)
+
+
 def test_solution_length_has_a_long_tail():
     problems = generate_problems(5000, seed=5, distinct=False)
     lengths = sorted(len(solution_text(p).split()) for p in problems)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -72,6 +73,9 @@ class BuildConfig:
     """The warm start (a step budget, so the result does not depend on machine load). Label smoothing
     keeps sampling at temperature 1 noisy while the argmax is learned: greedy accuracy ends near 0.6,
     sampled avg@k near 0.33, so GRPO groups have mixed rewards."""
+    slip_probability: float = 0.0
+    """Chance that the warm start's teacher writes a step's result off by one (see
+    `everstep_trainer.demo.task.solution_text`)."""
     num_train: int = 50_000
     """Rows of train.jsonl (the warm start and RL prompts come from these)."""
     num_eval: int = 200
@@ -88,6 +92,8 @@ class BuildConfig:
     def __post_init__(self) -> None:
         if self.num_train < 1 or self.num_eval < 1 or self.num_eval_samples < 1:
             raise ValueError("BuildConfig.num_train, num_eval and num_eval_samples must be >= 1")
+        if not 0 <= self.slip_probability < 1:
+            raise ValueError("BuildConfig.slip_probability must be in [0, 1)")
         if self.eval_temperature <= 0:
             raise ValueError("BuildConfig.eval_temperature must be > 0")
 
@@ -126,7 +132,10 @@ def build_demo(out: Path, config: BuildConfig) -> dict:
     model = LlamaForCausalLM(_llama_config(tokenizer, config.model))
     num_parameters = sum(p.numel() for p in model.parameters())
     log.info("demo model: %d parameters, vocabulary %d", num_parameters, len(tokenizer))
-    sft = train_supervised(model, tokenizer, [(p.prompt, solution_text(p)) for p in train], config.sft)
+    teacher = random.Random(config.seed + 2)
+    examples = [(p.prompt, solution_text(p, slip_probability=config.slip_probability, rng=teacher,
+                                         max_value=config.task.max_value)) for p in train]
+    sft = train_supervised(model, tokenizer, examples, config.sft)
     model.generation_config.do_sample = True  # the sampling defaults RL uses: plain T=1, no top-k
     model.generation_config.temperature = 1.0
     model.generation_config.top_k = 0

@@ -104,14 +104,41 @@ class Problem:
         return {"prompt": self.prompt, "answer": str(self.answer), "num_ops": self.num_ops}
 
 
-def solution_text(problem: Problem) -> str:
-    """The worked solution a warm start imitates (no EOS: the tokenizer's caller appends it)."""
+def solution_text(problem: Problem, *, slip_probability: float = 0.0, rng: random.Random | None = None,
+                  max_value: int | None = None) -> str:
+    """The worked solution a warm start imitates (no EOS: the tokenizer's caller appends it).
+
+    With ``slip_probability`` > 0 it is a sloppy teacher's solution: each step's result is, with that
+    probability, written off by one (up or down, whichever keeps the rest of the chain inside
+    0..``max_value``), and the chain carries on from the written value, so the boxed answer is wrong.
+    A warm start on such solutions knows the procedure (its argmax is right) but slips when it
+    samples: the kind of error that RL with a verifier removes.
+    """
+    if slip_probability and (rng is None or max_value is None):
+        raise ValueError("solution_text: a slip_probability needs rng and max_value")
     steps, value = [], problem.start
-    for label, operand, result in zip(LABELS, problem.operands, problem.values, strict=False):
+    for index, (label, operand) in enumerate(zip(LABELS, problem.operands, strict=False)):
+        result = value + operand
+        if slip_probability and rng.random() < slip_probability:
+            result = _slipped(result, problem.operands[index + 1:], rng, max_value)
         sign = "+" if operand > 0 else "-"
         steps.append(f"{label} {value} {sign} {abs(operand)} = {result}")
         value = result
-    return " , ".join(steps) + f" {BOXED_OPEN} {problem.answer} {BOXED_CLOSE}"
+    return " , ".join(steps) + f" {BOXED_OPEN} {value} {BOXED_CLOSE}"
+
+
+def _slipped(result: int, rest: tuple[int, ...], rng: random.Random, max_value: int) -> int:
+    """``result`` off by one, in a direction that keeps every later running value in range (or as is)."""
+    offsets = [1, -1]
+    rng.shuffle(offsets)
+    for offset in offsets:
+        value, ok = result + offset, 0 <= result + offset <= max_value
+        for operand in rest:
+            value += operand
+            ok = ok and 0 <= value <= max_value
+        if ok:
+            return result + offset
+    return result
 
 
 def parse_prompt(prompt: str) -> Problem:
