@@ -1,9 +1,16 @@
-"""`python -m everstep_trainer --host H --port P --grpc-port G`: parse arguments first, then import torch."""
+"""`python -m everstep_trainer --host H --port P --grpc-port G`: parse arguments first, then import torch.
+
+Several ranks: `torchrun --nproc-per-node N -m everstep_trainer ...` (torchrun sets WORLD_SIZE): rank 0
+serves gRPC and metrics on the given ports and broadcasts every call to ranks 1..N-1, which follow;
+FSDP2 shards the model across all N (gloo on CPU, nccl with one GPU per rank). Every rank must be able
+to read the model and checkpoint paths (one machine, or a shared filesystem).
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -17,10 +24,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from everstep_trainer.server import serve  # heavy: torch, transformers
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = os.environ.get("RANK", "0")
+    logging.basicConfig(level=args.log_level,
+                        format=f"%(asctime)s %(levelname)s rank{rank} %(name)s: %(message)s" if world_size > 1
+                        else "%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from everstep_trainer.server import serve, serve_distributed  # heavy: torch, transformers
 
-    serve(host=args.host, port=args.port, grpc_port=args.grpc_port)
+    run = serve_distributed if world_size > 1 else serve
+    run(host=args.host, port=args.port, grpc_port=args.grpc_port)
 
 
 if __name__ == "__main__":
