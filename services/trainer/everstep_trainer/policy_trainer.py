@@ -206,11 +206,11 @@ class PolicyTrainer:
         the step's statistics (over the whole batch)."""
         cfg = self.config
         validate_samples(samples, vocab_size=self.vocab_size)
-        if cfg.num_minibatches > len(samples):
-            raise ValueError(f"num_minibatches: {cfg.num_minibatches} exceeds the batch size {len(samples)}")
         if len(samples) < self.ranks.world_size:
             raise ValueError(f"samples: a batch of {len(samples)} cannot give each of the "
                              f"{self.ranks.world_size} trainer ranks a sample")
+        if cfg.num_minibatches > len(samples):
+            raise ValueError(f"num_minibatches: {cfg.num_minibatches} exceeds the batch size {len(samples)}")
         learning_rate = learning_rate_at(self.num_train_steps, learning_rate=cfg.learning_rate,
                                          warmup_steps=cfg.warmup_steps, total_steps=cfg.total_steps)
         set_learning_rate(self.optimizer, learning_rate)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 import time
 from concurrent import futures
@@ -131,12 +132,12 @@ class TrainerService(trainer_pb2_grpc.TrainerServicer):
             try:
                 samples = _samples_from_proto(request)
                 validate_samples(samples, vocab_size=trainer.vocab_size)
-                if trainer.config.num_minibatches > len(samples):
-                    raise ValueError(f"num_minibatches: {trainer.config.num_minibatches} exceeds the batch size "
-                                     f"{len(samples)}")
                 if len(samples) < trainer.ranks.world_size:
                     raise ValueError(f"samples: a batch of {len(samples)} cannot give each of the "
                                      f"{trainer.ranks.world_size} trainer ranks a sample")
+                if trainer.config.num_minibatches > len(samples):
+                    raise ValueError(f"num_minibatches: {trainer.config.num_minibatches} exceeds the batch size "
+                                     f"{len(samples)}")
                 version, stats = self._runner.train_step(samples)
             except ValueError as e:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
@@ -217,9 +218,21 @@ def serve(*, host: str, port: int, grpc_port: int, max_workers: int = 8) -> None
     _serve_grpc(CommandRunner(), host=host, port=port, grpc_port=grpc_port, max_workers=max_workers)
 
 
+def _exit_with_launcher() -> None:
+    """Linux: get SIGTERM when torchrun dies, even by SIGKILL (torchrun gives each rank its own
+    process group, so stopping torchrun's group would otherwise leave the ranks running)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def serve_distributed(*, host: str, port: int, grpc_port: int, max_workers: int = 8) -> None:
     """Under torchrun: rank 0 serves (as `serve`) and broadcasts every operation; the other ranks
     follow. FSDP2 shards the model across all of them (gloo on CPU, nccl on CUDA)."""
+    _exit_with_launcher()
     ranks, group = init_distributed_from_env()
     device = rank_device()
     try:
