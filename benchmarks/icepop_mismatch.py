@@ -198,11 +198,11 @@ def main(argv: list[str] | None = None) -> dict:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL,
                         help=f"demo-task model directory with train.jsonl (default {DEFAULT_MODEL}, built if missing)")
-    parser.add_argument("--steps", type=int, default=30, help="train steps per run")
+    parser.add_argument("--steps", type=int, default=16, help="train steps per run")
     parser.add_argument("--out", type=Path, default=Path("outputs/icepop-mismatch"), help="where JSON and PNG go")
     parser.add_argument("--prompts-per-step", type=int, default=8, help="prompts per batch (P)")
     parser.add_argument("--group-size", type=int, default=8, help="completions per prompt (G)")
-    parser.add_argument("--max-new-tokens", type=int, default=160, help="completion length cap")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="completion length cap")
     parser.add_argument("--learning-rate", type=float, default=3e-4, help="AdamW learning rate")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (trainer uses it too)")
     parser.add_argument("--alpha", type=float, default=0.5, help="IcePop lower bound")
