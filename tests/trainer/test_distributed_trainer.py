@@ -3,6 +3,7 @@ two ranks resume on one."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,9 @@ def test_two_ranks_give_the_one_rank_losses_and_weights(tiny_model_dir: Path, tm
     initial = train_on_one_rank(tiny_model_dir, config, [])
     assert max_weight_difference(one.weights, initial.weights) > 100 * TOLERANCE  # training moved the weights
 
-    # The checkpoint the two ranks wrote (full tensors, AdamW state gathered) resumes on one rank.
+    # The checkpoint the two ranks wrote (full tensors, AdamW state gathered) resumes on one rank,
+    # and names the model class, not its FSDP wrapper.
+    assert json.loads((tmp_path / "step-1" / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
     resumed = train_on_one_rank(tiny_model_dir, config, batches[1:], resume_from=tmp_path / "step-1")
     assert resumed.versions == [2]
     assert resumed.losses[0] == pytest.approx(one.losses[1], rel=TOLERANCE, abs=1e-7)
