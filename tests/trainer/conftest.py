@@ -20,6 +20,10 @@ import torch
 
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc
 
+# The tiny models run on a few tokens: with more intra-op threads than free cores (this machine is
+# shared) each matrix multiply waits on spinning OpenMP workers, and a step gets ~15x slower.
+torch.set_num_threads(1)
+
 
 @dataclass
 class ReceivedUpdate:

@@ -1,4 +1,5 @@
-"""The trainer as a real process over real gRPC: Load, TrainStep, SaveCheckpoint, PushWeights, errors, metrics."""
+"""The trainer as a real process over real gRPC: Load, TrainStep, Save/LoadCheckpoint, PushWeights, errors,
+metrics."""
 
 from __future__ import annotations
 
@@ -61,8 +62,15 @@ def test_trainer_service_end_to_end(service_process, tiny_model_dir: Path, tmp_p
         assert step.stats.forward_backward_seconds > 0
 
         checkpoint = tmp_path / "checkpoint"
-        saved = stub.SaveCheckpoint(trainer_pb2.SaveCheckpointRequest(path=str(checkpoint)), timeout=120)
-        assert Path(saved.path) == checkpoint
+        saved = stub.SaveCheckpoint(trainer_pb2.SaveCheckpointRequest(path=str(checkpoint), data_position="p=2"),
+                                    timeout=120)
+        assert Path(saved.path) == checkpoint and (saved.version, saved.train_step) == (6, 1)
+
+        error = _rpc_error(stub.LoadCheckpoint, trainer_pb2.LoadCheckpointRequest(path=str(tiny_model_dir)))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "not an everstep checkpoint" in error.details()
+        resumed = stub.LoadCheckpoint(trainer_pb2.LoadCheckpointRequest(path=str(checkpoint)), timeout=120)
+        assert (resumed.version, resumed.train_step, resumed.data_position) == (6, 1, "p=2")
+        assert resumed.num_parameters == loaded.num_parameters
 
         receivers = weight_receivers(2)
         pushed = stub.PushWeights(trainer_pb2.PushWeightsRequest(endpoints=[r.address for r in receivers],
@@ -92,6 +100,13 @@ def test_trainer_service_end_to_end(service_process, tiny_model_dir: Path, tmp_p
 
     metrics = urllib.request.urlopen(f"{trainer.http_url}/metrics", timeout=10).read().decode()
     for line in ("everstep_trainer_steps_total 1.0", "everstep_trainer_policy_version 6.0",
-                 'everstep_trainer_step_seconds_count{phase="weight_push"} 1.0'):
-        assert line in metrics
-    assert "everstep_trainer_weight_push_bytes_total" in metrics and "everstep_trainer_masked_fraction" in metrics
+                 "everstep_trainer_world_size 1.0", "everstep_trainer_checkpoint_seconds_count 1.0",
+                 'everstep_trainer_step_seconds_count{phase="weight_push"} 1.0',
+                 'everstep_trainer_step_seconds_count{phase="logp"} 1.0',
+                 'everstep_trainer_step_seconds_count{phase="forward_backward"} 1.0',
+                 'everstep_trainer_step_seconds_count{phase="optimizer"} 1.0'):
+        assert line in metrics, line
+    for name in ("loss", "grad_norm", "masked_fraction", "mismatch_kl", "logp_diff_abs_mean", "logp_diff_max",
+                 "clip_fraction", "entropy", "learning_rate", "weight_push_bytes_total"):
+        assert f"\neverstep_trainer_{name} " in metrics, name
+    assert f"everstep_trainer_learning_rate {1e-3}" in metrics

@@ -1,9 +1,19 @@
-"""`python -m everstep_trainer --host H --port P --grpc-port G`: parse arguments first, then import torch."""
+"""`python -m everstep_trainer --host H --port P --grpc-port G`: parse arguments first, then import torch.
+
+Several ranks on one machine: `--nproc-per-node N` re-executes this command under torchrun
+(`torch.distributed.run --standalone`). Under torchrun (WORLD_SIZE > 1 in the environment, also when
+you run `torchrun --nnodes ... -m everstep_trainer ...` yourself across machines) rank 0 serves gRPC
+and metrics on the given ports and broadcasts every call to the other ranks, which follow; FSDP2
+shards the model across all of them (gloo on CPU, nccl with one GPU per rank). Every rank must be
+able to read the model and checkpoint paths (one machine, or a shared filesystem).
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import sys
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -11,16 +21,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind gRPC and metrics to")
     parser.add_argument("--port", type=int, default=9102, help="HTTP port of Prometheus /metrics")
     parser.add_argument("--grpc-port", type=int, default=50052, help="gRPC port of the Trainer service")
+    parser.add_argument("--nproc-per-node", type=int, default=1,
+                        help="trainer ranks on this machine (> 1: relaunch under torchrun; FSDP2 across them)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.nproc_per_node < 1:
+        parser.error(f"--nproc-per-node: must be >= 1, got {args.nproc_per_node}")
+    return args
+
+
+def _relaunch_under_torchrun(args: argparse.Namespace) -> None:
+    """Replace this process by torchrun running N copies of this command (same process group, so
+    stopping this pid's group stops every rank)."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc_per_node}",
+               "-m", "everstep_trainer", "--host", args.host, "--port", str(args.port),
+               "--grpc-port", str(args.grpc_port), "--log-level", args.log_level]
+    os.execv(sys.executable, command)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from everstep_trainer.server import serve  # heavy: torch, transformers
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:
+        _relaunch_under_torchrun(args)
+    rank = os.environ.get("RANK", "0")
+    logging.basicConfig(level=args.log_level,
+                        format=f"%(asctime)s %(levelname)s rank{rank} %(name)s: %(message)s" if world_size > 1
+                        else "%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from everstep_trainer.server import serve, serve_distributed  # heavy: torch, transformers
 
-    serve(host=args.host, port=args.port, grpc_port=args.grpc_port)
+    run = serve_distributed if world_size > 1 else serve
+    run(host=args.host, port=args.port, grpc_port=args.grpc_port)
 
 
 if __name__ == "__main__":

@@ -109,12 +109,15 @@ def _tokenizer_files(tokenizer_dir: Path) -> Iterator[Path]:
                 yield path
 
 
-def save_hf_checkpoint(model: torch.nn.Module, tokenizer_dir: str | Path, out_dir: str | Path) -> Path:
+def save_hf_checkpoint(model: torch.nn.Module, tokenizer_dir: str | Path, out_dir: str | Path, *,
+                       state_dict: dict[str, Tensor] | None = None) -> Path:
     """Write `model` as a HF directory (config.json, *.safetensors) and copy the tokenizer files of
-    `tokenizer_dir` next to it, so AutoModelForCausalLM/AutoTokenizer load it directly."""
+    `tokenizer_dir` next to it, so AutoModelForCausalLM/AutoTokenizer load it directly.
+
+    `state_dict` replaces the model's own (a sharded model passes its gathered full state dict)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir)
+    model.save_pretrained(out_dir, state_dict=state_dict)
     tokenizer_dir = Path(tokenizer_dir)
     copied = 0
     for path in _tokenizer_files(tokenizer_dir):

@@ -25,6 +25,7 @@ from everstep_trainer.config import AGGREGATIONS, CORRECTIONS
 
 __all__ = [
     "MismatchDiagnostics",
+    "MismatchSums",
     "PolicyLossStats",
     "TokenPolicyLoss",
     "aggregate_token_loss",
@@ -32,6 +33,7 @@ __all__ = [
     "k3_divergence",
     "loss_normalizer",
     "mismatch_diagnostics",
+    "mismatch_sums",
     "mismatch_weight",
     "policy_loss",
     "token_policy_loss",
@@ -196,23 +198,53 @@ def aggregate_token_loss(per_token: Tensor, mask: Tensor, aggregation: str, *,
     return total / max(float(normalizer), 1.0)
 
 
+@dataclass(frozen=True)
+class MismatchSums:
+    """Additive pieces of `MismatchDiagnostics`, so that ranks holding disjoint shares of a batch can
+    sum them (and take the max of `logp_diff_max`) before dividing."""
+
+    num_valid: int
+    num_masked: int
+    k3_sum: float
+    logp_diff_abs_sum: float
+    logp_diff_max: float
+
+    def diagnostics(self) -> MismatchDiagnostics:
+        """The means over the valid tokens (all 0.0 when there are none)."""
+        if self.num_valid == 0:
+            return MismatchDiagnostics(masked_fraction=0.0, mismatch_kl=0.0, logp_diff_abs_mean=0.0,
+                                       logp_diff_max=0.0)
+        return MismatchDiagnostics(
+            masked_fraction=self.num_masked / self.num_valid,
+            mismatch_kl=self.k3_sum / self.num_valid,
+            logp_diff_abs_mean=self.logp_diff_abs_sum / self.num_valid,
+            logp_diff_max=self.logp_diff_max,
+        )
+
+
+def mismatch_sums(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, *, alpha: float = 0.5,
+                  beta: float = 5.0) -> MismatchSums:
+    """Counts and float64 sums over the valid tokens of [B, T] inputs; see `mismatch_diagnostics`."""
+    valid = _as_bool_mask(mask, old_logp.shape)
+    with torch.no_grad():
+        diff = (old_logp.detach() - rollout_logp.detach())[valid].double()
+        if diff.numel() == 0:
+            return MismatchSums(num_valid=0, num_masked=0, k3_sum=0.0, logp_diff_abs_sum=0.0, logp_diff_max=0.0)
+        k = torch.exp(diff)
+        outside = (k < alpha) | (k > beta)
+        return MismatchSums(
+            num_valid=int(diff.numel()),
+            num_masked=int(outside.sum()),
+            k3_sum=float(k3_divergence(diff).sum()),
+            logp_diff_abs_sum=float(diff.abs().sum()),
+            logp_diff_max=float(diff.abs().max()),
+        )
+
+
 def mismatch_diagnostics(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, *, alpha: float = 0.5,
                          beta: float = 5.0) -> MismatchDiagnostics:
     """Mismatch statistics over the valid tokens (all 0.0 when there are none)."""
-    valid = _as_bool_mask(mask, old_logp.shape)
-    num_valid = int(valid.sum())
-    if num_valid == 0:
-        return MismatchDiagnostics(masked_fraction=0.0, mismatch_kl=0.0, logp_diff_abs_mean=0.0, logp_diff_max=0.0)
-    with torch.no_grad():
-        diff = (old_logp.detach() - rollout_logp.detach())[valid].double()
-        k = torch.exp(diff)
-        outside = (k < alpha) | (k > beta)
-        return MismatchDiagnostics(
-            masked_fraction=float(outside.sum()) / num_valid,
-            mismatch_kl=float(k3_divergence(diff).mean()),
-            logp_diff_abs_mean=float(diff.abs().mean()),
-            logp_diff_max=float(diff.abs().max()),
-        )
+    return mismatch_sums(old_logp, rollout_logp, mask, alpha=alpha, beta=beta).diagnostics()
 
 
 def policy_loss(logp: Tensor, old_logp: Tensor, rollout_logp: Tensor, advantages: Tensor, mask: Tensor, *,

@@ -6,7 +6,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from everstep_trainer.policy_trainer import TrainStats
 
-__all__ = ["observe_train_step", "observe_weight_push"]
+__all__ = ["observe_checkpoint", "observe_train_step", "observe_weight_push"]
 
 STEP_SECONDS = Histogram(
     "everstep_trainer_step_seconds", "Seconds per phase of a train step or weight push.", ["phase"],
@@ -26,6 +26,11 @@ LEARNING_RATE = Gauge("everstep_trainer_learning_rate", "Learning rate of the la
 POLICY_VERSION = Gauge("everstep_trainer_policy_version", "Policy version of the trainer's current weights.")
 STEPS = Counter("everstep_trainer_steps", "Train steps completed.")
 WEIGHT_PUSH_BYTES = Counter("everstep_trainer_weight_push_bytes", "Tensor bytes pushed to rollout engines.")
+CHECKPOINT_SECONDS = Histogram(
+    "everstep_trainer_checkpoint_seconds", "Seconds to gather and write one checkpoint.",
+    buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800),
+)
+WORLD_SIZE = Gauge("everstep_trainer_world_size", "Trainer ranks (processes sharing the model with FSDP2).")
 
 
 def observe_train_step(stats: TrainStats, version: int) -> None:
@@ -48,3 +53,7 @@ def observe_train_step(stats: TrainStats, version: int) -> None:
 def observe_weight_push(num_bytes: int, seconds: float) -> None:
     STEP_SECONDS.labels(phase="weight_push").observe(seconds)
     WEIGHT_PUSH_BYTES.inc(num_bytes)
+
+
+def observe_checkpoint(seconds: float) -> None:
+    CHECKPOINT_SECONDS.observe(seconds)

@@ -4,6 +4,13 @@ batch with the IcePop/TIS-corrected loss, one optimizer step per minibatch, vers
 Gradient accumulation over token-budgeted micro-batches divides every micro-batch's loss by the
 normaliser of its whole minibatch (samples or tokens, per the aggregation), so the accumulated
 gradient equals the gradient of the minibatch loss computed in one piece.
+
+Several ranks (FSDP2, see `everstep_trainer.distributed`): every rank is given the whole batch,
+trains on its own disjoint share of the rows (`assign_rows`), and divides by the normaliser of the
+whole minibatch, which it computes from the samples' lengths; gradients are summed across ranks,
+so the step equals the one-rank step up to floating-point summation order. Every rank runs the same
+number of forward/backward passes (a rank with fewer micro-batches adds passes whose loss is
+multiplied by 0), because each pass is a collective. Statistics are reduced across ranks.
 """
 
 from __future__ import annotations
@@ -19,7 +26,26 @@ import torch
 from torch import Tensor
 
 from everstep_trainer.batching import PaddedBatch, TrainSample, pad_samples, split_micro_batches, validate_samples
-from everstep_trainer.config import TrainerConfig
+from everstep_trainer.checkpoint import (
+    CheckpointMeta,
+    RngStates,
+    config_differences,
+    read_checkpoint_meta,
+    read_trainer_state,
+    write_checkpoint_dir,
+)
+from everstep_trainer.config import AGGREGATIONS, TrainerConfig
+from everstep_trainer.distributed import (
+    RankContext,
+    all_reduce_max,
+    all_reduce_sum,
+    assign_rows,
+    full_model_state_dict,
+    full_optimizer_state_dict,
+    load_full_optimizer_state_dict,
+    parallelize,
+    to_local_scalar,
+)
 from everstep_trainer.hf_model import (
     autocast_context,
     compute_token_logprobs,
@@ -28,10 +54,10 @@ from everstep_trainer.hf_model import (
     save_hf_checkpoint,
 )
 from everstep_trainer.losses import (
+    MismatchSums,
     aggregate_token_loss,
     k3_divergence,
-    loss_normalizer,
-    mismatch_diagnostics,
+    mismatch_sums,
     token_policy_loss,
 )
 from everstep_trainer.optim import build_adamw, learning_rate_at, set_learning_rate
@@ -78,12 +104,21 @@ class _MinibatchResult:
 
 
 class PolicyTrainer:
-    """Owns the policy model, the optional frozen reference and the optimizer of one job."""
+    """Owns the policy model, the optional frozen reference and the optimizer of one job (on one rank).
+
+    With several ranks every public method is a collective: call it on every rank, in the same order
+    and with the same arguments (`everstep_trainer.rank_commands` does that for the gRPC server).
+    """
 
     def __init__(self, model_dir: str | Path, config: TrainerConfig, *, version: int = 0,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, ranks: RankContext | None = None,
+                 reference_model_dir: str | Path | None = None) -> None:
+        """`reference_model_dir`: the frozen KL reference (default `model_dir`; a resumed job passes
+        its initial model). `ranks`: default, the current process group (or a single rank)."""
         self.config = config
         self.model_dir = Path(model_dir)
+        self.reference_model_dir = Path(reference_model_dir) if reference_model_dir is not None else self.model_dir
+        self.ranks = ranks if ranks is not None else RankContext.current()
         self.device = torch.device(device) if device is not None else torch.device(
             "cuda" if torch.cuda.is_available() else "cpu")
         if config.dtype == "bfloat16" and self.device.type != "cuda":
@@ -93,53 +128,113 @@ class PolicyTrainer:
         self.model = load_causal_lm(self.model_dir, device=self.device)
         self.reference: torch.nn.Module | None = None
         if config.kl_coef > 0:
-            self.reference = load_causal_lm(self.model_dir, device=self.device)
+            self.reference = load_causal_lm(self.reference_model_dir, device=self.device)
             self.reference.requires_grad_(False)
+        self.vocab_size = int(self.model.get_input_embeddings().num_embeddings)
+        self.num_parameters = sum(p.numel() for p in self.model.parameters())
+        if self.ranks.is_distributed:
+            parallelize(self.model)
+            if self.reference is not None:
+                parallelize(self.reference)
         self.optimizer = build_adamw(self.model, learning_rate=config.learning_rate,
                                      weight_decay=config.weight_decay)
         self.version = version
         self.num_train_steps = 0
         self._shuffle = torch.Generator().manual_seed(config.seed)
-        self.vocab_size = int(self.model.get_input_embeddings().num_embeddings)
         pad = getattr(self.model.config, "pad_token_id", None)
         self.pad_token_id = pad if isinstance(pad, int) else 0
 
-    @property
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
+    # -- weights and checkpoints ------------------------------------------------------------------------
+
+    def full_state_dict(self) -> dict[str, Tensor]:
+        """The full state dict (HF parameter names) on rank 0, {} on the other ranks (a collective)."""
+        return full_model_state_dict(self.model, self.ranks)
 
     def named_weights(self) -> Iterator[tuple[str, Tensor]]:
-        """The state dict, as the rollout engines load it (HF parameter names)."""
-        yield from self.model.state_dict().items()
+        """The state dict, as the rollout engines load it; empty on ranks other than 0. With several
+        ranks the full state dict is gathered when iteration starts (a collective)."""
+        yield from self.full_state_dict().items()
 
-    def save_checkpoint(self, out_dir: str | Path) -> Path:
-        return save_hf_checkpoint(self.model, self.model_dir, out_dir)
+    def save_checkpoint(self, out_dir: str | Path, *, data_position: str = "") -> Path:
+        """Write the model (HF format) and everything an exact resume needs; see `everstep_trainer.checkpoint`.
+
+        A collective: every rank gathers, rank 0 writes. `data_position` is stored as given and
+        returned by `resume`."""
+        model_state = self.full_state_dict()
+        optimizer_state = full_optimizer_state_dict(self.model, self.optimizer)
+        out_dir = Path(out_dir).absolute()
+        if self.ranks.is_main:
+            meta = CheckpointMeta(train_step=self.num_train_steps, version=self.version, data_position=data_position,
+                                  world_size=self.ranks.world_size,
+                                  reference_model_path=str(self.reference_model_dir.absolute()), config=self.config)
+            write_checkpoint_dir(
+                out_dir, optimizer_state=optimizer_state, rng=RngStates.capture(self._shuffle), meta=meta,
+                write_model=lambda d: save_hf_checkpoint(self.model, self.model_dir, d, state_dict=model_state))
+        if self.ranks.is_distributed:
+            torch.distributed.barrier()  # no rank returns before the checkpoint is complete
+        return out_dir
+
+    @classmethod
+    def resume(cls, path: str | Path, config: TrainerConfig | None = None, *,
+               device: torch.device | str | None = None,
+               ranks: RankContext | None = None) -> tuple[PolicyTrainer, CheckpointMeta]:
+        """A trainer in the state `save_checkpoint` recorded: weights, AdamW state, RNG streams,
+        train step and version. `config` (default: the saved one) may change settings; each change is
+        logged. The next train step on the same batch equals that of the uninterrupted run."""
+        path = Path(path)
+        meta = read_checkpoint_meta(path)
+        if config is None:
+            config = meta.config
+        else:
+            for change in config_differences(meta.config, config):
+                log.warning("resuming %s with a changed setting: %s", path, change)
+        if config.kl_coef > 0 and not Path(meta.reference_model_path).is_dir():
+            raise ValueError(f"path: {path} needs its KL reference model at {meta.reference_model_path}, "
+                             "which is not a directory")
+        trainer = cls(path, config, version=meta.version, device=device, ranks=ranks,
+                      reference_model_dir=meta.reference_model_path)
+        optimizer_state, rng = read_trainer_state(path)
+        load_full_optimizer_state_dict(trainer.model, trainer.optimizer, optimizer_state)
+        rng.restore(trainer._shuffle)
+        trainer.num_train_steps = meta.train_step
+        return trainer, meta
+
+    # -- the train step ---------------------------------------------------------------------------------
 
     def train_step(self, samples: Sequence[TrainSample]) -> tuple[int, TrainStats]:
-        """Train on one batch; returns the new policy version and the step's statistics."""
+        """Train on one batch (the whole batch, on every rank); returns the new policy version and
+        the step's statistics (over the whole batch)."""
         cfg = self.config
         validate_samples(samples, vocab_size=self.vocab_size)
+        if len(samples) < self.ranks.world_size:
+            raise ValueError(f"samples: a batch of {len(samples)} cannot give each of the "
+                             f"{self.ranks.world_size} trainer ranks a sample")
         if cfg.num_minibatches > len(samples):
             raise ValueError(f"num_minibatches: {cfg.num_minibatches} exceeds the batch size {len(samples)}")
         learning_rate = learning_rate_at(self.num_train_steps, learning_rate=cfg.learning_rate,
                                          warmup_steps=cfg.warmup_steps, total_steps=cfg.total_steps)
         set_learning_rate(self.optimizer, learning_rate)
-        batch = pad_samples(samples, pad_token_id=self.pad_token_id, device=self.device)
+        own_rows = assign_rows([s.num_tokens for s in samples], self.ranks)
+        local_row = {row: i for i, row in enumerate(own_rows)}
+        num_outputs = [len(s.output_ids) for s in samples]
+        batch = pad_samples([samples[row] for row in own_rows], pad_token_id=self.pad_token_id, device=self.device)
 
         start = self._now()
         old_logp = self._score(self.model, batch)
         reference_logp = self._score(self.reference, batch) if self.reference is not None else None
         logp_seconds = self._now() - start
-        diagnostics = mismatch_diagnostics(old_logp, batch.rollout_logp, batch.output_mask,
-                                           alpha=cfg.alpha, beta=cfg.beta)
+        diagnostics = self._reduce_mismatch(mismatch_sums(old_logp, batch.rollout_logp, batch.output_mask,
+                                                          alpha=cfg.alpha, beta=cfg.beta)).diagnostics()
 
         forward_backward_seconds = optimizer_seconds = 0.0
         results: list[_MinibatchResult] = []
         grad_norms: list[float] = []
         for _ in range(cfg.ppo_epochs):
-            for minibatch in self._minibatches(len(batch)):
+            for minibatch in self._minibatches(len(samples)):
+                normalizer = _normalizer([num_outputs[row] for row in minibatch], cfg.aggregation)
+                local = [local_row[row] for row in minibatch if row in local_row]
                 start = self._now()
-                results.append(self._accumulate_gradients(batch, minibatch, old_logp, reference_logp))
+                results.append(self._accumulate_gradients(batch, local, normalizer, old_logp, reference_logp))
                 forward_backward_seconds += self._now() - start
                 start = self._now()
                 grad_norms.append(self._optimizer_step())
@@ -147,18 +242,20 @@ class PolicyTrainer:
 
         self.num_train_steps += 1
         self.version += 1
-        num_tokens_seen = sum(r.num_tokens for r in results)
+        loss_sum, num_tokens_seen, num_clipped, entropy_sum = all_reduce_sum(
+            [sum(r.loss for r in results), sum(r.num_tokens for r in results), sum(r.num_clipped for r in results),
+             sum(r.entropy_sum for r in results)], self.ranks, self.device)
         stats = TrainStats(
-            loss=sum(r.loss for r in results) / len(results),
+            loss=loss_sum / len(results),
             grad_norm=sum(grad_norms) / len(grad_norms),
             masked_fraction=diagnostics.masked_fraction,
             mismatch_kl=diagnostics.mismatch_kl,
             logp_diff_abs_mean=diagnostics.logp_diff_abs_mean,
             logp_diff_max=diagnostics.logp_diff_max,
-            clip_fraction=sum(r.num_clipped for r in results) / max(num_tokens_seen, 1),
-            entropy=sum(r.entropy_sum for r in results) / max(num_tokens_seen, 1),
+            clip_fraction=num_clipped / max(num_tokens_seen, 1),
+            entropy=entropy_sum / max(num_tokens_seen, 1),
             learning_rate=learning_rate,
-            num_tokens=int(batch.output_mask.sum()),
+            num_tokens=sum(num_outputs),
             num_optimizer_steps=len(results),
             logp_seconds=logp_seconds,
             forward_backward_seconds=forward_backward_seconds,
@@ -177,31 +274,46 @@ class PolicyTrainer:
         order = torch.randperm(batch_size, generator=self._shuffle)
         return [chunk.tolist() for chunk in torch.tensor_split(order, self.config.num_minibatches)]
 
-    def _micro_batches(self, batch: PaddedBatch, indices: Sequence[int]) -> list[list[int]]:
+    def _micro_batches(self, batch: PaddedBatch, indices: Sequence[int]) -> list[tuple[list[int], bool]]:
+        """(rows, real) micro-batches of `indices`; with several ranks, padded with (rows, False)
+        passes up to the largest count of any rank, so every rank runs as many collectives."""
         lengths = batch.attention_mask.sum(dim=1).tolist()
         groups = split_micro_batches([lengths[i] for i in indices], self.config.micro_batch_tokens)
-        return [[indices[j] for j in group] for group in groups]
+        micro = [([indices[j] for j in group], True) for group in groups]
+        if self.ranks.is_distributed:
+            (most,) = all_reduce_max([len(micro)], self.ranks, self.device)
+            # Row 0 exists on every rank (a batch gives each rank >= 1 sample); its pass is weighted 0.
+            micro += [([0], False)] * (int(most) - len(micro))
+        return micro
+
+    def _reduce_mismatch(self, sums: MismatchSums) -> MismatchSums:
+        if not self.ranks.is_distributed:
+            return sums
+        num_valid, num_masked, k3_sum, diff_sum = all_reduce_sum(
+            [sums.num_valid, sums.num_masked, sums.k3_sum, sums.logp_diff_abs_sum], self.ranks, self.device)
+        (diff_max,) = all_reduce_max([sums.logp_diff_max], self.ranks, self.device)
+        return MismatchSums(num_valid=int(num_valid), num_masked=int(num_masked), k3_sum=k3_sum,
+                            logp_diff_abs_sum=diff_sum, logp_diff_max=diff_max)
 
     @torch.no_grad()
     def _score(self, model: torch.nn.Module, batch: PaddedBatch) -> Tensor:
         """[B, L] log-probs of the output tokens under `model`, without gradient."""
         logp = torch.zeros_like(batch.rollout_logp)
-        for group in self._micro_batches(batch, list(range(len(batch)))):
+        for group, real in self._micro_batches(batch, list(range(len(batch)))):
             micro = batch.select(group)
             with autocast_context(self.device, self.config.dtype):
                 micro_logp = compute_token_logprobs(model, micro.input_ids, micro.attention_mask,
                                                     micro.output_mask, self.config.temperature)
-            rows = torch.as_tensor(group, device=self.device)
-            logp[rows, : micro_logp.shape[1]] = micro_logp.float()
+            if real:
+                rows = torch.as_tensor(group, device=self.device)
+                logp[rows, : micro_logp.shape[1]] = micro_logp.float()
         return logp
 
-    def _accumulate_gradients(self, batch: PaddedBatch, indices: Sequence[int], old_logp: Tensor,
+    def _accumulate_gradients(self, batch: PaddedBatch, indices: Sequence[int], normalizer: int, old_logp: Tensor,
                               reference_logp: Tensor | None) -> _MinibatchResult:
         cfg = self.config
-        rows_all = torch.as_tensor(list(indices), device=self.device)
-        normalizer = loss_normalizer(batch.output_mask.index_select(0, rows_all), cfg.aggregation)
         result = _MinibatchResult(loss=0.0, num_tokens=0, num_clipped=0, entropy_sum=0.0)
-        for group in self._micro_batches(batch, indices):
+        for group, real in self._micro_batches(batch, indices):
             micro = batch.select(group)
             rows, length = torch.as_tensor(group, device=self.device), micro.input_ids.shape[1]
             with autocast_context(self.device, cfg.dtype):
@@ -219,6 +331,9 @@ class PolicyTrainer:
             if cfg.entropy_coef > 0:
                 per_token = per_token - cfg.entropy_coef * entropy
             loss = aggregate_token_loss(per_token, micro.output_mask, cfg.aggregation, normalizer=normalizer)
+            if not real:
+                (loss * 0.0).backward()  # a collective pass that contributes nothing
+                continue
             loss.backward()
             result.loss += float(loss.detach())
             result.num_tokens += int(micro.output_mask.sum())
@@ -227,10 +342,20 @@ class PolicyTrainer:
         return result
 
     def _optimizer_step(self) -> float:
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm))
+        grad_norm = to_local_scalar(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm))
         if math.isfinite(grad_norm):
             self.optimizer.step()
         else:
             log.warning("skipping the optimizer step: gradient norm is %s", grad_norm)
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
+
+
+def _normalizer(num_outputs: Sequence[int], aggregation: str) -> int:
+    """`losses.loss_normalizer` of a whole minibatch from its samples' output lengths (every sample has
+    >= 1 output token, see `validate_samples`): samples, or output tokens."""
+    if aggregation == "seq-mean-token-mean":
+        return len(num_outputs)
+    if aggregation == "token-mean":
+        return sum(num_outputs)
+    raise ValueError(f"aggregation: must be one of {AGGREGATIONS}, got {aggregation!r}")

@@ -4,23 +4,29 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
+import time
 from concurrent import futures
 from dataclasses import fields
 from pathlib import Path
 
 import grpc
+import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
 
 from everstep.v1 import trainer_pb2, trainer_pb2_grpc
 from everstep_trainer import metrics
 from everstep_trainer.batching import TrainSample, validate_samples
+from everstep_trainer.checkpoint import read_checkpoint_meta
 from everstep_trainer.config import TrainerConfig
+from everstep_trainer.distributed import init_distributed_from_env, rank_device
 from everstep_trainer.policy_trainer import PolicyTrainer, TrainStats
+from everstep_trainer.rank_commands import CommandRunner, follow
 from everstep_trainer.weight_push import DEFAULT_BUCKET_BYTES, GRPC_MAX_MESSAGE_BYTES, WeightPushError, make_transport
 
-__all__ = ["TrainerService", "config_from_proto", "serve", "stats_to_proto"]
+__all__ = ["TrainerService", "config_from_proto", "serve", "serve_distributed", "stats_to_proto"]
 
 log = logging.getLogger(__name__)
 
@@ -60,16 +66,17 @@ def _samples_from_proto(request: trainer_pb2.TrainStepRequest) -> list[TrainSamp
 
 
 class TrainerService(trainer_pb2_grpc.TrainerServicer):
-    """Serialises every call on one lock: steps, pushes and saves must see consistent weights."""
+    """Serialises every call on one lock: steps, pushes and saves must see consistent weights, and
+    with several ranks the commands must reach every rank in one order."""
 
-    def __init__(self) -> None:
+    def __init__(self, runner: CommandRunner | None = None) -> None:
         self._lock = threading.Lock()
-        self._trainer: PolicyTrainer | None = None
+        self._runner = runner if runner is not None else CommandRunner()
 
     def _require_trainer(self, context: grpc.ServicerContext) -> PolicyTrainer:
-        if self._trainer is None:
+        if self._runner.trainer is None:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no model loaded: call Load first")
-        return self._trainer
+        return self._runner.trainer
 
     def Load(self, request: trainer_pb2.TrainerLoadRequest, context: grpc.ServicerContext):  # noqa: N802
         if not request.model_path:
@@ -80,19 +87,44 @@ class TrainerService(trainer_pb2_grpc.TrainerServicer):
             config = config_from_proto(request.config)
         except ValueError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        if not Path(request.model_path).is_dir():
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"model_path: {request.model_path} is not a directory")
+        if not (Path(request.model_path) / "config.json").is_file():
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"model_path: {request.model_path} is not a Hugging Face model directory (no config.json)")
         with self._lock:
-            self._trainer = None  # free the old model before loading the next
             try:
-                trainer = PolicyTrainer(request.model_path, config, version=request.version)
+                trainer = self._runner.load(request.model_path, config, request.version)
             except ValueError as e:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-            self._trainer = trainer
             metrics.POLICY_VERSION.set(trainer.version)
-            log.info("loaded %s (%d parameters) at version %d on %s", request.model_path,
-                     trainer.num_parameters, trainer.version, trainer.device)
+            log.info("loaded %s (%d parameters) at version %d on %s, %d rank(s)", request.model_path,
+                     trainer.num_parameters, trainer.version, trainer.device, trainer.ranks.world_size)
             return trainer_pb2.TrainerLoadResponse(version=trainer.version, num_parameters=trainer.num_parameters)
+
+    def LoadCheckpoint(self, request: trainer_pb2.LoadCheckpointRequest, context: grpc.ServicerContext):  # noqa: N802
+        if not request.path:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "path: must not be empty")
+        config = None
+        if request.HasField("config"):
+            try:
+                config = config_from_proto(request.config)
+            except ValueError as e:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        try:
+            read_checkpoint_meta(request.path)  # fails here, on rank 0 alone, before any rank loads
+        except ValueError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        with self._lock:
+            try:
+                meta = self._runner.resume(request.path, config)
+            except ValueError as e:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            trainer = self._runner.trainer
+            metrics.POLICY_VERSION.set(trainer.version)
+            log.info("resumed %s at version %d, train step %d, %d rank(s)", request.path, trainer.version,
+                     trainer.num_train_steps, trainer.ranks.world_size)
+            return trainer_pb2.LoadCheckpointResponse(version=trainer.version, num_parameters=trainer.num_parameters,
+                                                      train_step=trainer.num_train_steps,
+                                                      data_position=meta.data_position)
 
     def TrainStep(self, request: trainer_pb2.TrainStepRequest, context: grpc.ServicerContext):  # noqa: N802
         with self._lock:
@@ -100,7 +132,13 @@ class TrainerService(trainer_pb2_grpc.TrainerServicer):
             try:
                 samples = _samples_from_proto(request)
                 validate_samples(samples, vocab_size=trainer.vocab_size)
-                version, stats = trainer.train_step(samples)
+                if len(samples) < trainer.ranks.world_size:
+                    raise ValueError(f"samples: a batch of {len(samples)} cannot give each of the "
+                                     f"{trainer.ranks.world_size} trainer ranks a sample")
+                if trainer.config.num_minibatches > len(samples):
+                    raise ValueError(f"num_minibatches: {trainer.config.num_minibatches} exceeds the batch size "
+                                     f"{len(samples)}")
+                version, stats = self._runner.train_step(samples)
             except ValueError as e:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
             metrics.observe_train_step(stats, version)
@@ -115,44 +153,51 @@ class TrainerService(trainer_pb2_grpc.TrainerServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bucket_bytes: must be >= 0, got {request.bucket_bytes}")
         with self._lock:
             trainer = self._require_trainer(context)
+            start = time.perf_counter()
+            weights = self._runner.gather_weights()
             transport = make_transport("grpc", bucket_bytes=request.bucket_bytes or DEFAULT_BUCKET_BYTES)
             try:
-                result = transport.push(trainer.named_weights(), version=trainer.version,
-                                        endpoints=list(request.endpoints))
+                result = transport.push(weights.items(), version=trainer.version, endpoints=list(request.endpoints))
             except WeightPushError as e:
                 context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
             finally:
                 transport.close()
-            metrics.observe_weight_push(result.num_bytes, result.seconds)
+            seconds = time.perf_counter() - start  # the gather (several ranks) counts as part of the push
+            metrics.observe_weight_push(result.num_bytes, seconds)
             log.info("pushed version %d to %d endpoint(s): %d bytes in %.3fs", result.version,
-                     result.num_endpoints, result.num_bytes, result.seconds)
+                     result.num_endpoints, result.num_bytes, seconds)
             return trainer_pb2.PushWeightsResponse(version=result.version, num_bytes=result.num_bytes,
-                                                   seconds=result.seconds)
+                                                   seconds=seconds)
 
     def SaveCheckpoint(self, request: trainer_pb2.SaveCheckpointRequest, context: grpc.ServicerContext):  # noqa: N802
         if not request.path:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "path: must not be empty")
         with self._lock:
             trainer = self._require_trainer(context)
-            path = trainer.save_checkpoint(request.path)
-            log.info("saved version %d to %s", trainer.version, path)
-            return trainer_pb2.SaveCheckpointResponse(path=str(path))
+            start = time.perf_counter()
+            path = self._runner.save_checkpoint(request.path, request.data_position)
+            metrics.observe_checkpoint(time.perf_counter() - start)
+            log.info("saved version %d (train step %d) to %s", trainer.version, trainer.num_train_steps, path)
+            return trainer_pb2.SaveCheckpointResponse(path=str(path), version=trainer.version,
+                                                      train_step=trainer.num_train_steps)
 
 
-def serve(*, host: str, port: int, grpc_port: int, max_workers: int = 8) -> None:
-    """Run until SIGTERM/SIGINT: Prometheus on `port`, gRPC (Trainer + health) on `grpc_port`."""
+def _serve_grpc(runner: CommandRunner, *, host: str, port: int, grpc_port: int, max_workers: int) -> None:
+    """Prometheus on `port`, gRPC (Trainer + health) on `grpc_port`, until SIGTERM/SIGINT."""
     start_http_server(port, addr=host)
     options = [("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
                ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES)]
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=options)
-    trainer_pb2_grpc.add_TrainerServicer_to_server(TrainerService(), server)
+    trainer_pb2_grpc.add_TrainerServicer_to_server(TrainerService(runner), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     server.add_insecure_port(f"{host}:{grpc_port}")
     server.start()
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     health_servicer.set("everstep.v1.Trainer", health_pb2.HealthCheckResponse.SERVING)
-    log.info("trainer serving gRPC on %s:%d, metrics on %s:%d", host, grpc_port, host, port)
+    metrics.WORLD_SIZE.set(runner.ranks.world_size)
+    log.info("trainer serving gRPC on %s:%d, metrics on %s:%d (%d rank(s))", host, grpc_port, host, port,
+             runner.ranks.world_size)
 
     stopping = threading.Event()
 
@@ -166,3 +211,38 @@ def serve(*, host: str, port: int, grpc_port: int, max_workers: int = 8) -> None
     health_servicer.enter_graceful_shutdown()
     server.stop(grace=5).wait()
     log.info("trainer stopped")
+
+
+def serve(*, host: str, port: int, grpc_port: int, max_workers: int = 8) -> None:
+    """One rank, in this process."""
+    _serve_grpc(CommandRunner(), host=host, port=port, grpc_port=grpc_port, max_workers=max_workers)
+
+
+def _exit_with_launcher() -> None:
+    """Linux: get SIGTERM when torchrun dies, even by SIGKILL (torchrun gives each rank its own
+    process group, so stopping torchrun's group would otherwise leave the ranks running)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def serve_distributed(*, host: str, port: int, grpc_port: int, max_workers: int = 8) -> None:
+    """Under torchrun: rank 0 serves (as `serve`) and broadcasts every operation; the other ranks
+    follow. FSDP2 shards the model across all of them (gloo on CPU, nccl on CUDA)."""
+    _exit_with_launcher()
+    ranks, group = init_distributed_from_env()
+    device = rank_device()
+    try:
+        if ranks.is_main:
+            runner = CommandRunner(ranks, group=group, device=device)
+            try:
+                _serve_grpc(runner, host=host, port=port, grpc_port=grpc_port, max_workers=max_workers)
+            finally:
+                runner.shutdown()
+        else:
+            follow(ranks, group, device)
+    finally:
+        torch.distributed.destroy_process_group()

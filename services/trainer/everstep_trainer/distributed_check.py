@@ -1,0 +1,172 @@
+"""`python -m everstep_trainer.distributed_check --model DIR [--nproc 2] [--steps 2]`: does FSDP2
+training on N gloo ranks give the same losses and weights as one rank on the same batches?
+
+Trains from DIR on a fixed synthetic batch (with a training/inference mismatch, uneven lengths, two
+minibatches and small micro-batches, so uneven per-rank work is exercised) once in this process
+and once on N CPU ranks, and prints one JSON line: the largest weight and loss differences and
+`"ok"`. The tests use `train_on_ranks`. Ranks are forked from a forkserver that imports torch and
+transformers once, which saves seconds per rank on a small machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import multiprocessing
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from everstep_trainer.batching import TrainSample
+from everstep_trainer.config import TrainerConfig
+
+__all__ = ["RankRunResult", "check", "check_batches", "train_on_one_rank", "train_on_ranks"]
+
+_PRELOAD = ["torch", "torch.distributed.fsdp", "transformers", "transformers.models.llama.modeling_llama",
+            "everstep_trainer.policy_trainer"]
+
+
+@dataclass(frozen=True)
+class RankRunResult:
+    """What rank 0 saw: per-step statistics and the final full weights."""
+
+    losses: list[float]
+    grad_norms: list[float]
+    mismatch_kls: list[float]
+    versions: list[int]
+    weights: dict[str, torch.Tensor]
+
+
+def _run(model_dir: Path, config: TrainerConfig, batches: Sequence[Sequence[TrainSample]], *,
+         checkpoint_dir: Path | None, checkpoint_after: int, resume_from: Path | None) -> RankRunResult:
+    from everstep_trainer.policy_trainer import PolicyTrainer
+
+    if resume_from is not None:
+        trainer, _ = PolicyTrainer.resume(resume_from, config, device="cpu")
+    else:
+        trainer = PolicyTrainer(model_dir, config, device="cpu")
+    losses, grad_norms, kls, versions = [], [], [], []
+    for step, batch in enumerate(batches, start=1):
+        version, stats = trainer.train_step(batch)
+        losses.append(stats.loss)
+        grad_norms.append(stats.grad_norm)
+        kls.append(stats.mismatch_kl)
+        versions.append(version)
+        if checkpoint_dir is not None and step == checkpoint_after:
+            trainer.save_checkpoint(checkpoint_dir, data_position=f"after-step-{step}")
+    weights = {name: t.detach().clone() for name, t in trainer.full_state_dict().items()}
+    return RankRunResult(losses, grad_norms, kls, versions, weights)
+
+
+def train_on_one_rank(model_dir: Path, config: TrainerConfig, batches: Sequence[Sequence[TrainSample]], *,
+                      checkpoint_dir: Path | None = None, checkpoint_after: int = 0,
+                      resume_from: Path | None = None) -> RankRunResult:
+    """Train in this process (no process group)."""
+    return _run(Path(model_dir), config, batches, checkpoint_dir=checkpoint_dir, checkpoint_after=checkpoint_after,
+                resume_from=resume_from)
+
+
+def _rank_main(rank: int, world_size: int, init_file: str, result_file: str, kwargs: dict) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)  # ranks share the machine's cores
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    try:
+        result = _run(**kwargs)
+        if rank == 0:
+            torch.save(dataclasses.asdict(result), result_file)
+    finally:
+        dist.destroy_process_group()
+
+
+def train_on_ranks(model_dir: Path, config: TrainerConfig, batches: Sequence[Sequence[TrainSample]], *,
+                   world_size: int, checkpoint_dir: Path | None = None, checkpoint_after: int = 0,
+                   resume_from: Path | None = None, timeout_seconds: float = 300.0) -> RankRunResult:
+    """Train on `world_size` CPU processes joined by gloo (FSDP2); rank 0's result."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(_PRELOAD)
+    kwargs = dict(model_dir=Path(model_dir), config=config, batches=[list(b) for b in batches],
+                  checkpoint_dir=checkpoint_dir, checkpoint_after=checkpoint_after, resume_from=resume_from)
+    with tempfile.TemporaryDirectory(prefix="everstep-ranks-") as workdir:
+        init_file, result_file = os.path.join(workdir, "init"), os.path.join(workdir, "result.pt")
+        processes = [context.Process(target=_rank_main, args=(rank, world_size, init_file, result_file, kwargs),
+                                     name=f"trainer-rank-{rank}") for rank in range(world_size)]
+        for process in processes:
+            process.start()
+        try:
+            for process in processes:
+                process.join(timeout_seconds)
+        finally:
+            for process in processes:
+                if process.is_alive():
+                    process.kill()
+                    process.join()
+        failed = {p.name: p.exitcode for p in processes if p.exitcode != 0}
+        if failed:
+            raise RuntimeError(f"trainer ranks failed (exit codes): {failed}")
+        return RankRunResult(**torch.load(result_file, weights_only=True))
+
+
+def check_batches(vocab_size: int, *, num_steps: int, seed: int = 0) -> list[list[TrainSample]]:
+    """Synthetic batches of 5 samples with uneven lengths, mixed advantages and rollout log-probs
+    that differ from any model's (so IcePop masks some tokens and TIS truncates some)."""
+    generator = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(num_steps):
+        batch = []
+        for i, (num_prompt, num_output) in enumerate([(3, 6), (5, 2), (2, 9), (4, 4), (6, 3)]):
+            ids = torch.randint(4, vocab_size, (num_prompt - 1 + num_output,), generator=generator).tolist()
+            rollout_logp = (-4.0 + 2.0 * torch.rand(num_output, generator=generator)).tolist()
+            batch.append(TrainSample(prompt_ids=[1, *ids[:num_prompt - 1]], output_ids=ids[num_prompt - 1:],
+                                     rollout_logprobs=rollout_logp, advantage=(-1.0) ** i * (0.5 + 0.25 * i)))
+        batches.append(batch)
+    return batches
+
+
+def check_config(**overrides: object) -> TrainerConfig:
+    """The settings the check trains with: minibatches and micro-batches small enough that ranks
+    get uneven numbers of passes."""
+    defaults = dict(learning_rate=1e-3, num_minibatches=2, micro_batch_tokens=16, correction="icepop")
+    return TrainerConfig(**{**defaults, **overrides})
+
+
+def max_weight_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    if a.keys() != b.keys():
+        raise ValueError(f"state dicts differ in names: {sorted(a.keys() ^ b.keys())[:5]}")
+    return max(float((a[n] - b[n]).abs().max()) for n in a)
+
+
+def check(model_dir: Path, *, world_size: int = 2, num_steps: int = 2) -> dict:
+    from transformers import AutoConfig
+
+    vocab_size = AutoConfig.from_pretrained(model_dir).vocab_size
+    config = check_config()
+    batches = check_batches(vocab_size, num_steps=num_steps)
+    one = train_on_one_rank(model_dir, config, batches)
+    many = train_on_ranks(model_dir, config, batches, world_size=world_size)
+    weight_diff = max_weight_difference(one.weights, many.weights)
+    loss_diff = max(abs(a - b) for a, b in zip(one.losses, many.losses, strict=True))
+    return {"world_size": world_size, "steps": num_steps, "max_abs_weight_diff": weight_diff,
+            "max_abs_loss_diff": loss_diff, "losses_one_rank": one.losses, "losses_many_ranks": many.losses,
+            "ok": weight_diff < 1e-5 and loss_diff < 1e-5}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m everstep_trainer.distributed_check", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, required=True, help="a Hugging Face causal LM directory")
+    parser.add_argument("--nproc", type=int, default=2, help="ranks (CPU processes, gloo)")
+    parser.add_argument("--steps", type=int, default=2, help="train steps to compare")
+    args = parser.parse_args(argv)
+    result = check(args.model, world_size=args.nproc, num_steps=args.steps)
+    print(json.dumps(result))
+    raise SystemExit(0 if result["ok"] else 1)
+
+
+if __name__ == "__main__":
+    main()
