@@ -9,10 +9,10 @@ import redis
 from fastapi.testclient import TestClient
 
 from everstep_controller.api import create_app
-from everstep_controller.clients import ServiceEndpoints
 from everstep_controller.job_file import load_job_file
 from everstep_controller.job_manager import JobManager
 from everstep_controller.job_store import JobStore
+from everstep_controller.launchers.shared import SharedLauncher
 
 SPEC = {"model_path": "/models/m", "dataset": {"train_path": "/data/train.jsonl"}, "steps": 3}
 
@@ -20,7 +20,7 @@ SPEC = {"model_path": "/models/m", "dataset": {"train_path": "/data/train.jsonl"
 @pytest.fixture
 def client(redis_url: str, tmp_path: Path) -> TestClient:
     store = JobStore(redis.Redis.from_url(redis_url))
-    manager = JobManager(store, ServiceEndpoints("127.0.0.1:1", "127.0.0.1:1", "127.0.0.1:1"), tmp_path)
+    manager = JobManager(store, SharedLauncher(rollout="127.0.0.1:1", trainer="127.0.0.1:1"), "127.0.0.1:1", tmp_path)
     return TestClient(create_app(manager, store))
 
 

@@ -19,8 +19,9 @@ of it finished, and trains all of it: no budget, no refill, no carry-over.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from enum import StrEnum
+from typing import Any
 
 
 class Mode(StrEnum):
@@ -187,6 +188,34 @@ class C3POScheduler:
     def retention_age(self, sample_id: str) -> int:
         """Iterations a rollout has been carried over so far."""
         return self.iteration - self.rollouts[sample_id].born_iteration
+
+    # -- persistence -----------------------------------------------------------------------
+    def to_state(self) -> dict[str, Any]:
+        """The bookkeeping between two iterations, as JSON-able data (see `from_state`).
+
+        Only valid at an iteration boundary (after `end_iteration`, before anything starts).
+        """
+        if self._started_this_iteration or self._finished_tokens:
+            raise ValueError("the scheduler can only be saved between iterations")
+        return {
+            "iteration": self.iteration,
+            "rollouts": [asdict(r) for r in self.rollouts.values()],
+            "groups": [asdict(g) for g in self.groups.values()],
+            "counters": asdict(self.counters),
+        }
+
+    @classmethod
+    def from_state(cls, config: SchedulerConfig, state: dict[str, Any]) -> C3POScheduler:
+        scheduler = cls(config)
+        scheduler.iteration = state["iteration"]
+        scheduler.rollouts = {r["sample_id"]: RolloutState(**r) for r in state["rollouts"]}
+        scheduler.groups = {g["group_id"]: GroupState(**g) for g in state["groups"]}
+        scheduler.counters = _Counters(**state["counters"])
+        for group in scheduler.groups.values():
+            if len(group.sample_ids) != config.group_size:
+                raise ValueError(f"saved group {group.group_id} has {len(group.sample_ids)} samples, "
+                                 f"the job's group size is {config.group_size}")
+        return scheduler
 
     # -- internals -------------------------------------------------------------------------
     def _forget_groups_closed_before(self, iteration: int) -> None:
