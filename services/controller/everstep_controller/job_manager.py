@@ -70,6 +70,7 @@ class JobManager:
         self._thread = threading.Thread(target=self._loop, name="job-manager", daemon=True)
         self._last_renewal = 0.0
         self._last_gauges = 0.0
+        self._settling: list[threading.Thread] = []
 
     # -- the API's side ----------------------------------------------------------------------
     def start(self) -> None:
@@ -93,6 +94,8 @@ class JobManager:
                 job.thread.join(timeout=timeout_seconds)
         if self._thread.is_alive():
             self._thread.join(timeout=timeout_seconds)
+        for thread in self._settling:
+            thread.join(timeout=timeout_seconds)
         self.launcher.close()
 
     def submit(self, spec: JobSpec) -> JobRecord:
@@ -182,6 +185,13 @@ class JobManager:
                          job.outcome.reason if job.outcome else "runner crashed")
 
     def _settle(self, job_id: str, entry_id: str) -> None:
+        """On a thread of its own (stopping workers takes seconds; other jobs go on meanwhile)."""
+        thread = threading.Thread(target=self._settle_now, args=(job_id, entry_id), name=f"settle-{job_id}",
+                                  daemon=True)
+        self._settling = [t for t in self._settling if t.is_alive()] + [thread]
+        thread.start()
+
+    def _settle_now(self, job_id: str, entry_id: str) -> None:
         """The job ended and that is stored: stop its workers, drop its working state, acknowledge."""
         raw = self.store.workers(job_id)
         if raw:

@@ -92,31 +92,38 @@ class C3POScheduler:
         self.counters = _Counters()
         self._finished_tokens = 0
         self._started_this_iteration = 0
+        # unfinished, unpurged rollouts in start order (a dict as an ordered set): kept up to date
+        # so that the queries below cost O(1), as the runner asks them after every finished rollout
+        self._active: dict[str, None] = {}
 
     # -- queries ---------------------------------------------------------------------------
     @property
     def active_samples(self) -> list[str]:
         """Rollouts the engine is (or should be) decoding."""
-        return [r.sample_id for r in self.rollouts.values() if not (r.finished or r.purged)]
+        return list(self._active)
+
+    @property
+    def num_active(self) -> int:
+        return len(self._active)
 
     def groups_to_start(self) -> int:
         """How many new groups of G prompts the runner may start now."""
         c = self.config
         if c.mode == Mode.sync:
-            if self._started_this_iteration or self.active_samples:
+            if self._started_this_iteration or self._active:
                 return 0
             return c.prompts_per_iteration
         if self._finished_tokens >= c.token_budget:
             return 0
-        free = c.pool_capacity - len(self.active_samples)
+        free = c.pool_capacity - len(self._active)
         return max(0, free // c.group_size)
 
     def iteration_done(self) -> bool:
         """C3PO++: the budget of finished tokens is reached. Sync: every rollout finished."""
         if self.config.mode == Mode.sync:
-            return self._started_this_iteration > 0 and not self.active_samples
+            return self._started_this_iteration > 0 and not self._active
         return self._finished_tokens >= self.config.token_budget or (
-            not self.active_samples and self._started_this_iteration > 0 and self.groups_to_start() == 0
+            not self._active and self._started_this_iteration > 0 and self.groups_to_start() == 0
         )
 
     # -- events ----------------------------------------------------------------------------
@@ -128,6 +135,7 @@ class C3POScheduler:
         self.groups[group_id] = GroupState(group_id, prompt_index, list(sample_ids))
         for sample_id in sample_ids:
             self.rollouts[sample_id] = RolloutState(sample_id, group_id, self.iteration)
+            self._active[sample_id] = None
         self.counters.started_groups += 1
         self._started_this_iteration += 1
 
@@ -137,6 +145,7 @@ class C3POScheduler:
             raise ValueError(f"sample {sample_id} reported finished twice")
         rollout.finished = True
         rollout.num_tokens = num_tokens
+        del self._active[sample_id]
         self._finished_tokens += num_tokens
         self.counters.finished_samples += 1
 
@@ -145,7 +154,7 @@ class C3POScheduler:
 
         Every active rollout must be among the partials: the runner drains the engine first.
         """
-        active = set(self.active_samples)
+        active = set(self._active)
         if set(partial_tokens) != active:
             missing, unknown = active - set(partial_tokens), set(partial_tokens) - active
             raise ValueError(f"partials do not match active rollouts: missing {sorted(missing)[:5]}, "
@@ -157,6 +166,7 @@ class C3POScheduler:
             rollout.num_tokens = num_tokens
             if self.iteration - rollout.born_iteration >= self.config.retention:
                 rollout.purged = True
+                del self._active[sample_id]
                 purged.append(sample_id)
             else:
                 carried.append(sample_id)
@@ -211,6 +221,7 @@ class C3POScheduler:
         scheduler.rollouts = {r["sample_id"]: RolloutState(**r) for r in state["rollouts"]}
         scheduler.groups = {g["group_id"]: GroupState(**g) for g in state["groups"]}
         scheduler.counters = _Counters(**state["counters"])
+        scheduler._active = {s: None for s, r in scheduler.rollouts.items() if not (r.finished or r.purged)}
         for group in scheduler.groups.values():
             if len(group.sample_ids) != config.group_size:
                 raise ValueError(f"saved group {group.group_id} has {len(group.sample_ids)} samples, "
