@@ -93,3 +93,27 @@ def test_job_file_resolves_paths_relative_to_the_yaml(tmp_path: Path) -> None:
     assert spec["model_path"] == str(tmp_path / "model")
     assert spec["dataset"]["train_path"] == str(tmp_path / "sub" / "data" / "train.jsonl")
     assert spec["dataset"]["eval_path"] == "/abs/eval.jsonl"
+
+
+def test_jobs_wait_on_the_queue_and_its_depth_is_exported(redis_url: str, tmp_path: Path) -> None:
+    store = JobStore(redis.Redis.from_url(redis_url))
+    manager = JobManager(store, SharedLauncher(rollout="127.0.0.1:1", trainer="127.0.0.1:1"), "127.0.0.1:1", tmp_path)
+    app = TestClient(create_app(manager, store))
+    ids = [app.post("/v1/jobs", json=SPEC).json()["id"] for _ in range(2)]
+    assert [e.text("job_id") for e in manager.queue.read("reader", 10)] == ids, "submitted in order, queued once"
+    app.post("/v1/jobs", json=SPEC)
+    manager._update_gauges()
+    text = app.get("/metrics").text
+    assert 'everstep_controller_queue_depth_entries{queue="jobs",status="undelivered"} 1.0' in text
+    assert 'everstep_controller_queue_depth_entries{queue="jobs",status="pending"} 2.0' in text
+    assert 'everstep_controller_jobs{state="PENDING"} 3.0' in text
+
+
+def test_controller_arguments_pick_the_launcher() -> None:
+    from everstep_controller.__main__ import parse_args
+
+    base = ["--redis-url", "redis://x", "--reward", "r:1"]
+    assert parse_args([*base, "--rollout", "a:1", "--trainer", "b:1"]).launcher == "shared"
+    assert parse_args(base).launcher == "local"
+    with pytest.raises(SystemExit):
+        parse_args([*base, "--launcher", "shared"])

@@ -27,7 +27,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-scorers", type=int, default=2, help="threads per job sending rollouts to the reward service")
     p.add_argument("--threads-per-worker", type=int, default=0,
                    help="local launcher: torch threads of each worker process (0: their default)")
-    p.add_argument("--k8s-namespace", default="default", help="kubernetes launcher: namespace of the workloads")
+    p.add_argument("--k8s-namespace", default=None,
+                   help="kubernetes launcher: namespace of the workloads (default: the controller pod's own)")
     p.add_argument("--k8s-template-prefix", default="everstep",
                    help="kubernetes launcher: the chart's fullname; PodTemplates <prefix>-rollout, <prefix>-trainer")
     p.add_argument("--data-dir", default=".everstep/data",
@@ -39,8 +40,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.launcher == "shared" and not (args.rollout and args.trainer):
         p.error("--launcher shared needs --rollout and --trainer")
     if args.launcher != "shared" and (args.rollout or args.trainer):
-        p.error(f"--rollout/--trainer name shared workers; the {args.launcher} launcher starts each job's own")
+        # the chart always passes them; with another launcher they are unused, and said so
+        logging.getLogger("everstep_controller").warning(
+            "--rollout/--trainer are ignored: the %s launcher starts each job's own workers", args.launcher)
     return args
+
+
+def _own_namespace() -> str:
+    """The namespace of the pod this runs in (its service account's), else 'default'."""
+    path = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+    return path.read_text().strip() if path.is_file() else "default"
 
 
 def build_launcher(args: argparse.Namespace):  # noqa: ANN201 (imports stay lazy)
@@ -51,13 +60,15 @@ def build_launcher(args: argparse.Namespace):  # noqa: ANN201 (imports stay lazy
     if args.launcher == "local":
         return make_launcher("local", work_dir=Path(args.data_dir) / "workers", max_jobs=args.max_jobs or 4,
                              threads_per_worker=args.threads_per_worker)
-    return make_launcher("kubernetes", namespace=args.k8s_namespace, template_prefix=args.k8s_template_prefix,
+    return make_launcher("kubernetes", namespace=args.k8s_namespace or _own_namespace(),
+                         template_prefix=args.k8s_template_prefix,
                          max_jobs=args.max_jobs or 16)
 
 
 def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger().setLevel(args.log_level)
     import redis
     import uvicorn
 
