@@ -1,7 +1,7 @@
 """Two jobs at once through real processes, and a controller killed with SIGKILL that resumes them.
 
 A controller (local launcher) runs jobs A and B, each on its own rollout and trainer processes.
-A is paused after a checkpoint; while B is mid-step the controller is killed (SIGKILL, by PID) and
+A is paused after a checkpoint; while B runs the controller is killed (SIGKILL, by PID) and
 A's rollout engine is reset (reloaded at version 0, as an engine that restarted would be). A new
 controller takes both jobs over: B continues from its last completed step on its still-running
 workers, A from its latest checkpoint; neither starts over, and their per-step histories have
@@ -80,6 +80,20 @@ def _wait(api: httpx.Client, job_id: str, done: Callable[[dict], bool], timeout_
     return job
 
 
+def _kill_outside_a_train_step(pid: int, client: redis.Redis, job_id: str) -> None:
+    """SIGKILL, at a moment no train step of the job is in flight (else its trainer may be a step ahead
+    of what was committed, and the job rightly resumes from a checkpoint instead): the controller is
+    frozen (SIGSTOP) while Redis is checked, and let go again (SIGCONT) to try later when it is."""
+    for _ in range(200):
+        os.kill(pid, signal.SIGSTOP)
+        if not client.exists(f"everstep:job:{job_id}:training"):
+            os.kill(pid, signal.SIGKILL)
+            return
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.05)
+    pytest.fail("the controller was always in a train step")
+
+
 def _pids(job: dict, client: redis.Redis) -> list[int]:
     workers = json.loads(client.get(f"everstep:job:{job['id']}:workers"))
     return [p["pid"] for p in workers["processes"]]
@@ -108,7 +122,7 @@ def test_two_jobs_on_their_own_workers_survive_a_killed_controller(
     api.post(f"/v1/jobs/{job_a}/pause")
     paused_at_a = _wait(api, job_a, lambda j: j["state"] == "PAUSED")["step"]
     b = _wait(api, job_b, lambda j: j["step"] >= 3)
-    os.kill(first.pid, signal.SIGKILL)  # B is mid-step
+    _kill_outside_a_train_step(first.pid, client, job_b)  # B is running
     killed_at_b = b["step"]
     assert all(start_ticks(p) for p in pids_a + pids_b), "a job's workers outlive a killed controller"
     with grpc.insecure_channel(a["workers"]["rollout"]) as channel:  # A's engine resets while nobody watches
