@@ -60,6 +60,13 @@ def test_cross_field_checks(client: TestClient) -> None:
     response = client.post("/v1/jobs", json={**SPEC, "algorithm": {"group_size": 64},
                                              "scheduler": {"pool_capacity": 16}})
     assert response.status_code == 422 and "pool_capacity" in response.text
+    response = client.post("/v1/jobs", json={**SPEC, "trainer": {"warmup_steps": 3}})
+    assert response.status_code == 422 and "trainer.warmup_steps" in response.text
+    response = client.post("/v1/jobs", json={**SPEC, "dataset": {"train_path": "/d.parquet", "format": "csv"}})
+    assert ["body", "dataset", "format"] in [e["loc"] for e in response.json()["detail"]]
+    response = client.post("/v1/jobs", json={**SPEC, "resources": {"trainer": {"memory": "lots"}}})
+    assert response.status_code == 422 and ["body", "resources", "trainer", "memory"] in [
+        e["loc"] for e in response.json()["detail"]]
 
 
 def test_cancel_pending_and_actions_on_ended_jobs(client: TestClient) -> None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from everstep.v1 import common_pb2, reward_pb2, trainer_pb2
+from everstep.v1 import common_pb2, reward_pb2
 from everstep_controller import metrics
 from everstep_controller.clients import RewardClient, RolloutClient, TrainerClient
 from everstep_controller.dataset import LoadedDataset, PromptRow, RowFields, load_prompt_rows, load_tokenizer
@@ -38,11 +38,12 @@ from everstep_controller.job_store import (
     WorkerAddresses,
 )
 from everstep_controller.launchers import Launcher, WorkerRequest, Workers
-from everstep_controller.progress_store import JobProgress, ProgressStore, ScoredSample
+from everstep_controller.progress_store import JobProgress, ProgressStore
 from everstep_controller.prompt_order import PromptOrder
-from everstep_controller.scheduler import C3POScheduler, Mode, SchedulerConfig, grpo_advantages
+from everstep_controller.scheduler import C3POScheduler, Mode, SchedulerConfig
 from everstep_controller.scoring import ScorerPool
 from everstep_controller.spec import JobSpec
+from everstep_controller.training_batch import build_batch, trainer_config
 
 log = logging.getLogger(__name__)
 
@@ -79,20 +80,6 @@ class RunOutcome:
 
     finished: bool
     reason: str = ""
-
-
-def trainer_config(spec: JobSpec, start_step: int = 0) -> trainer_pb2.TrainerConfig:
-    """The trainer's options; a trainer restarted at `start_step` gets the schedule of the remaining steps."""
-    loss, opt = spec.algorithm.loss, spec.trainer
-    return trainer_pb2.TrainerConfig(
-        learning_rate=opt.learning_rate, weight_decay=opt.weight_decay, max_grad_norm=opt.max_grad_norm,
-        warmup_steps=max(0, opt.warmup_steps - start_step), correction=loss.correction.value, alpha=loss.alpha,
-        beta=loss.beta, tis_cap=loss.tis_cap, clip_low=loss.clip_low, clip_high=loss.clip_high,
-        aggregation=loss.aggregation.value, temperature=spec.sampling.temperature,
-        micro_batch_tokens=opt.micro_batch_tokens, ppo_epochs=opt.ppo_epochs,
-        num_minibatches=opt.num_minibatches, kl_coef=opt.kl_coef, entropy_coef=opt.entropy_coef,
-        seed=spec.seed, dtype="float32", total_steps=max(0, spec.steps - start_step),
-    )
 
 
 def scheduler_config(spec: JobSpec) -> SchedulerConfig:
@@ -322,7 +309,9 @@ class JobRunner:
         scored = self.progress_store.scored(self.job_id, train_ids)
         t_reward = time.monotonic() - t1
 
-        batch, num_zero_signal = self._build_batch(outcome.trainable_groups, scored)
+        batch, num_zero_signal = build_batch(outcome.trainable_groups, self.scheduler, scored,
+                                             drop_zero_signal=self.spec.algorithm.drop_zero_signal_groups,
+                                             normalize_std=self.spec.algorithm.normalize_std)
         staleness = [self.version - v for s in batch for v in s.output_versions]
         t2 = time.monotonic()
         stats = None
@@ -461,28 +450,6 @@ class JobRunner:
 
     def _reward_item_for_sample(self, sample_id: str, prompt_index: int, text: str) -> reward_pb2.RewardItem:
         return self._reward_item(sample_id, self.rows_by_index[prompt_index], text)
-
-    def _build_batch(self, group_ids: list[str],
-                     scored: dict[str, ScoredSample]) -> tuple[list[trainer_pb2.TrainSample], int]:
-        batch: list[trainer_pb2.TrainSample] = []
-        zero_signal = 0
-        for group_id in group_ids:
-            members = [scored[s] for s in self.scheduler.surviving_samples(group_id)]
-            for sample_id, member in zip(self.scheduler.surviving_samples(group_id), members, strict=True):
-                if member.error:
-                    raise RuntimeError(f"reward for sample {sample_id} failed: {member.error}")
-            rewards = [m.reward for m in members]
-            if self.spec.algorithm.drop_zero_signal_groups and max(rewards) == min(rewards):
-                zero_signal += 1
-                continue
-            advantages = grpo_advantages(rewards, normalize_std=self.spec.algorithm.normalize_std)
-            for member, advantage in zip(members, advantages, strict=True):
-                seq = member.proto()
-                batch.append(trainer_pb2.TrainSample(
-                    prompt_ids=seq.prompt_ids, output_ids=seq.output_ids, rollout_logprobs=seq.output_logprobs,
-                    output_versions=seq.output_versions, advantage=advantage, reward=member.reward,
-                ))
-        return batch, zero_signal
 
     # -- evaluation and checkpoints ----------------------------------------------------------
     def _after_step(self) -> None:
