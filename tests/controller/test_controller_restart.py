@@ -107,11 +107,12 @@ def test_two_jobs_on_their_own_workers_survive_a_killed_controller(
     client = redis.Redis.from_url(redis_url)
     first = controller()
     api = httpx.Client(base_url=f"http://127.0.0.1:{first.http_port}", timeout=30)
-    job_a = api.post("/v1/jobs", json=_spec("a", tiny_model_dir, train, 8, checkpoint={"interval": 2})).json()["id"]
+    job_a = api.post("/v1/jobs", json=_spec("a", tiny_model_dir, train, 16, checkpoint={"interval": 2})).json()["id"]
     job_b = api.post("/v1/jobs", json=_spec("b", tiny_model_dir, train, 400)).json()["id"]
 
     # both run at once, each on its own rollout engine and trainer
-    a = _wait(api, job_a, lambda j: j["step"] >= 3)
+    a = _wait(api, job_a, lambda j: j["step"] >= 2)
+    api.post(f"/v1/jobs/{job_a}/pause")  # after its first checkpoint
     b = _wait(api, job_b, lambda j: j["state"] == "RUNNING" and j["step"] >= 1)
     assert a["state"] == "RUNNING", "A and B run at the same time"
     addresses = {a["workers"]["rollout"], a["workers"]["trainer"], b["workers"]["rollout"], b["workers"]["trainer"]}
@@ -119,7 +120,6 @@ def test_two_jobs_on_their_own_workers_survive_a_killed_controller(
     pids_a, pids_b = _pids(a, client), _pids(b, client)
     assert len(set(pids_a + pids_b)) == 4
 
-    api.post(f"/v1/jobs/{job_a}/pause")
     paused_at_a = _wait(api, job_a, lambda j: j["state"] == "PAUSED")["step"]
     b = _wait(api, job_b, lambda j: j["step"] >= 3)
     _kill_outside_a_train_step(first.pid, client, job_b)  # B is running
@@ -145,7 +145,7 @@ def test_two_jobs_on_their_own_workers_survive_a_killed_controller(
 
     history_a = api.get(f"/v1/jobs/{job_a}/metrics").json()
     history_b = api.get(f"/v1/jobs/{job_b}/metrics").json()
-    assert [m["step"] for m in history_a] == list(range(1, 9)), "every step of A exactly once"
+    assert [m["step"] for m in history_a] == list(range(1, 17)), "every step of A exactly once"
     assert [m["step"] for m in history_b] == list(range(1, b["step"] + 1)), "every step of B exactly once"
     assert b["step"] > killed_at_b
     # the policy version counts the steps that trained: none was trained twice, none lost
