@@ -175,8 +175,11 @@ class WorkerResources(_Section):
 
 
 class ResourcesSpec(_Section):
-    """What the job's own rollout engine and trainer get. The local launcher runs them as processes
-    on this machine and ignores these (with a warning); the Kubernetes launcher sets them on the pods."""
+    """Resources of the job's own rollout engine and trainer on Kubernetes (the local launcher warns and ignores them).
+
+    The local launcher runs both as processes on this machine; the Kubernetes launcher sets these
+    on their pods.
+    """
 
     rollout: WorkerResources = Field(default_factory=WorkerResources)
     trainer: WorkerResources = Field(default_factory=WorkerResources)
