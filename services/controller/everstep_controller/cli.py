@@ -28,6 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="start Redis and every service in the background")
     up.add_argument("--port", type=int, default=8000, help="controller REST port")
     up.add_argument("--host", default="127.0.0.1", help="controller bind address")
+    up.add_argument("--launcher", choices=("shared", "local"), default="shared",
+                    help="shared: one rollout engine and trainer for all jobs, one job at a time; local: each job "
+                         "gets its own rollout and trainer processes, several jobs run at once")
 
     sub.add_parser("down", help="stop everything `everstep up` started")
 
@@ -93,7 +96,7 @@ def _dispatch(args: argparse.Namespace, extra: list[str]) -> None:
         logging.getLogger("httpx").setLevel(logging.WARNING)
         stack = LocalStack()
         if args.command == "up":
-            state = stack.up(port=args.port, host=args.host)
+            state = stack.up(port=args.port, host=args.host, launcher=args.launcher)
             print(f"everstep is up: controller {state.controller_url}, redis {state.redis_url}")
             for p in state.processes:
                 print(f"  {p.name:<10} pid {p.pid:<7} log {p.log_path}")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import grpc
 
@@ -24,15 +23,6 @@ _CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
 ]
-
-
-@dataclass(frozen=True)
-class ServiceEndpoints:
-    """gRPC addresses (host:port) of the workers a job uses."""
-
-    rollout: str
-    trainer: str
-    reward: str
 
 
 class GenerateStream:
@@ -91,6 +81,10 @@ class RolloutClient:
 
     def status(self) -> rollout_pb2.RolloutStatus:
         return self._stub.GetStatus(rollout_pb2.GetStatusRequest(), timeout=self.timeout_seconds)
+
+    def drain(self) -> list[common_pb2.Sequence]:
+        """Stops every running and queued sequence of every stream (e.g. those of a dead controller)."""
+        return list(self._stub.Drain(rollout_pb2.DrainRequest(), timeout=self.timeout_seconds).partials)
 
     def close(self) -> None:
         self._channel.close()

@@ -1,26 +1,49 @@
 """Runs one RL job: C3PO++ rollouts -> rewards -> GRPO advantages -> train step -> weight push.
 
 The runner owns the I/O; the scheduler (pure bookkeeping) decides what to start, when an
-iteration ends, what carries over and which groups train.
+iteration ends, what carries over and which groups train. Finished rollouts are scored while
+the engine keeps decoding (`scoring.ScorerPool`).
+
+Each step ends with one Redis transaction (`ProgressStore.commit_step`) holding everything needed
+to continue after it. A runner that takes over a job (its controller restarted) continues:
+- from the last completed step, on the job's own workers, when they are still running and no
+  train step was in flight (the trainer then holds exactly the committed weights and optimizer);
+- else from the latest checkpoint, reloaded as the model of new (or reloaded) workers. The
+  Trainer contract has no call to restore optimizer state, so AdamW's moments start afresh and
+  the learning-rate schedule restarts over the remaining steps;
+- else, without a checkpoint, from step 0.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
-import random
+import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from everstep.v1 import common_pb2, reward_pb2, trainer_pb2
+from everstep.v1 import common_pb2, reward_pb2
 from everstep_controller import metrics
-from everstep_controller.clients import RewardClient, RolloutClient, ServiceEndpoints, TrainerClient
-from everstep_controller.dataset import PromptRow, load_prompt_rows, load_tokenizer
-from everstep_controller.job_store import Action, JobState, JobStore
-from everstep_controller.scheduler import C3POScheduler, Mode, SchedulerConfig, grpo_advantages
+from everstep_controller.clients import RewardClient, RolloutClient, TrainerClient
+from everstep_controller.dataset import LoadedDataset, PromptRow, RowFields, load_prompt_rows, load_tokenizer
+from everstep_controller.evaluation import evaluate
+from everstep_controller.job_store import (
+    Action,
+    DatasetReport,
+    JobState,
+    JobStore,
+    LostOwnership,
+    ResumeEvent,
+    WorkerAddresses,
+)
+from everstep_controller.launchers import Launcher, WorkerRequest, Workers
+from everstep_controller.progress_store import JobProgress, ProgressStore
+from everstep_controller.prompt_order import PromptOrder
+from everstep_controller.scheduler import C3POScheduler, Mode, SchedulerConfig
+from everstep_controller.scoring import ScorerPool
 from everstep_controller.spec import JobSpec
+from everstep_controller.training_batch import build_batch, trainer_config
 
 log = logging.getLogger(__name__)
 
@@ -31,99 +54,229 @@ class JobCancelled(Exception):
     pass
 
 
+class RunnerInterrupted(Exception):
+    """The controller is shutting down: leave the job as it is, to be resumed."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunnerSettings:
+    """Controller-wide settings of every job's runner."""
+
+    num_scorers: int = 2  # scorer threads per job (concurrent reward calls)
+    reclaim_idle_seconds: float = 60.0  # a finished rollout pending this long on a scorer is taken over
+    scoring_timeout_seconds: float = 600.0  # waiting for the scores of one step
+
+
 @dataclass
 class _Sample:
     row: PromptRow
     group_id: str
     sequence: common_pb2.Sequence | None = None  # latest state from the engine
-    reward: float | None = None
-    parts: dict[str, float] = field(default_factory=dict)
 
 
-def trainer_config(spec: JobSpec) -> trainer_pb2.TrainerConfig:
-    loss, opt = spec.algorithm.loss, spec.trainer
-    return trainer_pb2.TrainerConfig(
-        learning_rate=opt.learning_rate, weight_decay=opt.weight_decay, max_grad_norm=opt.max_grad_norm,
-        warmup_steps=opt.warmup_steps, correction=loss.correction.value, alpha=loss.alpha, beta=loss.beta,
-        tis_cap=loss.tis_cap, clip_low=loss.clip_low, clip_high=loss.clip_high,
-        aggregation=loss.aggregation.value, temperature=spec.sampling.temperature,
-        micro_batch_tokens=opt.micro_batch_tokens, ppo_epochs=opt.ppo_epochs,
-        num_minibatches=opt.num_minibatches, kl_coef=opt.kl_coef, entropy_coef=opt.entropy_coef,
-        seed=spec.seed, dtype="float32", total_steps=spec.steps,
-    )
+@dataclass
+class RunOutcome:
+    """How `run` ended: `finished` (a terminal state is stored), or not (lost ownership, shutdown)."""
+
+    finished: bool
+    reason: str = ""
+
+
+def scheduler_config(spec: JobSpec) -> SchedulerConfig:
+    s = spec.scheduler
+    return SchedulerConfig(mode=Mode(s.mode.value), group_size=spec.algorithm.group_size,
+                           token_budget=s.token_budget, retention=s.retention, pool_capacity=s.pool_capacity,
+                           prompts_per_iteration=s.prompts_per_iteration)
 
 
 class JobRunner:
-    def __init__(self, job_id: str, spec: JobSpec, store: JobStore, endpoints: ServiceEndpoints,
-                 data_dir: Path) -> None:
-        self.job_id, self.spec, self.store, self.endpoints = job_id, spec, store, endpoints
-        self.data_dir = data_dir
-        self.rollout = RolloutClient(endpoints.rollout)
-        self.trainer = TrainerClient(endpoints.trainer)
-        self.reward = RewardClient(endpoints.reward)
-        s = spec.scheduler
-        self.scheduler = C3POScheduler(SchedulerConfig(
-            mode=Mode(s.mode.value), group_size=spec.algorithm.group_size, token_budget=s.token_budget,
-            retention=s.retention, pool_capacity=s.pool_capacity, prompts_per_iteration=s.prompts_per_iteration,
-        ))
+    def __init__(self, job_id: str, spec: JobSpec, store: JobStore, progress: ProgressStore, launcher: Launcher,
+                 reward_address: str, data_dir: Path, *, owner: str, resumed: bool,
+                 settings: RunnerSettings | None = None) -> None:
+        """owner: this controller's id (the fencing token); resumed: the job had started before."""
+        self.job_id, self.spec, self.store, self.progress_store = job_id, spec, store, progress
+        self.launcher, self.data_dir, self.owner, self.resumed = launcher, data_dir, owner, resumed
+        self.settings = settings or RunnerSettings()
+        self.reward = RewardClient(reward_address)
+        self.rollout: RolloutClient | None = None
+        self.trainer: TrainerClient | None = None
+        self.workers: Workers | None = None
+        self.scorers: ScorerPool | None = None
+        self.interrupt = threading.Event()  # set by the controller when it shuts down
+        self.scheduler = C3POScheduler(scheduler_config(spec))
         self.samples: dict[str, _Sample] = {}
+        self.carried: list[common_pb2.Sequence] = []
         self.version = 0
-        self._group_counter = itertools.count()
-        self._rng = random.Random(spec.seed)
-        self._prompt_order: list[PromptRow] = []
-        self._prompt_cursor = 0
+        self.step = 0
+        self.group_counter = 0
+        self.num_trained_samples = 0
+        self.last_checkpoint_step = 0
         self.train_rows: list[PromptRow] = []
+        self.rows_by_index: dict[int, PromptRow] = {}
         self.eval_rows: list[PromptRow] = []
+        self.order: PromptOrder | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def run(self) -> None:
+    def run(self) -> RunOutcome:
         started = time.monotonic()
         try:
-            self.store.update(self.job_id, state=JobState.RUNNING, error=None)
+            self.store.update(self.job_id, fence=self.owner, state=JobState.RUNNING, error=None)
             metrics.JOBS_STARTED.inc()
-            self._prepare()
-            self._evaluate(step=0)
-            carried: list[common_pb2.Sequence] = []
-            for step in range(1, self.spec.steps + 1):
+            self._load_data()
+            self._attach_workers()
+            self.scorers = ScorerPool(
+                self.job_id, self.progress_store, self.reward, self._reward_item_for_sample,
+                consumer_prefix=f"{self.owner}-{self.job_id}", num_workers=self.settings.num_scorers,
+                reclaim_idle_seconds=self.settings.reclaim_idle_seconds,
+            ).start()
+            self._after_step()
+            while self.step < self.spec.steps and not self._enough_samples():
                 self._honour_requests()
-                carried = self._train_iteration(step, carried)
-                if self.spec.evaluation.every and step % self.spec.evaluation.every == 0 and step < self.spec.steps:
-                    self._evaluate(step)
-                if self.spec.checkpoint.interval and step % self.spec.checkpoint.interval == 0:
-                    self._checkpoint(step)
-            self._evaluate(step=self.spec.steps)
-            self._checkpoint(self.spec.steps)
-            self.store.update(self.job_id, state=JobState.SUCCEEDED)
+                self._train_iteration(self.step + 1)
+                self._after_step()
+            self._evaluate_once(self.step)
+            if self.last_checkpoint_step != self.step:
+                self._checkpoint()
+            self.store.update(self.job_id, fence=self.owner, state=JobState.SUCCEEDED)
+            return RunOutcome(True)
         except JobCancelled:
-            self.store.update(self.job_id, state=JobState.CANCELLED)
-        except Exception as e:  # the job fails with its cause; the controller keeps serving
-            log.exception("job %s failed", self.job_id)
-            self.store.update(self.job_id, state=JobState.FAILED, error=f"{type(e).__name__}: {e}")
+            self.store.update(self.job_id, fence=self.owner, state=JobState.CANCELLED)
+            return RunOutcome(True, "cancelled")
+        except LostOwnership as e:
+            log.warning("job %s: %s; this runner stops", self.job_id, e)
+            return RunOutcome(False, "lost ownership")
+        except Exception as e:
+            if self.interrupt.is_set():
+                log.info("job %s interrupted at step %d by the controller's shutdown", self.job_id, self.step)
+                return RunOutcome(False, "interrupted")
+            log.exception("job %s failed", self.job_id)  # the job fails with its cause; the controller goes on
+            try:
+                self.store.update(self.job_id, fence=self.owner, state=JobState.FAILED,
+                                  error=f"{type(e).__name__}: {e}")
+            except LostOwnership:
+                return RunOutcome(False, "lost ownership")
+            return RunOutcome(True, "failed")
         finally:
-            log.info("job %s ended after %.1fs", self.job_id, time.monotonic() - started)
+            log.info("job %s: runner ended after %.1fs at step %d", self.job_id, time.monotonic() - started,
+                     self.step)
+            if self.scorers is not None:
+                self.scorers.stop()
             for client in (self.rollout, self.trainer, self.reward):
-                client.close()
+                if client is not None:
+                    client.close()
 
-    def _prepare(self) -> None:
+    def _enough_samples(self) -> bool:
+        return bool(self.spec.max_trained_samples) and self.num_trained_samples >= self.spec.max_trained_samples
+
+    def _load_data(self) -> None:
         spec = self.spec
         if not Path(spec.model_path).is_dir():
             raise FileNotFoundError(f"model_path {spec.model_path!r} is not a directory")
         tokenizer = load_tokenizer(spec.model_path)
         d = spec.dataset
-        train = load_prompt_rows(d.train_path, tokenizer, prompt_field=d.prompt_field, answer_field=d.answer_field)
+        fields = RowFields(prompt=d.prompt_field, answer=d.answer_field, tests=d.tests_field)
+        train = load_prompt_rows(d.train_path, tokenizer, fields=fields, file_format=d.format.value)
         self.train_rows = train.rows
+        self.rows_by_index = {row.index: row for row in train.rows}
         if train.num_skipped:
             metrics.DATASET_ROWS_SKIPPED.inc(train.num_skipped)
+        self.store.update(self.job_id, fence=self.owner, dataset=_report(train))
         if d.eval_path:
-            self.eval_rows = load_prompt_rows(d.eval_path, tokenizer, prompt_field=d.prompt_field,
-                                              answer_field=d.answer_field).rows[: spec.evaluation.num_prompts]
-        s = spec.scheduler
+            self.eval_rows = load_prompt_rows(d.eval_path, tokenizer, fields=fields,
+                                              file_format=d.format.value).rows[: spec.evaluation.num_prompts]
+        self.order = PromptOrder(len(self.train_rows), spec.seed)
+
+    def _worker_request(self) -> WorkerRequest:
+        spec, s = self.spec, self.spec.scheduler
         # the engine decodes the whole pool at once: Omega for C3PO++, one batch for the baseline
-        max_running = (s.pool_capacity if s.mode.value == "c3po"
-                       else s.prompts_per_iteration * spec.algorithm.group_size)
-        self.rollout.load(spec.model_path, dtype=spec.sampling.dtype, version=0, seed=spec.seed,
-                          max_running=max_running)
-        self.trainer.load(spec.model_path, trainer_config(spec), version=0)
+        max_running = s.pool_capacity if s.mode.value == "c3po" else s.prompts_per_iteration * spec.algorithm.group_size
+        longest_prompt = max(len(r.prompt_ids) for r in self.train_rows + self.eval_rows)
+        return WorkerRequest(job_id=self.job_id, max_running=max_running, seed=spec.seed,
+                             max_seq_len=longest_prompt + spec.sampling.max_new_tokens, resources=spec.resources)
+
+    # -- workers, and where to continue from -------------------------------------------------
+    def _attach_workers(self) -> None:
+        recorded_json = self.store.workers(self.job_id)
+        recorded = Workers.model_validate_json(recorded_json) if recorded_json else None
+        live = recorded is not None and self.launcher.alive(recorded)
+        if recorded is not None and not live:
+            self.launcher.stop(recorded)  # whatever is left of them
+        if live:
+            workers = recorded
+        else:
+            workers = self.launcher.launch(self._worker_request())
+            self.store.set_workers(self.job_id, workers.model_dump_json())
+        self.workers = workers
+        self.store.update(self.job_id, fence=self.owner, workers=WorkerAddresses(
+            launcher=workers.launcher, rollout=workers.rollout, trainer=workers.trainer))
+        self.rollout, self.trainer = RolloutClient(workers.rollout), TrainerClient(workers.trainer)
+
+        progress = self.progress_store.load(self.job_id)
+        if progress is not None and live and workers.dedicated and self._workers_hold(progress):
+            self.rollout.drain()  # sequences a dead runner left decoding
+            self._restore(progress)
+            self.progress_store.prepare_resume(self.job_id, self.owner, keep_scored=self._open_finished_samples())
+            self._record_resume(progress.step, "live-workers")
+            return
+        checkpoint = self.progress_store.load_checkpoint(self.job_id) if progress is not None else None
+        if checkpoint is not None and checkpoint.checkpoint_path and Path(checkpoint.checkpoint_path).is_dir():
+            restored = self.progress_store.restore_checkpoint(self.job_id, self.owner)
+            self._load_models(checkpoint.checkpoint_path, restored.version, start_step=restored.step)
+            self._restore(restored)
+            self._record_resume(restored.step, "checkpoint")
+            return
+        self.progress_store.reset(self.job_id, self.owner)
+        self._load_models(self.spec.model_path, version=0, start_step=0)
+        if self.resumed:
+            self._record_resume(0, "start-over")
+
+    def _workers_hold(self, progress: JobProgress) -> bool:
+        """The workers hold the committed weights: no train step was cut short, the engine's version matches."""
+        if self.progress_store.training_marker(self.job_id) is not None:
+            return False
+        status = self.rollout.status()
+        return bool(status.model_path) and status.version == progress.version
+
+    def _load_models(self, model_path: str, version: int, start_step: int) -> None:
+        request = self._worker_request()
+        self.rollout.load(model_path, dtype=self.spec.sampling.dtype, version=version,
+                          seed=self.spec.seed + start_step, max_running=request.max_running)
+        self.trainer.load(model_path, trainer_config(self.spec, start_step), version=version)
+        self.version = version
+
+    def _restore(self, progress: JobProgress) -> None:
+        self.step, self.version = progress.step, progress.version
+        self.group_counter, self.num_trained_samples = progress.group_counter, progress.num_trained_samples
+        self.last_checkpoint_step = progress.last_checkpoint_step
+        self.order = PromptOrder(len(self.train_rows), self.spec.seed, progress.prompt_epoch, progress.prompt_cursor)
+        self.scheduler = C3POScheduler.from_state(scheduler_config(self.spec), progress.scheduler)
+        carried = self.progress_store.carried(self.job_id)
+        active = self.scheduler.active_samples
+        if set(active) != set(carried):
+            raise RuntimeError(f"job {self.job_id}: stored partials do not match the scheduler "
+                               f"({len(carried)} stored, {len(active)} expected)")
+        self.carried = [carried[s] for s in active]
+        self.samples = {}
+        for group in self.scheduler.groups.values():
+            if group.closed_in is not None:
+                continue
+            row = self.rows_by_index.get(group.prompt_index)
+            if row is None:
+                raise RuntimeError(f"job {self.job_id}: dataset row {group.prompt_index} is gone; "
+                                   "the dataset changed since the job started")
+            for sample_id in group.sample_ids:
+                self.samples[sample_id] = _Sample(row, group.group_id, carried.get(sample_id))
+
+    def _open_finished_samples(self) -> set[str]:
+        return {s for g in self.scheduler.groups.values() if g.closed_in is None for s in g.sample_ids
+                if self.scheduler.rollouts[s].finished}
+
+    def _record_resume(self, from_step: int, source: str) -> None:
+        record = self.store.get(self.job_id)
+        event = ResumeEvent(at=time.time(), from_step=from_step, source=source)
+        self.store.update(self.job_id, fence=self.owner, resumes=[*(record.resumes if record else []), event])
+        metrics.RESUMES.labels(source=source).inc()
+        log.info("job %s resumed after step %d (%s)", self.job_id, from_step, source)
 
     def _honour_requests(self) -> None:
         """Between steps: cancel, or pause until resumed."""
@@ -131,60 +284,66 @@ class JobRunner:
         if action == Action.cancel:
             raise JobCancelled
         if action == Action.pause:
-            self.store.update(self.job_id, state=JobState.PAUSED)
+            self.store.update(self.job_id, fence=self.owner, state=JobState.PAUSED)
             while (action := self.store.requested(self.job_id)) == Action.pause:
-                time.sleep(0.2)
+                if self.interrupt.wait(0.2):
+                    raise RunnerInterrupted
             if action == Action.cancel:
                 raise JobCancelled
             self.store.clear_request(self.job_id)
-            self.store.update(self.job_id, state=JobState.RUNNING)
+            self.store.update(self.job_id, fence=self.owner, state=JobState.RUNNING)
 
     # -- one training step -------------------------------------------------------------------
-    def _train_iteration(self, step: int, carried: list[common_pb2.Sequence]) -> list[common_pb2.Sequence]:
+    def _train_iteration(self, step: int) -> None:
         t0 = time.monotonic()
-        finished, partials, generated_tokens = self._rollout_phase(carried)
+        finished_ids, partials, generated_tokens = self._rollout_phase()
         t_rollout = time.monotonic() - t0
         outcome = self.scheduler.end_iteration({p.id: len(p.output_ids) for p in partials})
         partial_by_id = {p.id: p for p in partials}
         next_carried = [partial_by_id[s] for s in outcome.carried_samples]
 
         t1 = time.monotonic()
+        # every finished rollout is scored before the commit, which refers to the scores of open groups
+        self.scorers.wait_scored(finished_ids, self.settings.scoring_timeout_seconds)
         train_ids = [s for g in outcome.trainable_groups for s in self.scheduler.surviving_samples(g)]
-        self._score(train_ids)
+        scored = self.progress_store.scored(self.job_id, train_ids)
         t_reward = time.monotonic() - t1
 
-        batch, num_zero_signal = self._build_batch(outcome.trainable_groups)
+        batch, num_zero_signal = build_batch(outcome.trainable_groups, self.scheduler, scored,
+                                             drop_zero_signal=self.spec.algorithm.drop_zero_signal_groups,
+                                             normalize_std=self.spec.algorithm.normalize_std)
         staleness = [self.version - v for s in batch for v in s.output_versions]
         t2 = time.monotonic()
         stats = None
         push_seconds = 0.0
         if batch:
+            self.progress_store.mark_training(self.job_id, self.owner, step)
             reply = self.trainer.train_step(batch)
             stats = reply.stats
-            push = self.trainer.push_weights([self.endpoints.rollout])
+            push = self.trainer.push_weights([self.workers.rollout])
             if push.version != reply.version:
                 raise RuntimeError(f"pushed version {push.version} but trained {reply.version}")
             self.version = reply.version
             push_seconds = push.seconds
         t_train = time.monotonic() - t2
+        self.num_trained_samples += len(batch)
 
-        rewards = [self.samples[s].reward for s in train_ids if self.samples[s].reward is not None]
-        for sample_id in [s for g in outcome.trainable_groups + outcome.dropped_groups
-                          for s in self.scheduler.groups[g].sample_ids]:
-            self.samples.pop(sample_id, None)
-        iteration_seconds = time.monotonic() - t0
+        rewards = [scored[s].reward for s in train_ids]
+        closed_groups = outcome.trainable_groups + outcome.dropped_groups
+        closed = [s for g in closed_groups for s in self.scheduler.groups[g].sample_ids]
         record: dict[str, Any] = {
             "step": step,
             "policy_version": self.version,
             "reward_mean": _mean(rewards),
             "num_samples_scored": len(rewards),
             "num_samples_trained": len(batch),
+            "num_trained_samples_total": self.num_trained_samples,
             "num_groups_trained": len(outcome.trainable_groups) - num_zero_signal,
             "num_groups_zero_signal": num_zero_signal,
             "num_groups_dropped": len(outcome.dropped_groups),
             "num_samples_purged": len(outcome.purged_samples),
             "partial_buffer_size": len(next_carried),
-            "num_finished_rollouts": len(finished),
+            "num_finished_rollouts": len(finished_ids),
             "finished_tokens": outcome.finished_tokens,
             "generated_tokens": generated_tokens,
             "tokens_per_s": generated_tokens / t_rollout if t_rollout > 0 else 0.0,
@@ -194,26 +353,33 @@ class JobRunner:
             "reward_seconds": t_reward,
             "train_seconds": t_train,
             "weight_push_seconds": push_seconds,
-            "iteration_seconds": iteration_seconds,
+            "iteration_seconds": time.monotonic() - t0,
         }
         if stats is not None:
             for name in ("loss", "grad_norm", "masked_fraction", "mismatch_kl", "logp_diff_abs_mean",
                          "logp_diff_max", "clip_fraction", "entropy", "learning_rate"):
                 record[name] = getattr(stats, name)
+        progress = JobProgress(
+            step=step, version=self.version, prompt_epoch=self.order.epoch, prompt_cursor=self.order.cursor,
+            group_counter=self.group_counter, scheduler=self.scheduler.to_state(),
+            num_trained_samples=self.num_trained_samples, last_checkpoint_step=self.last_checkpoint_step,
+        )
+        self.progress_store.commit_step(self.job_id, self.owner, progress=progress, carried=next_carried,
+                                        closed_sample_ids=closed, metrics=record,
+                                        record_changes={"step": step, "metrics": record})
+        self.step, self.carried = step, next_carried
+        for sample_id in closed:
+            self.samples.pop(sample_id, None)
         metrics.observe_iteration(self.job_id, record, [self.scheduler.retention_age(s) for s in
                                                         outcome.carried_samples], staleness)
-        self.store.append_metrics(self.job_id, record)
-        self.store.update(self.job_id, step=step, metrics=record)
         log.info("job %s step %d: reward %.3f, %d samples trained, %.1fs", self.job_id, step,
-                 record["reward_mean"], len(batch), iteration_seconds)
-        return next_carried
+                 record["reward_mean"], len(batch), record["iteration_seconds"])
 
-    def _rollout_phase(
-        self, carried: list[common_pb2.Sequence]
-    ) -> tuple[list[common_pb2.Sequence], list[common_pb2.Sequence], int]:
-        """Decode until the scheduler ends the iteration; returns finished, partials, new tokens."""
+    def _rollout_phase(self) -> tuple[list[str], list[common_pb2.Sequence], int]:
+        """Decode until the scheduler ends the iteration; returns finished ids, partials, new tokens."""
         sampling = self._sampling()
         stream = self.rollout.generate(stream_timeout_seconds=3600)
+        carried = self.carried
         tokens_before = {s.id: len(s.output_ids) for s in carried}
         for seq in carried:
             seq.finish_reason = common_pb2.FINISH_REASON_UNSPECIFIED
@@ -227,15 +393,18 @@ class JobRunner:
             closing = True
         try:
             for seq in stream.results():
-                self.samples[seq.id].sequence = seq
+                sample = self.samples[seq.id]
+                sample.sequence = seq
                 if seq.finish_reason == ABORTED:
                     partials.append(seq)
                     continue
                 finished.append(seq)
                 self.scheduler.on_finished(seq.id, len(seq.output_ids))
+                self.scorers.submit(seq.id, sample.row.index, seq)
                 if closing:
                     continue
-                if self.store.requested(self.job_id) == Action.cancel or self.scheduler.iteration_done():
+                stop = self.interrupt.is_set() or self.store.requested(self.job_id) == Action.cancel
+                if stop or self.scheduler.iteration_done():
                     stream.drain_and_close() if self.scheduler.config.mode == Mode.c3po else stream.close()
                     closing = True
                 else:
@@ -243,15 +412,20 @@ class JobRunner:
         except BaseException:
             stream.cancel()
             raise
+        if self.interrupt.is_set():
+            raise RunnerInterrupted
+        if self.store.requested(self.job_id) == Action.cancel:
+            raise JobCancelled
         generated = sum(len(s.output_ids) - tokens_before.get(s.id, 0) for s in finished + partials)
-        return finished, partials, generated
+        return [s.id for s in finished], partials, generated
 
     def _start_groups(self, stream: Any, sampling: common_pb2.SamplingParams) -> dict[str, int]:
         started: dict[str, int] = {}
         sequences = []
         for _ in range(self.scheduler.groups_to_start()):
-            row = self._next_prompt()
-            group_id = f"g{next(self._group_counter)}"
+            row = self.train_rows[self.order.next()]
+            group_id = f"g{self.group_counter}"
+            self.group_counter += 1
             ids = [f"{group_id}-{k}" for k in range(self.spec.algorithm.group_size)]
             self.scheduler.start_group(group_id, row.index, ids)
             for sample_id in ids:
@@ -260,15 +434,6 @@ class JobRunner:
                 started[sample_id] = 0
         stream.send(sequences, sampling)
         return started
-
-    def _next_prompt(self) -> PromptRow:
-        if self._prompt_cursor >= len(self._prompt_order):
-            self._prompt_order = list(self.train_rows)
-            self._rng.shuffle(self._prompt_order)
-            self._prompt_cursor = 0
-        row = self._prompt_order[self._prompt_cursor]
-        self._prompt_cursor += 1
-        return row
 
     def _sampling(self, *, greedy: bool = False) -> common_pb2.SamplingParams:
         s = self.spec.sampling
@@ -283,79 +448,46 @@ class JobRunner:
                      for v in self.spec.reward.verifiers]
         return reward_pb2.RewardItem(id=item_id, response=text, verifiers=verifiers)
 
-    def _score(self, sample_ids: list[str]) -> None:
-        todo = [s for s in sample_ids if self.samples[s].reward is None]
-        items = [self._reward_item(s, self.samples[s].row, self.samples[s].sequence.output_text) for s in todo]
-        for sample_id, result in self.reward.score(items).items():
-            if result.error:
-                raise RuntimeError(f"reward for sample {sample_id} failed: {result.error}")
-            self.samples[sample_id].reward = result.reward
-            self.samples[sample_id].parts = {p.verifier: p.score for p in result.parts}
-
-    def _build_batch(self, group_ids: list[str]) -> tuple[list[trainer_pb2.TrainSample], int]:
-        batch: list[trainer_pb2.TrainSample] = []
-        zero_signal = 0
-        for group_id in group_ids:
-            members = [self.samples[s] for s in self.scheduler.surviving_samples(group_id)]
-            rewards = [m.reward for m in members]
-            if self.spec.algorithm.drop_zero_signal_groups and max(rewards) == min(rewards):
-                zero_signal += 1
-                continue
-            advantages = grpo_advantages(rewards, normalize_std=self.spec.algorithm.normalize_std)
-            for member, advantage in zip(members, advantages, strict=True):
-                seq = member.sequence
-                batch.append(trainer_pb2.TrainSample(
-                    prompt_ids=seq.prompt_ids, output_ids=seq.output_ids, rollout_logprobs=seq.output_logprobs,
-                    output_versions=seq.output_versions, advantage=advantage, reward=member.reward,
-                ))
-        return batch, zero_signal
+    def _reward_item_for_sample(self, sample_id: str, prompt_index: int, text: str) -> reward_pb2.RewardItem:
+        return self._reward_item(sample_id, self.rows_by_index[prompt_index], text)
 
     # -- evaluation and checkpoints ----------------------------------------------------------
-    def _evaluate(self, step: int) -> None:
-        if not self.eval_rows:
-            return
-        e = self.spec.evaluation
-        stream = self.rollout.generate(stream_timeout_seconds=3600)
-        sampled = {f"eval-s{i}-{k}": row for i, row in enumerate(self.eval_rows) for k in range(e.samples_per_prompt)}
-        greedy = {f"eval-g{i}": row for i, row in enumerate(self.eval_rows)} if e.greedy else {}
-        stream.send([common_pb2.Sequence(id=i, prompt_ids=r.prompt_ids) for i, r in sampled.items()], self._sampling())
-        stream.send([common_pb2.Sequence(id=i, prompt_ids=r.prompt_ids) for i, r in greedy.items()],
-                    self._sampling(greedy=True))
-        rows = {**sampled, **greedy}
-        stream.close()
-        outputs = {seq.id: seq.output_text for seq in stream.results()}
-        results = self.reward.score([self._reward_item(i, rows[i], outputs[i]) for i in rows])
+    def _after_step(self) -> None:
+        """Evaluation and checkpoint due at the current step, unless already done (a resumed job)."""
+        step, e, c = self.step, self.spec.evaluation, self.spec.checkpoint
+        if step == 0 or (e.every and step % e.every == 0 and step < self.spec.steps):
+            self._evaluate_once(step)
+        if c.interval and step and step % c.interval == 0 and self.last_checkpoint_step < step:
+            self._checkpoint()
 
-        def accuracy(prefix: str) -> float | None:
-            scores = [_correctness(r) for i, r in results.items() if i.startswith(prefix)]
-            return _mean(scores) if scores else None
-
-        evaluation = {"step": step, "accuracy": accuracy("eval-s"), "greedy_accuracy": accuracy("eval-g"),
-                      "k": e.samples_per_prompt, "num_prompts": len(self.eval_rows)}
+    def _evaluate_once(self, step: int) -> None:
         record = self.store.get(self.job_id)
+        if not self.eval_rows or (record and str(step) in record.evaluation):
+            return
+        evaluation = evaluate(self.rollout, self.reward, self.eval_rows, self.spec.evaluation,
+                              sampling=self._sampling(), greedy_sampling=self._sampling(greedy=True),
+                              make_item=self._reward_item, step=step)
         history = dict(record.evaluation) if record else {}
         history[str(step)] = evaluation
-        self.store.update(self.job_id, evaluation=history)
+        self.store.update(self.job_id, fence=self.owner, evaluation=history)
         metrics.EVAL_ACCURACY.labels(job_id=self.job_id, kind="sampled").set(evaluation["accuracy"] or 0.0)
         if evaluation["greedy_accuracy"] is not None:
             metrics.EVAL_ACCURACY.labels(job_id=self.job_id, kind="greedy").set(evaluation["greedy_accuracy"])
         log.info("job %s eval at step %d: %s", self.job_id, step, evaluation)
 
-    def _checkpoint(self, step: int) -> None:
+    def _checkpoint(self) -> None:
         root = Path(self.spec.checkpoint.dir) if self.spec.checkpoint.dir else self.data_dir / "jobs" / self.job_id
-        path = root / f"step-{step}"
-        if not path.exists():
-            self.trainer.save_checkpoint(str(path))
+        path = str((root / f"step-{self.step}").resolve())
+        self.trainer.save_checkpoint(path)
+        self.progress_store.save_checkpoint(self.job_id, self.owner, path)
+        self.last_checkpoint_step = self.step
+        log.info("job %s: checkpoint of step %d at %s", self.job_id, self.step, path)
 
 
-def _correctness(result: Any) -> float:
-    """Accuracy counts the math verifier when present, else the whole reward."""
-    for part in result.parts:
-        if part.verifier == "math":
-            return part.score
-    return result.reward
+def _report(dataset: LoadedDataset) -> DatasetReport:
+    return DatasetReport(num_rows=len(dataset.rows), num_skipped=dataset.num_skipped,
+                         skipped=[{"row": s.index, "reason": s.reason} for s in dataset.skipped])
 
 
 def _mean(values: list[float] | list[int]) -> float:
     return sum(values) / len(values) if values else 0.0
-

@@ -1,9 +1,16 @@
-"""Job records, requested actions and per-step metrics, kept in Redis.
+"""Job records, requested actions, per-step metrics and job ownership, kept in Redis.
 
 Keys (prefix `everstep:`):
 - `jobs`                   sorted set of job ids by creation time
 - `job:{id}`               hash: record (JSON), desired (the action a user asked for)
 - `job:{id}:metrics`       list of JSON objects, one per training step
+- `job:{id}:owner`         the controller whose runner drives the job (a fencing token: every
+                           write of a runner checks it in the same transaction, so a runner
+                           whose job was taken over by another controller stops instead of
+                           writing over it)
+- `job:{id}:workers`       the job's rollout and trainer workers, as its launcher recorded them
+
+Per-job progress (step, scheduler, samples) lives in `progress_store`.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
@@ -18,6 +26,8 @@ import redis
 from pydantic import BaseModel, Field
 
 from everstep_controller.spec import JobSpec
+
+PREFIX = "everstep:"
 
 
 class JobState(StrEnum):
@@ -38,6 +48,29 @@ class Action(StrEnum):
     cancel = "cancel"
 
 
+class LostOwnership(RuntimeError):
+    """Another controller took the job over; this runner must stop without writing."""
+
+
+class DatasetReport(BaseModel):
+    num_rows: int = Field(description="Rows used.")
+    num_skipped: int = Field(description="Rows left out: no prompt, or neither an answer nor tests.")
+    skipped: list[dict[str, Any]] = Field(default_factory=list, description="The first skipped rows and why.")
+
+
+class WorkerAddresses(BaseModel):
+    launcher: str = Field(description="Launcher that started the workers: shared, local or kubernetes.")
+    rollout: str = Field(description="gRPC address of the job's rollout engine.")
+    trainer: str = Field(description="gRPC address of the job's trainer.")
+
+
+class ResumeEvent(BaseModel):
+    at: float = Field(description="Unix time of the resume.")
+    from_step: int = Field(description="Steps already completed that the job continued after.")
+    source: str = Field(description="'live-workers' (exact: same weights and optimizer), 'checkpoint' (the "
+                                    "latest checkpoint reloaded) or 'start-over' (no checkpoint: from step 0).")
+
+
 class JobRecord(BaseModel):
     id: str
     name: str
@@ -48,57 +81,104 @@ class JobRecord(BaseModel):
     error: str | None = None
     metrics: dict[str, Any] = Field(default_factory=dict, description="Latest step metrics.")
     evaluation: dict[str, Any] = Field(default_factory=dict, description="Evaluations by step, latest last.")
+    dataset: DatasetReport | None = Field(default=None, description="What the training dataset held.")
+    workers: WorkerAddresses | None = Field(default=None, description="The job's rollout engine and trainer.")
+    resumes: list[ResumeEvent] = Field(default_factory=list, description="Restarts of the job's runner.")
     spec: JobSpec
 
 
 class JobStore:
-    PREFIX = "everstep:"
+    PREFIX = PREFIX
 
     def __init__(self, client: redis.Redis) -> None:
         self.redis = client
 
-    def _key(self, job_id: str, suffix: str = "") -> str:
-        return f"{self.PREFIX}job:{job_id}{suffix}"
+    def key(self, job_id: str, suffix: str = "") -> str:
+        return f"{PREFIX}job:{job_id}{suffix}"
 
-    def create(self, spec: JobSpec) -> JobRecord:
+    # -- records ---------------------------------------------------------------------------
+    def create(self, spec: JobSpec, also: Callable[[redis.client.Pipeline, str], None] | None = None) -> JobRecord:
+        """Stores a new PENDING job; `also(pipe, job_id)` adds writes to the same transaction."""
         now = time.time()
         record = JobRecord(id=uuid.uuid4().hex[:12], name=spec.name, created_at=now, updated_at=now, spec=spec)
-        pipe = self.redis.pipeline()
-        pipe.hset(self._key(record.id), mapping={"record": record.model_dump_json(), "desired": ""})
-        pipe.zadd(f"{self.PREFIX}jobs", {record.id: now})
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(self.key(record.id), mapping={"record": record.model_dump_json(), "desired": ""})
+        pipe.zadd(f"{PREFIX}jobs", {record.id: now})
+        if also is not None:
+            also(pipe, record.id)
         pipe.execute()
         return record
 
     def get(self, job_id: str) -> JobRecord | None:
-        raw = self.redis.hget(self._key(job_id), "record")
+        raw = self.redis.hget(self.key(job_id), "record")
         return JobRecord.model_validate_json(raw) if raw else None
 
     def list(self) -> list[JobRecord]:
-        ids = self.redis.zrange(f"{self.PREFIX}jobs", 0, -1)
+        ids = self.redis.zrange(f"{PREFIX}jobs", 0, -1)
         return [r for r in (self.get(i.decode() if isinstance(i, bytes) else i) for i in ids) if r]
 
-    def update(self, job_id: str, **changes: Any) -> JobRecord:
-        """Read-modify-write of one record; only the job's runner writes after creation."""
-        record = self.get(job_id)
-        if record is None:
-            raise KeyError(job_id)
+    def update(self, job_id: str, *, fence: str | None = None, **changes: Any) -> JobRecord:
+        """Read-modify-write of one record. With `fence`, only while that controller owns the job."""
+        key = self.key(job_id)
+        with self.redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    pipe.watch(key, self.key(job_id, ":owner"))
+                    if fence is not None and _text(pipe.get(self.key(job_id, ":owner"))) != fence:
+                        raise LostOwnership(f"job {job_id} is no longer owned by {fence}")
+                    raw = pipe.hget(key, "record")
+                    if not raw:
+                        raise KeyError(job_id)
+                    record = JobRecord.model_validate_json(raw)
+                    updated = record.model_copy(update={**changes, "updated_at": time.time()})
+                    pipe.multi()
+                    pipe.hset(key, "record", updated.model_dump_json())
+                    pipe.execute()
+                    return updated
+                except redis.WatchError:
+                    continue
+
+    def record_update(self, pipe: redis.client.Pipeline, record: JobRecord, **changes: Any) -> JobRecord:
+        """Queues the write of `record` with `changes` on a transaction the caller runs."""
         updated = record.model_copy(update={**changes, "updated_at": time.time()})
-        self.redis.hset(self._key(job_id), "record", updated.model_dump_json())
+        pipe.hset(self.key(record.id), "record", updated.model_dump_json())
         return updated
 
+    # -- user actions ----------------------------------------------------------------------
     def request(self, job_id: str, action: Action) -> None:
-        self.redis.hset(self._key(job_id), "desired", action.value)
+        self.redis.hset(self.key(job_id), "desired", action.value)
 
     def requested(self, job_id: str) -> Action | None:
-        raw = self.redis.hget(self._key(job_id), "desired")
-        value = raw.decode() if isinstance(raw, bytes) else raw
+        value = _text(self.redis.hget(self.key(job_id), "desired"))
         return Action(value) if value else None
 
     def clear_request(self, job_id: str) -> None:
-        self.redis.hset(self._key(job_id), "desired", "")
+        self.redis.hset(self.key(job_id), "desired", "")
 
+    # -- metrics history -------------------------------------------------------------------
     def append_metrics(self, job_id: str, metrics: dict[str, Any]) -> None:
-        self.redis.rpush(self._key(job_id, ":metrics"), json.dumps(metrics))
+        self.redis.rpush(self.key(job_id, ":metrics"), json.dumps(metrics))
 
     def metrics(self, job_id: str) -> list[dict[str, Any]]:
-        return [json.loads(m) for m in self.redis.lrange(self._key(job_id, ":metrics"), 0, -1)]
+        return [json.loads(m) for m in self.redis.lrange(self.key(job_id, ":metrics"), 0, -1)]
+
+    # -- ownership and workers -------------------------------------------------------------
+    def claim(self, job_id: str, owner: str) -> None:
+        """Makes `owner` the job's only writer; a previous owner's next fenced write fails."""
+        self.redis.set(self.key(job_id, ":owner"), owner)
+
+    def owner(self, job_id: str) -> str | None:
+        return _text(self.redis.get(self.key(job_id, ":owner")))
+
+    def set_workers(self, job_id: str, workers_json: str) -> None:
+        self.redis.set(self.key(job_id, ":workers"), workers_json)
+
+    def workers(self, job_id: str) -> str | None:
+        return _text(self.redis.get(self.key(job_id, ":workers")))
+
+    def clear_workers(self, job_id: str) -> None:
+        self.redis.delete(self.key(job_id, ":workers"))
+
+
+def _text(value: bytes | str | None) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value

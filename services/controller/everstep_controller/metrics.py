@@ -34,6 +34,16 @@ DROPPED_GROUPS = Counter("everstep_controller_dropped_groups_total", "Groups wit
 ZERO_SIGNAL_GROUPS = Counter("everstep_controller_zero_signal_groups_total",
                              "Groups left out of training because all rewards were equal.")
 TRAINED_SAMPLES = Counter("everstep_controller_trained_samples_total", "Samples sent to the trainer.")
+RESUMES = Counter("everstep_controller_job_resumes_total",
+                  "Jobs continued by a new runner, by where from: live-workers, checkpoint, start-over.", ["source"])
+RECLAIMED = Counter("everstep_controller_reclaimed_entries_total",
+                    "Queue entries taken over from a consumer that stopped (XAUTOCLAIM).", ["queue"])
+DUPLICATE_DELIVERIES = Counter("everstep_controller_duplicate_deliveries_total",
+                               "Queue entries delivered again whose work was already stored (skipped).", ["queue"])
+QUEUE_DEPTH = Gauge("everstep_controller_queue_depth_entries",
+                    "Entries of a work queue: undelivered, or delivered and pending acknowledgement. "
+                    "queue=jobs: submitted jobs; queue=rollouts: finished rollouts awaiting scores.",
+                    ["queue", "status"])
 STALENESS = Histogram("everstep_controller_staleness_versions", "Policy versions behind, per trained token.",
                       buckets=(0, 1, 2, 3, 4, 8, 16))
 

@@ -19,8 +19,9 @@ of it finished, and trains all of it: no budget, no refill, no carry-over.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from enum import StrEnum
+from typing import Any
 
 
 class Mode(StrEnum):
@@ -91,31 +92,38 @@ class C3POScheduler:
         self.counters = _Counters()
         self._finished_tokens = 0
         self._started_this_iteration = 0
+        # unfinished, unpurged rollouts in start order (a dict as an ordered set): kept up to date
+        # so that the queries below cost O(1), as the runner asks them after every finished rollout
+        self._active: dict[str, None] = {}
 
     # -- queries ---------------------------------------------------------------------------
     @property
     def active_samples(self) -> list[str]:
         """Rollouts the engine is (or should be) decoding."""
-        return [r.sample_id for r in self.rollouts.values() if not (r.finished or r.purged)]
+        return list(self._active)
+
+    @property
+    def num_active(self) -> int:
+        return len(self._active)
 
     def groups_to_start(self) -> int:
         """How many new groups of G prompts the runner may start now."""
         c = self.config
         if c.mode == Mode.sync:
-            if self._started_this_iteration or self.active_samples:
+            if self._started_this_iteration or self._active:
                 return 0
             return c.prompts_per_iteration
         if self._finished_tokens >= c.token_budget:
             return 0
-        free = c.pool_capacity - len(self.active_samples)
+        free = c.pool_capacity - len(self._active)
         return max(0, free // c.group_size)
 
     def iteration_done(self) -> bool:
         """C3PO++: the budget of finished tokens is reached. Sync: every rollout finished."""
         if self.config.mode == Mode.sync:
-            return self._started_this_iteration > 0 and not self.active_samples
+            return self._started_this_iteration > 0 and not self._active
         return self._finished_tokens >= self.config.token_budget or (
-            not self.active_samples and self._started_this_iteration > 0 and self.groups_to_start() == 0
+            not self._active and self._started_this_iteration > 0 and self.groups_to_start() == 0
         )
 
     # -- events ----------------------------------------------------------------------------
@@ -127,6 +135,7 @@ class C3POScheduler:
         self.groups[group_id] = GroupState(group_id, prompt_index, list(sample_ids))
         for sample_id in sample_ids:
             self.rollouts[sample_id] = RolloutState(sample_id, group_id, self.iteration)
+            self._active[sample_id] = None
         self.counters.started_groups += 1
         self._started_this_iteration += 1
 
@@ -136,6 +145,7 @@ class C3POScheduler:
             raise ValueError(f"sample {sample_id} reported finished twice")
         rollout.finished = True
         rollout.num_tokens = num_tokens
+        del self._active[sample_id]
         self._finished_tokens += num_tokens
         self.counters.finished_samples += 1
 
@@ -144,7 +154,7 @@ class C3POScheduler:
 
         Every active rollout must be among the partials: the runner drains the engine first.
         """
-        active = set(self.active_samples)
+        active = set(self._active)
         if set(partial_tokens) != active:
             missing, unknown = active - set(partial_tokens), set(partial_tokens) - active
             raise ValueError(f"partials do not match active rollouts: missing {sorted(missing)[:5]}, "
@@ -156,6 +166,7 @@ class C3POScheduler:
             rollout.num_tokens = num_tokens
             if self.iteration - rollout.born_iteration >= self.config.retention:
                 rollout.purged = True
+                del self._active[sample_id]
                 purged.append(sample_id)
             else:
                 carried.append(sample_id)
@@ -187,6 +198,35 @@ class C3POScheduler:
     def retention_age(self, sample_id: str) -> int:
         """Iterations a rollout has been carried over so far."""
         return self.iteration - self.rollouts[sample_id].born_iteration
+
+    # -- persistence -----------------------------------------------------------------------
+    def to_state(self) -> dict[str, Any]:
+        """The bookkeeping between two iterations, as JSON-able data (see `from_state`).
+
+        Only valid at an iteration boundary (after `end_iteration`, before anything starts).
+        """
+        if self._started_this_iteration or self._finished_tokens:
+            raise ValueError("the scheduler can only be saved between iterations")
+        return {
+            "iteration": self.iteration,
+            "rollouts": [asdict(r) for r in self.rollouts.values()],
+            "groups": [asdict(g) for g in self.groups.values()],
+            "counters": asdict(self.counters),
+        }
+
+    @classmethod
+    def from_state(cls, config: SchedulerConfig, state: dict[str, Any]) -> C3POScheduler:
+        scheduler = cls(config)
+        scheduler.iteration = state["iteration"]
+        scheduler.rollouts = {r["sample_id"]: RolloutState(**r) for r in state["rollouts"]}
+        scheduler.groups = {g["group_id"]: GroupState(**g) for g in state["groups"]}
+        scheduler.counters = _Counters(**state["counters"])
+        scheduler._active = {s: None for s, r in scheduler.rollouts.items() if not (r.finished or r.purged)}
+        for group in scheduler.groups.values():
+            if len(group.sample_ids) != config.group_size:
+                raise ValueError(f"saved group {group.group_id} has {len(group.sample_ids)} samples, "
+                                 f"the job's group size is {config.group_size}")
+        return scheduler
 
     # -- internals -------------------------------------------------------------------------
     def _forget_groups_closed_before(self, iteration: int) -> None:

@@ -16,15 +16,32 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class DatasetSpec(_Section):
-    """Where prompts come from. Rows are JSON objects (JSONL) with a prompt and an answer."""
+class DatasetFormat(StrEnum):
+    auto = "auto"
+    jsonl = "jsonl"
+    parquet = "parquet"
 
-    train_path: str = Field(description="JSONL file of training rows.")
+
+class DatasetSpec(_Section):
+    """Where prompts come from: JSONL or Parquet rows with a prompt and an answer or tests.
+
+    Rows without a prompt, or with neither an answer nor tests, are skipped, counted and listed in
+    the job record (`dataset`).
+    """
+
+    train_path: str = Field(description="JSONL or Parquet file of training rows.")
     eval_path: str | None = Field(
-        default=None, description="JSONL file of held-out rows for evaluation; none: no evaluation."
+        default=None, description="JSONL or Parquet file of held-out rows for evaluation; none: no evaluation."
+    )
+    format: DatasetFormat = Field(
+        default=DatasetFormat.auto,
+        description="File format; 'auto': from the file name (.jsonl/.json/.ndjson, .parquet/.pq).",
     )
     prompt_field: str = Field(default="prompt", description="Row field holding the prompt text.")
     answer_field: str = Field(default="answer", description="Row field holding the reference answer.")
+    tests_field: str = Field(
+        default="tests", description="Row field holding a list of tests (code tasks), or a JSON string of one."
+    )
 
 
 class VerifierWeight(_Section):
@@ -147,6 +164,27 @@ class CheckpointSpec(_Section):
     dir: str | None = Field(default=None, description="Where to save; none: the controller's data dir.")
 
 
+class WorkerResources(_Section):
+    """Resources of one per-job worker pod (Kubernetes launcher); none: the chart's PodTemplate value."""
+
+    cpu: str | None = Field(default=None, pattern=r"^[0-9]+(\.[0-9]+)?m?$",
+                            description="CPU request and limit, e.g. '8' or '500m'.")
+    memory: str | None = Field(default=None, pattern=r"^[0-9]+(\.[0-9]+)?([EPTGMK]i?)?$",
+                               description="Memory request and limit, e.g. '64Gi'.")
+    gpus: int | None = Field(default=None, ge=0, description="GPUs (limit of the chart's GPU resource name).")
+
+
+class ResourcesSpec(_Section):
+    """Resources of the job's own rollout engine and trainer on Kubernetes (the local launcher warns and ignores them).
+
+    The local launcher runs both as processes on this machine; the Kubernetes launcher sets these
+    on their pods.
+    """
+
+    rollout: WorkerResources = Field(default_factory=WorkerResources)
+    trainer: WorkerResources = Field(default_factory=WorkerResources)
+
+
 class JobSpec(_Section):
     """One RL job."""
 
@@ -160,7 +198,12 @@ class JobSpec(_Section):
     trainer: TrainerSpec = Field(default_factory=TrainerSpec)
     evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     steps: int = Field(default=20, ge=1, description="Training steps (one per scheduler iteration).")
+    max_trained_samples: int = Field(
+        default=0, ge=0,
+        description="End the job after the step at which this many samples were trained (0: run all steps).",
+    )
     seed: int = Field(default=0, ge=0, description="Seed for prompt order, sampling and training.")
 
     @model_validator(mode="after")
@@ -170,4 +213,7 @@ class JobSpec(_Section):
                 f"scheduler.pool_capacity ({self.scheduler.pool_capacity}) must hold at least one group "
                 f"(algorithm.group_size = {self.algorithm.group_size})"
             )
+        if self.trainer.warmup_steps >= self.steps:
+            raise ValueError(f"trainer.warmup_steps ({self.trainer.warmup_steps}) must be less than steps "
+                             f"({self.steps})")
         return self

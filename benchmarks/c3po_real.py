@@ -1,0 +1,209 @@
+"""The same job run synchronously and with C3PO++, on real generation, side by side.
+
+Real parts throughout: a Redis server, the reward service (math verifier), and the controller's own
+job manager and runner (streams, scorers, per-step commits) driving a real rollout engine and
+trainer over gRPC. With `workers="fresh"` each run gets its own rollout and trainer processes from
+the local launcher (same conditions for both); `workers="shared"` starts one pair and reuses it
+(faster to start, for small checks).
+
+Both runs use the same model, dataset, seed and engine capacity (Omega = prompts x group size for
+C3PO++, one batch of the same size for the baseline) and end once `trained_samples` samples were
+trained (`max_trained_samples`). The token budget Phi defaults to what a synchronous iteration
+generated on average (prompts x group size x its mean response length), so an iteration of either
+mode trains about as many samples. Times are the sums of the per-step metrics (no start-up, no
+evaluation), compared per trained sample.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from everstep_controller.job_manager import JobManager
+from everstep_controller.job_store import TERMINAL_STATES, JobStore
+from everstep_controller.launchers.base import Launcher
+from everstep_controller.launchers.local import LocalLauncher
+from everstep_controller.launchers.shared import SharedLauncher
+from everstep_controller.local_stack import redis_server_binary
+from everstep_controller.processes import ManagedProcess, free_port, spawn, stop_processes, wait_grpc_serving
+from everstep_controller.spec import JobSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class RealConfig:
+    model: str
+    dataset: str
+    group_size: int = 8
+    prompts_per_iteration: int = 32
+    trained_samples: int = 2560
+    max_new_tokens: int = 200
+    token_budget: int = 0  # 0: measured on the synchronous run
+    retention: int = 2
+    learning_rate: float = 3e-4
+    temperature: float = 1.0
+    seed: int = 0
+    workers: str = "fresh"  # or "shared"
+    threads_per_worker: int = 0
+    keep_zero_signal_groups: bool = False  # train groups whose rewards are all equal (a random model's are)
+
+    @property
+    def max_steps(self) -> int:
+        """A bound on steps (a run that trains too little per step ends there and says so)."""
+        per_step = self.prompts_per_iteration * self.group_size
+        return 4 * -(-self.trained_samples // per_step) + 5
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _spec(config: RealConfig, mode: str, budget: int, checkpoint_dir: Path) -> JobSpec:
+    return JobSpec.model_validate({
+        "name": f"c3po-benchmark-{mode}", "model_path": config.model, "dataset": {"train_path": config.dataset},
+        "algorithm": {"group_size": config.group_size,
+                      "drop_zero_signal_groups": not config.keep_zero_signal_groups},
+        "sampling": {"temperature": config.temperature, "max_new_tokens": config.max_new_tokens},
+        "scheduler": {"mode": mode, "token_budget": max(1, budget), "retention": config.retention,
+                      "pool_capacity": config.prompts_per_iteration * config.group_size,
+                      "prompts_per_iteration": config.prompts_per_iteration},
+        "trainer": {"learning_rate": config.learning_rate},
+        "checkpoint": {"dir": str(checkpoint_dir / mode)},
+        "steps": config.max_steps, "max_trained_samples": config.trained_samples, "seed": config.seed,
+    })
+
+
+class _Services:
+    """Redis, the reward service and (workers="shared") one rollout engine and trainer."""
+
+    def __init__(self, root: Path, config: RealConfig) -> None:
+        self.root, self.config = root, config
+        self.processes: list[ManagedProcess] = []
+
+    def __enter__(self) -> _Services:
+        try:
+            port = free_port()
+            self.processes.append(spawn("redis", ["--port", str(port), "--bind", "127.0.0.1", "--dir", str(self.root),
+                                                  "--save", "", "--appendonly", "no"], self.root / "redis.log",
+                                        executable=redis_server_binary()))
+            self.redis_url = f"redis://127.0.0.1:{port}/0"
+            self.reward = self._service("reward", [])
+            c = self.config
+            if c.workers == "shared":
+                threads = ["--num-threads", str(c.threads_per_worker)] if c.threads_per_worker else []
+                pool = c.prompts_per_iteration * c.group_size
+                self.rollout = self._service("rollout", ["--max-running", str(pool), "--max-seq-len", "1024", *threads])
+                self.trainer = self._service("trainer", [])
+            for process in self.processes[1:]:
+                wait_grpc_serving(process, 600)
+            client = redis.Redis.from_url(self.redis_url)
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    client.ping()
+                    break
+                except redis.ConnectionError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+        except BaseException:
+            stop_processes(self.processes)
+            raise
+        return self
+
+    def _service(self, name: str, extra: list[str]) -> ManagedProcess:
+        http_port, grpc_port = free_port(), free_port()
+        process = spawn(name, ["-m", f"everstep_{name}", "--host", "127.0.0.1", "--port", str(http_port),
+                               "--grpc-port", str(grpc_port), *extra], self.root / f"{name}.log",
+                        http_port=http_port, grpc_port=grpc_port)
+        self.processes.append(process)
+        return process
+
+    def launcher(self) -> Launcher:
+        if self.config.workers == "shared":
+            return SharedLauncher(rollout=self.rollout.grpc_address, trainer=self.trainer.grpc_address)
+        return LocalLauncher(work_dir=self.root / "workers", max_jobs=1,
+                             threads_per_worker=self.config.threads_per_worker)
+
+    def __exit__(self, *exc: object) -> None:
+        stop_processes(self.processes)
+
+
+def _run_job(manager: JobManager, store: JobStore, spec: JobSpec) -> list[dict[str, Any]]:
+    job_id = manager.submit(spec).id
+    last_step = -1
+    while (record := store.get(job_id)).state not in TERMINAL_STATES:
+        if record.step != last_step and record.metrics:
+            m = record.metrics
+            _log(f"  {spec.scheduler.mode.value} step {record.step}: {m['num_trained_samples_total']} trained, "
+                 f"reward {m['reward_mean']:.3f}, rollout {m['rollout_seconds']:.1f}s, "
+                 f"iteration {m['iteration_seconds']:.1f}s")
+            last_step = record.step
+        time.sleep(0.2)
+    if record.state.value != "SUCCEEDED":
+        raise RuntimeError(f"{spec.name} ended {record.state.value}: {record.error}")
+    return store.metrics(job_id)
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def _summary(history: list[dict[str, Any]]) -> dict[str, Any]:
+    last = history[-max(1, round(len(history) * 0.2)):]
+    trained = sum(m["num_samples_trained"] for m in history)
+    return {
+        "steps": len(history),
+        "trained_samples": trained,
+        "rollout_seconds": round(sum(m["rollout_seconds"] for m in history), 2),
+        "e2e_seconds": round(sum(m["iteration_seconds"] for m in history), 2),
+        "train_seconds": round(sum(m["train_seconds"] + m["weight_push_seconds"] for m in history), 2),
+        "generated_tokens": sum(m["generated_tokens"] for m in history),
+        "mean_response_tokens": round(sum(m["finished_tokens"] for m in history)
+                                      / max(1, sum(m["num_finished_rollouts"] for m in history)), 2),
+        "reward_last_20pct": round(_mean([m["reward_mean"] for m in last]), 4),
+        "purged_samples": sum(m["num_samples_purged"] for m in history),
+        "dropped_groups": sum(m["num_groups_dropped"] for m in history),
+        "max_staleness": max(m["staleness_max"] for m in history),
+    }
+
+
+def run_real(config: RealConfig) -> dict[str, Any]:
+    for path in (config.model, config.dataset):
+        if not Path(path).exists():
+            raise FileNotFoundError(f"{path} does not exist (build the demo model: python -m everstep_trainer.demo "
+                                    "--out outputs/demo-model)")
+    with tempfile.TemporaryDirectory(prefix="c3po-bench-") as tmp, _Services(Path(tmp), config) as services:
+        store = JobStore(redis.Redis.from_url(services.redis_url))
+        manager = JobManager(store, services.launcher(), services.reward.grpc_address, Path(tmp) / "data",
+                             max_jobs=1, poll_seconds=0.1)
+        manager.start()
+        try:
+            _log(f"sync: {config.prompts_per_iteration} prompts x {config.group_size} per step, until "
+                 f"{config.trained_samples} samples are trained")
+            sync = _summary(_run_job(manager, store, _spec(config, "sync", 1, Path(tmp))))
+            budget = config.token_budget or round(config.prompts_per_iteration * config.group_size
+                                                  * sync["mean_response_tokens"])
+            _log(f"c3po: pool {config.prompts_per_iteration * config.group_size}, token budget {budget}")
+            c3po = _summary(_run_job(manager, store, _spec(config, "c3po", budget, Path(tmp))))
+        finally:
+            manager.stop()
+
+    def per_sample(run: dict[str, Any], key: str) -> float:
+        return run[key] / max(1, run["trained_samples"])
+
+    return {
+        "benchmark": "c3po", "simulate": False,
+        "rollout_speedup": round(per_sample(sync, "rollout_seconds") / per_sample(c3po, "rollout_seconds"), 3),
+        "e2e_speedup": round(per_sample(sync, "e2e_seconds") / per_sample(c3po, "e2e_seconds"), 3),
+        "reward_sync": sync["reward_last_20pct"], "reward_c3po": c3po["reward_last_20pct"],
+        "reward_ratio": round(c3po["reward_last_20pct"] / sync["reward_last_20pct"], 3)
+        if sync["reward_last_20pct"] else None,
+        "reached_trained_samples": min(sync["trained_samples"], c3po["trained_samples"]) >= config.trained_samples,
+        "token_budget": budget, "sync": sync, "c3po": c3po, "config": asdict(config),
+    }

@@ -1,0 +1,72 @@
+"""The launcher interface and the records it exchanges with the runner."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from pydantic import BaseModel, Field
+
+from everstep_controller.spec import ResourcesSpec
+
+
+class WorkerRequest(BaseModel):
+    """What one job needs from its workers."""
+
+    job_id: str
+    max_running: int = Field(ge=1, description="Sequences the engine decodes together (the pool size).")
+    max_seq_len: int = Field(ge=2, description="Prompt plus output tokens of the longest sequence.")
+    seed: int = 0
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+
+
+class ProcessHandle(BaseModel):
+    """A local worker process (see `processes.ManagedProcess`)."""
+
+    name: str
+    pid: int
+    start_ticks: int
+    log_path: str
+    http_port: int
+    grpc_port: int
+
+
+class ObjectHandle(BaseModel):
+    """A Kubernetes object a launcher created."""
+
+    kind: str
+    name: str
+    namespace: str
+    uid: str = Field(default="", description="Pods: the uid the launch saw.")
+    restarts: int = Field(default=0, description="Pods: container restarts when the launch saw it.")
+
+
+class Workers(BaseModel):
+    """A job's workers: their gRPC addresses and how to find them again."""
+
+    launcher: str
+    rollout: str = Field(description="gRPC host:port of the rollout engine.")
+    trainer: str = Field(description="gRPC host:port of the trainer.")
+    dedicated: bool = Field(description="True when no other job uses these workers.")
+    processes: list[ProcessHandle] = Field(default_factory=list)
+    objects: list[ObjectHandle] = Field(default_factory=list)
+
+
+class Launcher(ABC):
+    kind: str
+    max_jobs: int | None
+    """Jobs it can run at once; None: no limit of its own."""
+
+    @abstractmethod
+    def launch(self, request: WorkerRequest) -> Workers:
+        """Starts the job's workers and returns once both serve gRPC."""
+
+    @abstractmethod
+    def alive(self, workers: Workers) -> bool:
+        """Whether every worker of the record is still running (the same process or pod)."""
+
+    @abstractmethod
+    def stop(self, workers: Workers) -> None:
+        """Stops the workers of the record (nothing for ones already gone)."""
+
+    def close(self) -> None:  # noqa: B027 (optional hook: most launchers keep nothing)
+        """Stops whatever this launcher keeps for itself (clients, threads)."""

@@ -1,0 +1,280 @@
+"""The Kubernetes launcher: a job's rollout engine and trainer as a Deployment and a Service each.
+
+The pods are made from the chart's PodTemplates `<release>-rollout` and `<release>-trainer`
+(label everstep.io/workload-template), with the job's labels, its engine arguments
+(--max-running, --max-seq-len, --seed) and the resources of its spec. A Deployment of one
+replica (strategy Recreate) brings a lost pod back; the pod it brings is a new process without
+the job's weights, so `alive` checks the very pods the launch saw (uid, no restarts), and a job
+whose pods changed reloads its latest checkpoint.
+
+The per-job pods keep every label of the template except `app.kubernetes.io/component`, which
+becomes `job-rollout`/`job-trainer`: otherwise the chart's shared Services, which select on
+name, instance and component, would also send traffic to them.
+
+The objects are built by `build_worker_objects` (pure, checked against the Kubernetes 1.30
+schemas in the tests); the API calls go through `ClusterApi`, the official client's
+CoreV1Api/AppsV1Api. No API server runs in the test suite: the launch/alive/stop flow is tested
+against a recording stand-in of `ClusterApi`.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from typing import Any, Protocol
+
+from everstep_controller.launchers.base import Launcher, ObjectHandle, WorkerRequest, Workers
+from everstep_controller.processes import wait_grpc_address
+
+log = logging.getLogger(__name__)
+
+COMPONENTS = ("rollout", "trainer")
+JOB_LABEL = "everstep.io/job-id"
+WORKER_LABEL = "everstep.io/worker"
+DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
+
+
+class ClusterApi(Protocol):
+    """The calls the launcher makes (the official client's, see `OfficialClusterApi`)."""
+
+    def read_pod_template(self, name: str, namespace: str) -> Any: ...
+    def apply(self, obj: Any, namespace: str) -> None: ...
+    def delete(self, kind: str, name: str, namespace: str) -> None: ...
+    def list_pods(self, namespace: str, label_selector: str) -> list[Any]: ...
+    def read_pod(self, name: str, namespace: str) -> Any | None: ...
+
+
+def object_name(job_id: str, component: str) -> str:
+    """A DNS-1035 label (Service names must start with a letter): everstep-<job id>-<component>."""
+    return f"everstep-{job_id}-{component}"
+
+
+def pod_template_from_dict(raw: dict[str, Any]) -> Any:
+    """A V1PodTemplate from its JSON/YAML form (e.g. `helm template` output).
+
+    Resource quantities become strings, as the API server returns them (YAML gives `1` for a GPU).
+    """
+    from kubernetes import client
+
+    raw = copy.deepcopy(raw)
+    for container in raw.get("template", {}).get("spec", {}).get("containers", []):
+        for part in ("limits", "requests"):
+            values = container.get("resources", {}).get(part) or {}
+            for key, value in values.items():
+                values[key] = str(value)
+    return client.V1PodTemplate.from_dict(raw)
+
+
+def build_worker_objects(template: Any, request: WorkerRequest, component: str, namespace: str) -> tuple[Any, Any]:
+    """The Deployment and Service of one per-job worker, from the chart's PodTemplate."""
+    from kubernetes import client
+
+    name = object_name(request.job_id, component)
+    labels = dict(template.template.metadata.labels or {}) if template.template.metadata else {}
+    labels.update({"app.kubernetes.io/component": f"job-{component}", "app.kubernetes.io/managed-by":
+                   "everstep-controller", JOB_LABEL: request.job_id, WORKER_LABEL: component})
+    selector = {JOB_LABEL: request.job_id, WORKER_LABEL: component}
+    pod_spec = template.template.spec.model_copy(deep=True)
+    container = next((c for c in pod_spec.containers if c.name == component), pod_spec.containers[0])
+    wanted = getattr(request.resources, component)
+    gpu_resource = _gpu_resource_name(container)
+    if component == "rollout":
+        container.args = _with_flags(container.args or [], {
+            "--max-running": str(request.max_running), "--max-seq-len": str(request.max_seq_len),
+            "--seed": str(request.seed), **({"--device": "cpu"} if wanted.gpus == 0 else {}),
+        })
+    container.resources = _resources(container.resources, cpu=wanted.cpu, memory=wanted.memory, gpus=wanted.gpus,
+                                     gpu_resource=gpu_resource)
+    ports = [client.V1ServicePort(name=p.name, port=p.container_port, target_port=p.name,
+                                  app_protocol="grpc" if p.name == "grpc" else None)
+             for p in container.ports or [] if p.name]
+    if not any(p.name == "grpc" for p in ports):
+        raise ValueError(f"PodTemplate of the {component} has no container port named 'grpc'")
+    metadata = client.V1ObjectMeta(name=name, namespace=namespace, labels=labels)
+    deployment = client.V1Deployment(
+        api_version="apps/v1", kind="Deployment", metadata=metadata,
+        spec=client.V1DeploymentSpec(
+            replicas=1, revision_history_limit=0, strategy=client.V1DeploymentStrategy(type="Recreate"),
+            selector=client.V1LabelSelector(match_labels=selector),
+            template=client.V1PodTemplateSpec(metadata=client.V1ObjectMeta(labels=labels), spec=pod_spec),
+        ),
+    )
+    service = client.V1Service(
+        api_version="v1", kind="Service", metadata=client.V1ObjectMeta(name=name, namespace=namespace, labels=labels),
+        spec=client.V1ServiceSpec(type="ClusterIP", selector=selector, ports=ports),
+    )
+    return deployment, service
+
+
+def grpc_port_of(service: Any) -> int:
+    return next(p.port for p in service.spec.ports if p.name == "grpc")
+
+
+def _gpu_resource_name(container: Any) -> str:
+    limits = (container.resources.limits if container.resources else None) or {}
+    return next((k for k in limits if k.endswith("/gpu")), DEFAULT_GPU_RESOURCE)
+
+
+def _with_flags(args: list[str], flags: dict[str, str]) -> list[str]:
+    """Replaces `--flag=value` / `--flag value` arguments, appending the flags not present."""
+    out: list[str] = []
+    skip_next = False
+    for arg in args:
+        if skip_next:
+            skip_next = False
+            continue
+        flag = arg.split("=", 1)[0]
+        if flag in flags:
+            skip_next = "=" not in arg
+            continue
+        out.append(arg)
+    return out + [f"{flag}={value}" for flag, value in flags.items()]
+
+
+def _resources(current: Any, *, cpu: str | None, memory: str | None, gpus: int | None, gpu_resource: str) -> Any:
+    from kubernetes import client
+
+    limits = dict((current.limits if current else None) or {})
+    requests = dict((current.requests if current else None) or {})
+    for key, value in (("cpu", cpu), ("memory", memory)):
+        if value is not None:
+            limits[key] = requests[key] = value
+    if gpus is not None:
+        if gpus:
+            limits[gpu_resource] = str(gpus)
+        else:
+            limits.pop(gpu_resource, None)
+            requests.pop(gpu_resource, None)
+    return client.V1ResourceRequirements(limits=limits or None, requests=requests or None)
+
+
+class KubernetesLauncher(Launcher):
+    kind = "kubernetes"
+
+    def __init__(self, *, namespace: str, template_prefix: str, max_jobs: int | None = None,
+                 api: ClusterApi | None = None, address_format: str = "{service}.{namespace}.svc:{port}",
+                 ready_timeout_seconds: float = 1800.0) -> None:
+        """template_prefix: the chart's fullname; the PodTemplates are <prefix>-rollout and <prefix>-trainer.
+
+        address_format: how the controller reaches a Service (the default needs cluster DNS).
+        """
+        self.namespace, self.template_prefix, self.max_jobs = namespace, template_prefix, max_jobs
+        self.api = api or OfficialClusterApi()
+        self.address_format, self.ready_timeout_seconds = address_format, ready_timeout_seconds
+
+    def build(self, request: WorkerRequest) -> dict[str, tuple[Any, Any]]:
+        """The Deployment and Service of each worker, from the PodTemplates in the cluster."""
+        return {c: build_worker_objects(self.api.read_pod_template(f"{self.template_prefix}-{c}", self.namespace),
+                                        request, c, self.namespace) for c in COMPONENTS}
+
+    def launch(self, request: WorkerRequest) -> Workers:
+        objects = self.build(request)
+        handles: list[ObjectHandle] = []
+        addresses: dict[str, str] = {}
+        try:
+            for component, (deployment, service) in objects.items():
+                for obj in (service, deployment):
+                    self.api.apply(obj, self.namespace)
+                    handles.append(ObjectHandle(kind=obj.kind, name=obj.metadata.name, namespace=self.namespace))
+                addresses[component] = self.address_format.format(
+                    service=service.metadata.name, namespace=self.namespace, port=grpc_port_of(service))
+            deadline = time.monotonic() + self.ready_timeout_seconds
+            for component in COMPONENTS:
+                wait_grpc_address(addresses[component], max(1.0, deadline - time.monotonic()),
+                                  what=f"job {request.job_id} {component}")
+            handles += self._pods(request.job_id)
+        except BaseException:
+            self.stop(Workers(launcher=self.kind, rollout="", trainer="", dedicated=True, objects=handles))
+            raise
+        return Workers(launcher=self.kind, rollout=addresses["rollout"], trainer=addresses["trainer"],
+                       dedicated=True, objects=handles)
+
+    def _pods(self, job_id: str) -> list[ObjectHandle]:
+        """The running pods of the job (uid and restart count recorded: a replaced pod lost the weights)."""
+        handles = []
+        for component in COMPONENTS:
+            pods = [p for p in self.api.list_pods(self.namespace, f"{JOB_LABEL}={job_id},{WORKER_LABEL}={component}")
+                    if p.status and p.status.phase == "Running" and not p.metadata.deletion_timestamp]
+            if len(pods) != 1:
+                raise RuntimeError(f"job {job_id}: expected one running {component} pod, found {len(pods)}")
+            handles.append(ObjectHandle(kind="Pod", name=pods[0].metadata.name, namespace=self.namespace,
+                                        uid=pods[0].metadata.uid, restarts=_restarts(pods[0])))
+        return handles
+
+    def alive(self, workers: Workers) -> bool:
+        pods = [h for h in workers.objects if h.kind == "Pod"]
+        if len(pods) != len(COMPONENTS):
+            return False
+        for handle in pods:
+            pod = self.api.read_pod(handle.name, handle.namespace)
+            if (pod is None or pod.metadata.uid != handle.uid or not pod.status or pod.status.phase != "Running"
+                    or _restarts(pod) != handle.restarts):
+                return False
+        return True
+
+    def stop(self, workers: Workers) -> None:
+        for handle in workers.objects:
+            if handle.kind != "Pod":  # pods go with their Deployment
+                self.api.delete(handle.kind, handle.name, handle.namespace)
+
+
+def _restarts(pod: Any) -> int:
+    return sum(s.restart_count or 0 for s in (pod.status.container_statuses or []))
+
+
+class OfficialClusterApi:
+    """`ClusterApi` over the official client: in-cluster config, else the local kubeconfig."""
+
+    def __init__(self) -> None:
+        from kubernetes import client, config
+
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        self.core, self.apps = client.CoreV1Api(), client.AppsV1Api()
+
+    def read_pod_template(self, name: str, namespace: str) -> Any:
+        return self.core.read_namespaced_pod_template(name, namespace)
+
+    def apply(self, obj: Any, namespace: str) -> None:
+        """Creates the object, or replaces one of the same name (a launch retried after a crash)."""
+        from kubernetes.client.exceptions import ApiException
+
+        create, replace = ((self.apps.create_namespaced_deployment, self.apps.replace_namespaced_deployment)
+                           if obj.kind == "Deployment" else
+                           (self.core.create_namespaced_service, self.core.replace_namespaced_service))
+        try:
+            create(namespace, obj)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            if obj.kind == "Service":  # a Service keeps its clusterIP: replace only what we set
+                current = self.core.read_namespaced_service(obj.metadata.name, namespace)
+                obj.metadata.resource_version = current.metadata.resource_version
+                obj.spec.cluster_ip = current.spec.cluster_ip
+            replace(obj.metadata.name, namespace, obj)
+
+    def delete(self, kind: str, name: str, namespace: str) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        remove = self.apps.delete_namespaced_deployment if kind == "Deployment" else self.core.delete_namespaced_service
+        try:
+            remove(name, namespace, propagation_policy="Background")
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    def list_pods(self, namespace: str, label_selector: str) -> list[Any]:
+        return list(self.core.list_namespaced_pod(namespace, label_selector=label_selector).items)
+
+    def read_pod(self, name: str, namespace: str) -> Any | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return self.core.read_namespaced_pod(name, namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise

@@ -1,0 +1,116 @@
+"""Scores a job's finished rollouts while the engine keeps decoding.
+
+The runner publishes each finished rollout to the job's `rollouts` stream as it arrives; a few
+scorer threads (consumers of the stream's group) send them to the reward service in batches,
+store each score once (HSETNX) and only then acknowledge the entries. An entry whose scorer
+failed stays pending and is retried; one whose scorer died is reclaimed by another after
+`reclaim_idle_seconds`; one delivered twice is acknowledged without scoring it again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from everstep.v1 import common_pb2, reward_pb2
+from everstep_controller import metrics
+from everstep_controller.clients import RewardClient
+from everstep_controller.progress_store import ProgressStore, ScoredSample
+from everstep_controller.streams import StreamEntry
+
+log = logging.getLogger(__name__)
+
+ItemFactory = Callable[[str, int, str], reward_pb2.RewardItem]
+"""(sample id, prompt index, response text) -> the reward item to score."""
+
+
+class ScoringError(RuntimeError):
+    pass
+
+
+class ScorerPool:
+    def __init__(self, job_id: str, progress: ProgressStore, reward: RewardClient, make_item: ItemFactory, *,
+                 consumer_prefix: str, num_workers: int = 2, batch_size: int = 64,
+                 reclaim_idle_seconds: float = 60.0) -> None:
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be at least 1, got {num_workers}")
+        self.job_id, self.progress, self.reward, self.make_item = job_id, progress, reward, make_item
+        self.stream = progress.rollouts(job_id)
+        self.consumer_prefix = consumer_prefix
+        self.batch_size = batch_size
+        self.reclaim_idle_ms = int(reclaim_idle_seconds * 1000)
+        self.last_error: str | None = None
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._work, args=(f"{consumer_prefix}-{k}",), daemon=True,
+                                          name=f"scorer-{job_id}-{k}") for k in range(num_workers)]
+
+    # -- producer side ---------------------------------------------------------------------
+    def submit(self, sample_id: str, prompt_index: int, sequence: common_pb2.Sequence) -> None:
+        self.stream.publish({"sample_id": sample_id, "prompt_index": prompt_index,
+                             "sequence": sequence.SerializeToString()})
+
+    def wait_scored(self, sample_ids: list[str], timeout_seconds: float) -> None:
+        """Returns once every sample has a stored score; raises with the last scoring error on timeout."""
+        deadline = time.monotonic() + timeout_seconds
+        missing = self.progress.missing_scores(self.job_id, sample_ids)
+        while missing:
+            if time.monotonic() > deadline:
+                raise ScoringError(f"{len(missing)} samples not scored after {timeout_seconds:.0f}s "
+                                   f"(e.g. {missing[0]}); last error: {self.last_error}")
+            if not any(t.is_alive() for t in self._threads):
+                raise ScoringError(f"every scorer stopped; last error: {self.last_error}")
+            time.sleep(0.02)
+            missing = self.progress.missing_scores(self.job_id, missing)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> ScorerPool:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join(timeout=10)
+
+    # -- consumer side ---------------------------------------------------------------------
+    def _work(self, consumer: str) -> None:
+        retry_own = True  # first, whatever an earlier incarnation of this consumer left pending
+        while not self._stop.is_set():
+            try:
+                entries = self.stream.read_own_pending(consumer, self.batch_size) if retry_own else []
+                retry_own = False
+                if not entries:
+                    entries = self.stream.reclaim(consumer, self.reclaim_idle_ms, self.batch_size)
+                    if entries:
+                        metrics.RECLAIMED.labels(queue="rollouts").inc(len(entries))
+                if not entries:
+                    entries = self.stream.read(consumer, self.batch_size, block_ms=100)
+                if entries:
+                    self.handle(entries)
+            except Exception as e:  # the reward service or Redis failed: keep the entries, retry them
+                self.last_error = f"{type(e).__name__}: {e}"
+                log.warning("job %s: scorer %s failed, will retry: %s", self.job_id, consumer, self.last_error)
+                retry_own = True
+                self._stop.wait(1.0)
+
+    def handle(self, entries: list[StreamEntry]) -> None:
+        """Scores the entries not scored yet, stores every score, then acknowledges all of them."""
+        todo: dict[str, tuple[int, common_pb2.Sequence]] = {}
+        for entry in entries:
+            if "sample_id" in entry.fields:
+                sequence = common_pb2.Sequence.FromString(entry.fields["sequence"])
+                todo[entry.text("sample_id")] = (int(entry.text("prompt_index")), sequence)
+        fresh = set(self.progress.missing_scores(self.job_id, list(todo)))
+        if len(fresh) < len(todo):
+            metrics.DUPLICATE_DELIVERIES.labels(queue="rollouts").inc(len(todo) - len(fresh))
+        items = [self.make_item(s, todo[s][0], todo[s][1].output_text) for s in sorted(fresh)]
+        for sample_id, result in self.reward.score(items).items():
+            scored = ScoredSample(sequence=todo[sample_id][1].SerializeToString(), reward=result.reward,
+                                  parts={p.verifier: p.score for p in result.parts}, error=result.error)
+            if not self.progress.store_scored(self.job_id, sample_id, scored):
+                metrics.DUPLICATE_DELIVERIES.labels(queue="rollouts").inc()
+        self.stream.ack(*(e.id for e in entries))

@@ -1,0 +1,182 @@
+"""The Kubernetes launcher. No API server can run here, so it is tested on the objects it builds
+(from the chart's PodTemplates as `helm template` renders them; valid for Kubernetes 1.30 under
+kubernetes-validate --strict) and on its launch/alive/stop flow against a recording stand-in of the
+cluster API (`RecordingCluster`, named as such), with a real gRPC health server as the workers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+import kubernetes_validate
+import pytest
+import yaml
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from kubernetes import client
+
+from everstep_controller.launchers import WorkerRequest
+from everstep_controller.launchers.kubernetes import (
+    KubernetesLauncher,
+    build_worker_objects,
+    object_name,
+    pod_template_from_dict,
+)
+from everstep_controller.spec import ResourcesSpec
+
+CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "everstep"
+KUBERNETES_VERSION = "1.30.0"
+NAMESPACE = "ml"
+
+
+def _helm() -> str:
+    helm = Path(sys.executable).parent / "helm"
+    if not helm.exists():
+        pytest.fail("helm not found: run scripts/install-deploy-tools.sh")
+    return str(helm)
+
+
+@pytest.fixture(scope="module")
+def chart_objects() -> list[dict]:
+    rendered = subprocess.run([_helm(), "template", "rel", str(CHART), "--namespace", NAMESPACE], check=True,
+                              capture_output=True, text=True, timeout=120).stdout
+    return [o for o in yaml.safe_load_all(rendered) if o]
+
+
+@pytest.fixture(scope="module")
+def templates(chart_objects: list[dict]) -> dict[str, Any]:
+    return {o["metadata"]["name"]: pod_template_from_dict(o) for o in chart_objects if o["kind"] == "PodTemplate"}
+
+
+def _request(**resources: Any) -> WorkerRequest:
+    return WorkerRequest(job_id="0a1b2c3d4e5f", max_running=256, max_seq_len=8392, seed=7,
+                         resources=ResourcesSpec.model_validate(resources))
+
+
+def _as_dict(obj: Any) -> dict:
+    return client.ApiClient().sanitize_for_serialization(obj)
+
+
+@pytest.mark.parametrize("resources", [{}, {"rollout": {"gpus": 0, "cpu": "8", "memory": "32Gi"},
+                                           "trainer": {"gpus": 4, "memory": "200Gi"}}], ids=["template", "custom"])
+def test_objects_are_valid_for_kubernetes_1_30(templates: dict[str, Any], resources: dict) -> None:
+    for component in ("rollout", "trainer"):
+        for obj in build_worker_objects(templates[f"rel-everstep-{component}"], _request(**resources), component,
+                                        NAMESPACE):
+            try:
+                kubernetes_validate.validate(_as_dict(obj), KUBERNETES_VERSION, strict=True)
+            except kubernetes_validate.ValidationError as e:
+                pytest.fail(f"{obj.kind} {obj.metadata.name}: {e.message} at {list(e.path)}")
+
+
+def test_per_job_workloads_reuse_the_template_shape(templates: dict[str, Any], chart_objects: list[dict]) -> None:
+    deployment, service = (_as_dict(o) for o in build_worker_objects(templates["rel-everstep-rollout"], _request(),
+                                                                     "rollout", NAMESPACE))
+    by_name = {(o["kind"], o["metadata"]["name"]): o for o in chart_objects}
+    template = by_name[("PodTemplate", "rel-everstep-rollout")]
+    name = object_name("0a1b2c3d4e5f", "rollout")
+    assert deployment["metadata"]["name"] == service["metadata"]["name"] == name
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"
+    pod = deployment["spec"]["template"]
+    container, template_container = pod["spec"]["containers"][0], template["template"]["spec"]["containers"][0]
+    # the template's pod, with the job's engine arguments
+    for key in ("image", "securityContext", "volumeMounts", "env", "readinessProbe"):
+        assert container[key] == template_container[key], key
+    assert pod["spec"]["securityContext"] == template["template"]["spec"]["securityContext"]
+    assert pod["spec"]["tolerations"] == template["template"]["spec"]["tolerations"]
+    args = container["args"]
+    assert {"--max-running=256", "--max-seq-len=8392", "--seed=7", "--device=cuda"} <= set(args)
+    assert "--max-running=64" not in args and len([a for a in args if a.startswith("--max-seq-len")]) == 1
+    # selected by the job's labels; the chart's shared rollout Service must not select these pods
+    labels = pod["metadata"]["labels"]
+    assert labels["everstep.io/job-id"] == "0a1b2c3d4e5f" and labels["app.kubernetes.io/instance"] == "rel"
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert deployment["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
+    shared = by_name[("Service", "rel-everstep-rollout")]
+    assert not shared["spec"]["selector"].items() <= labels.items()
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"metrics": 9101, "grpc": 50051}
+
+
+def test_job_resources_override_the_template(templates: dict[str, Any]) -> None:
+    request = _request(rollout={"gpus": 0, "cpu": "8"}, trainer={"gpus": 4, "memory": "200Gi"})
+    rollout = _as_dict(build_worker_objects(templates["rel-everstep-rollout"], request, "rollout", NAMESPACE)[0])
+    trainer = _as_dict(build_worker_objects(templates["rel-everstep-trainer"], request, "trainer", NAMESPACE)[0])
+    container = rollout["spec"]["template"]["spec"]["containers"][0]
+    assert "nvidia.com/gpu" not in container["resources"]["limits"] and "--device=cpu" in container["args"]
+    assert container["resources"]["limits"]["cpu"] == container["resources"]["requests"]["cpu"] == "8"
+    limits = trainer["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits["nvidia.com/gpu"] == "4" and limits["memory"] == "200Gi"
+
+
+class RecordingCluster:
+    """Stand-in for the Kubernetes API server (none can run here): records what the launcher applies
+    and runs one pod per Deployment."""
+
+    def __init__(self, templates: dict[str, Any]) -> None:
+        self.templates = templates
+        self.objects: dict[tuple[str, str], Any] = {}
+        self.pods: dict[str, Any] = {}
+
+    def read_pod_template(self, name: str, namespace: str) -> Any:
+        return self.templates[name]
+
+    def apply(self, obj: Any, namespace: str) -> None:
+        self.objects[(obj.kind, obj.metadata.name)] = obj
+        if obj.kind == "Deployment":
+            self.start_pod(obj)
+
+    def start_pod(self, deployment: Any) -> None:
+        name = f"{deployment.metadata.name}-{uuid.uuid4().hex[:5]}"
+        labels = deployment.spec.template.metadata.labels
+        self.pods = {k: p for k, p in self.pods.items() if p.metadata.labels != labels}
+        self.pods[name] = client.V1Pod(metadata=client.V1ObjectMeta(name=name, uid=str(uuid.uuid4()), labels=labels),
+                                       status=client.V1PodStatus(phase="Running", container_statuses=[]))
+
+    def delete(self, kind: str, name: str, namespace: str) -> None:
+        obj = self.objects.pop((kind, name))
+        if kind == "Deployment":
+            self.pods = {k: p for k, p in self.pods.items() if p.metadata.labels != obj.spec.template.metadata.labels}
+
+    def list_pods(self, namespace: str, label_selector: str) -> list[Any]:
+        wanted = dict(term.split("=") for term in label_selector.split(","))
+        return [p for p in self.pods.values() if wanted.items() <= p.metadata.labels.items()]
+
+    def read_pod(self, name: str, namespace: str) -> Any | None:
+        return self.pods.get(name)
+
+
+@pytest.fixture
+def health_address(free_port: int) -> Iterator[str]:
+    """A real gRPC health service standing in for both workers' addresses."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    server.add_insecure_port(f"127.0.0.1:{free_port}")
+    server.start()
+    servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    yield f"127.0.0.1:{free_port}"
+    server.stop(grace=0)
+
+
+def test_launch_alive_and_stop_against_a_recording_cluster(templates: dict[str, Any], health_address: str) -> None:
+    cluster = RecordingCluster(templates)
+    launcher = KubernetesLauncher(namespace=NAMESPACE, template_prefix="rel-everstep", api=cluster,
+                                  address_format=health_address, ready_timeout_seconds=10)
+    workers = launcher.launch(_request())
+    assert set(cluster.objects) == {(kind, object_name("0a1b2c3d4e5f", c)) for kind in ("Deployment", "Service")
+                                    for c in ("rollout", "trainer")}
+    assert workers.dedicated and workers.rollout == workers.trainer == health_address
+    assert sorted(h.kind for h in workers.objects) == ["Deployment", "Deployment", "Pod", "Pod", "Service", "Service"]
+    assert launcher.alive(workers)
+
+    # the Deployment replaced the trainer pod: a new process without the job's weights
+    cluster.start_pod(cluster.objects[("Deployment", object_name("0a1b2c3d4e5f", "trainer"))])
+    assert not launcher.alive(workers)
+
+    launcher.stop(workers)
+    assert cluster.objects == {} and cluster.pods == {}

@@ -1,0 +1,54 @@
+"""The batch a step sends to the trainer: advantages over a group's surviving members only."""
+
+from __future__ import annotations
+
+import pytest
+
+from everstep.v1 import common_pb2
+from everstep_controller.progress_store import ScoredSample
+from everstep_controller.scheduler import C3POScheduler, Mode, SchedulerConfig
+from everstep_controller.spec import JobSpec
+from everstep_controller.training_batch import build_batch, trainer_config
+
+
+def _scored(reward: float, error: str = "") -> ScoredSample:
+    sequence = common_pb2.Sequence(prompt_ids=[1], output_ids=[2, 3], output_logprobs=[-0.5, -0.25],
+                                   output_versions=[0, 1])
+    return ScoredSample(sequence=sequence.SerializeToString(), reward=reward, error=error)
+
+
+@pytest.fixture
+def scheduler() -> C3POScheduler:
+    """g0: three finished, one purged; g1: all finished with equal rewards."""
+    scheduler = C3POScheduler(SchedulerConfig(mode=Mode.c3po, group_size=4, token_budget=10_000, retention=0,
+                                              pool_capacity=8, prompts_per_iteration=1))
+    scheduler.start_group("g0", 0, ["a", "b", "c", "d"])
+    scheduler.start_group("g1", 1, ["e", "f", "g", "h"])
+    for sample_id in "abcefgh":
+        scheduler.on_finished(sample_id, 2)
+    outcome = scheduler.end_iteration({"d": 1})
+    assert outcome.purged_samples == ["d"] and outcome.trainable_groups == ["g0", "g1"]
+    return scheduler
+
+
+def test_purged_members_are_left_out_and_zero_signal_groups_dropped(scheduler: C3POScheduler) -> None:
+    scored = {"a": _scored(1.0), "b": _scored(0.0), "c": _scored(0.0)} | {s: _scored(1.0) for s in "efgh"}
+    batch, zero_signal = build_batch(["g0", "g1"], scheduler, scored, drop_zero_signal=True, normalize_std=False)
+    assert zero_signal == 1 and len(batch) == 3
+    assert [s.advantage for s in batch] == pytest.approx([2 / 3, -1 / 3, -1 / 3])
+    assert list(batch[0].output_versions) == [0, 1] and list(batch[0].rollout_logprobs) == [-0.5, -0.25]
+    batch, zero_signal = build_batch(["g0", "g1"], scheduler, scored, drop_zero_signal=False, normalize_std=True)
+    assert zero_signal == 0 and len(batch) == 7
+
+
+def test_a_failed_score_fails_the_step(scheduler: C3POScheduler) -> None:
+    scored = {"a": _scored(1.0), "b": _scored(0.0, error="timeout"), "c": _scored(0.0)}
+    with pytest.raises(RuntimeError, match="sample b failed: timeout"):
+        build_batch(["g0"], scheduler, scored, drop_zero_signal=True, normalize_std=True)
+
+
+def test_a_restarted_trainer_gets_the_schedule_of_the_remaining_steps() -> None:
+    spec = JobSpec(model_path="/m", dataset={"train_path": "/d.jsonl"}, steps=100, trainer={"warmup_steps": 10})
+    assert (trainer_config(spec).warmup_steps, trainer_config(spec).total_steps) == (10, 100)
+    assert (trainer_config(spec, 4).warmup_steps, trainer_config(spec, 4).total_steps) == (6, 96)
+    assert (trainer_config(spec, 40).warmup_steps, trainer_config(spec, 40).total_steps) == (0, 60)
