@@ -12,6 +12,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from everstep_controller.dataset import RowFields, dataset_format, load_prompt_rows
+from everstep_controller.row_tests import RowTests, StdioCase
 
 ROWS = [
     {"prompt": "1 + 2 =", "answer": "3"},
@@ -35,7 +36,7 @@ def tokenizer() -> Tokenizer:
 def _check(loaded) -> None:  # noqa: ANN001
     assert [(r.index, r.prompt, r.answer) for r in loaded.rows] == [(0, "1 + 2 =", "3"), (1, "write add", ""),
                                                                    (4, "4 + 4 =", "8")]
-    assert loaded.rows[1].tests == ({"stdin": "1 2\n", "expected_stdout": "3\n"},)
+    assert loaded.rows[1].tests == RowTests(stdio=(StdioCase("1 2\n", "3\n"),))
     assert loaded.rows[0].prompt_ids == (6, 1, 7, 2)
     assert loaded.num_skipped == 4
     reasons = {s.index: s.reason for s in loaded.skipped}

@@ -34,9 +34,9 @@ def progress(client: redis.Redis) -> ProgressStore:
     return ProgressStore(store)
 
 
-def _item(sample_id: str, prompt_index: int, text: str) -> reward_pb2.RewardItem:
+def _item(sample_id: str, prompt_index: int, sequence: common_pb2.Sequence) -> reward_pb2.RewardItem:
     spec = reward_pb2.VerifierSpec(name="math", weight=1.0, answer=ANSWERS[prompt_index])
-    return reward_pb2.RewardItem(id=sample_id, response=text, verifiers=[spec])
+    return reward_pb2.RewardItem(id=sample_id, response=sequence.output_text, verifiers=[spec])
 
 
 def _sequence(sample_id: str, text: str) -> common_pb2.Sequence:

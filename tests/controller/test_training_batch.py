@@ -6,6 +6,7 @@ import pytest
 
 from everstep.v1 import common_pb2
 from everstep_controller.progress_store import ScoredSample
+from everstep_controller.reward_errors import RewardFailed
 from everstep_controller.scheduler import C3POScheduler, Mode, SchedulerConfig
 from everstep_controller.spec import JobSpec
 from everstep_controller.training_batch import build_batch, trainer_config
@@ -33,17 +34,18 @@ def scheduler() -> C3POScheduler:
 
 def test_purged_members_are_left_out_and_zero_signal_groups_dropped(scheduler: C3POScheduler) -> None:
     scored = {"a": _scored(1.0), "b": _scored(0.0), "c": _scored(0.0)} | {s: _scored(1.0) for s in "efgh"}
-    batch, zero_signal = build_batch(["g0", "g1"], scheduler, scored, drop_zero_signal=True, normalize_std=False)
-    assert zero_signal == 1 and len(batch) == 3
+    step_batch = build_batch(["g0", "g1"], scheduler, scored, drop_zero_signal=True, normalize_std=False)
+    batch = step_batch.samples
+    assert step_batch.num_zero_signal == 1 and len(batch) == 3 and not step_batch.unscorable
     assert [s.advantage for s in batch] == pytest.approx([2 / 3, -1 / 3, -1 / 3])
     assert list(batch[0].output_versions) == [0, 1] and list(batch[0].rollout_logprobs) == [-0.5, -0.25]
-    batch, zero_signal = build_batch(["g0", "g1"], scheduler, scored, drop_zero_signal=False, normalize_std=True)
-    assert zero_signal == 0 and len(batch) == 7
+    step_batch = build_batch(["g0", "g1"], scheduler, scored, drop_zero_signal=False, normalize_std=True)
+    assert step_batch.num_zero_signal == 0 and len(step_batch.samples) == 7
 
 
 def test_a_failed_score_fails_the_step(scheduler: C3POScheduler) -> None:
     scored = {"a": _scored(1.0), "b": _scored(0.0, error="timeout"), "c": _scored(0.0)}
-    with pytest.raises(RuntimeError, match="sample b failed: timeout"):
+    with pytest.raises(RewardFailed, match="sample b failed: timeout"):
         build_batch(["g0"], scheduler, scored, drop_zero_signal=True, normalize_std=True)
 
 

@@ -1,21 +1,26 @@
 """Prompt datasets: JSONL or Parquet rows with a prompt and an answer or tests, tokenized without torch.
 
 A row needs the prompt field and at least one of the answer and tests fields (a math task has an
-answer, a code task has tests). Rows without them, or whose fields have the wrong type, are
-skipped: each is logged with its row number and cause, counted, and the first few are kept for
-the job record, so a user sees what was left out.
+answer, a code task has tests). It may also say which of the job's verifiers apply to it
+(`verifiers`, default all), the sandbox language of its code (`language`) and the function its
+function-call tests call (`function_name`); `row_tests` reads the tests. Rows without a prompt or
+an answer or tests, whose fields have the wrong type, whose tests are malformed or that name a
+verifier the job does not have, are skipped: each is logged with its row number and cause,
+counted, and the first few are kept for the job record, so a user sees what was left out.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer
+
+from everstep_controller.row_tests import RowTests, read_row_tests
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +33,9 @@ class PromptRow:
     prompt: str
     answer: str  # "" when the row has tests only
     prompt_ids: tuple[int, ...]
-    tests: tuple[Any, ...] = ()  # the row's tests as given (JSON values), for code verifiers
+    tests: RowTests = RowTests()  # code cases (empty when the row has an answer only)
+    language: str = ""  # sandbox language of the row's code; "": the job's code verifier default
+    verifiers: tuple[str, ...] = ()  # the job's verifiers that apply to this row; (): all of them
 
 
 @dataclass(frozen=True)
@@ -40,7 +47,7 @@ class SkippedRow:
 @dataclass(frozen=True)
 class LoadedDataset:
     rows: list[PromptRow]
-    num_skipped: int  # rows without a prompt, or without both answer and tests, reported and left out
+    num_skipped: int  # rows left out at load (no prompt, neither answer nor tests, malformed), reported
     skipped: list[SkippedRow] = field(default_factory=list)  # the first MAX_REPORTED_SKIPS of them
 
 
@@ -51,6 +58,9 @@ class RowFields:
     prompt: str = "prompt"
     answer: str = "answer"
     tests: str = "tests"
+    function_name: str = "function_name"
+    language: str = "language"
+    verifiers: str = "verifiers"
 
 
 def load_tokenizer(model_path: str) -> Tokenizer:
@@ -74,7 +84,8 @@ def dataset_format(path: str, declared: str = "auto") -> str:
 
 
 def load_prompt_rows(path: str, tokenizer: Tokenizer, *, fields: RowFields | None = None,
-                     file_format: str = "auto") -> LoadedDataset:
+                     file_format: str = "auto", verifier_names: Collection[str] | None = None) -> LoadedDataset:
+    """verifier_names: the job's verifiers; a row naming another one is skipped (None: not checked)."""
     fields = fields or RowFields()
     file = Path(path)
     if not file.is_file():
@@ -85,21 +96,22 @@ def load_prompt_rows(path: str, tokenizer: Tokenizer, *, fields: RowFields | Non
     num_skipped = 0
     for index, raw in reader(file):
         try:
-            prompt, answer, tests = _fields_of(raw, fields)
+            row = _row_of(index, raw, fields, verifier_names)
         except ValueError as e:
             num_skipped += 1
             if len(skipped) < MAX_REPORTED_SKIPS:
                 skipped.append(SkippedRow(index, str(e)))
             log.warning("dataset %s row %d skipped: %s", path, index, e)
             continue
-        rows.append(PromptRow(index, prompt, answer, tuple(tokenizer.encode(prompt).ids), tests))
+        rows.append(replace(row, prompt_ids=tuple(tokenizer.encode(row.prompt).ids)))
     if not rows:
         raise ValueError(f"dataset {path!r} has no usable rows ({num_skipped} skipped"
                          + (f", e.g. row {skipped[0].index}: {skipped[0].reason})" if skipped else ")"))
     return LoadedDataset(rows, num_skipped, skipped)
 
 
-def _fields_of(raw: Any, fields: RowFields) -> tuple[str, str, tuple[Any, ...]]:
+def _row_of(index: int, raw: Any, fields: RowFields, verifier_names: Collection[str] | None) -> PromptRow:
+    """The row without its prompt ids; ValueError naming the field that is wrong."""
     if isinstance(raw, _Unreadable):
         raise ValueError(raw.reason)
     if not isinstance(raw, dict):
@@ -108,19 +120,45 @@ def _fields_of(raw: Any, fields: RowFields) -> tuple[str, str, tuple[Any, ...]]:
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError(f"no prompt in field {fields.prompt!r}")
     answer = raw.get(fields.answer)
-    tests = raw.get(fields.tests)
-    if isinstance(tests, str):  # tests stored as a JSON string (common in Parquet exports)
+    cases = raw.get(fields.tests)
+    if isinstance(cases, str):  # tests stored as a JSON string (common in Parquet exports)
         try:
-            tests = json.loads(tests)
+            cases = json.loads(cases)
         except json.JSONDecodeError as e:
             raise ValueError(f"field {fields.tests!r} is a string but not JSON: {e}") from None
-    if tests is not None and not isinstance(tests, list | tuple):
-        raise ValueError(f"field {fields.tests!r} must be a list, got {type(tests).__name__}")
-    if answer is None and not tests:
+    if cases is not None and not isinstance(cases, list | tuple):
+        raise ValueError(f"field {fields.tests!r} must be a list, got {type(cases).__name__}")
+    if answer is None and not cases:
         raise ValueError(f"neither an answer in field {fields.answer!r} nor tests in field {fields.tests!r}")
     if isinstance(answer, dict | list):
         raise ValueError(f"field {fields.answer!r} must be a string or number, got {type(answer).__name__}")
-    return prompt, "" if answer is None else str(answer), tuple(tests or ())
+    tests = read_row_tests(cases or (), _optional_text(raw, fields.function_name), field=fields.tests,
+                           function_name_field=fields.function_name)
+    return PromptRow(index, prompt, "" if answer is None else str(answer), (), tests,
+                     _optional_text(raw, fields.language), _verifiers_of(raw, fields.verifiers, verifier_names))
+
+
+def _optional_text(raw: dict[str, Any], name: str) -> str:
+    value = raw.get(name)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise ValueError(f"field {name!r} must be a string, got {type(value).__name__}")
+    return value.strip()
+
+
+def _verifiers_of(raw: dict[str, Any], name: str, known: Collection[str] | None) -> tuple[str, ...]:
+    value = raw.get(name)
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple) or not value or not all(isinstance(v, str) and v for v in value):
+        raise ValueError(f"field {name!r} must be a non-empty list of verifier names, got {value!r}")
+    names = tuple(dict.fromkeys(value))  # in order, without repeats
+    unknown = [v for v in names if known is not None and v not in known]
+    if unknown:
+        raise ValueError(f"field {name!r} names {', '.join(map(repr, unknown))}, which the job's reward.verifiers "
+                         f"do not list ({', '.join(known)})")
+    return names
 
 
 def _jsonl_rows(file: Path) -> Iterator[tuple[int, Any]]:

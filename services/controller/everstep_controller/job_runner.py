@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from everstep.v1 import common_pb2, reward_pb2
+from everstep.v1 import common_pb2
 from everstep_controller import metrics
 from everstep_controller.clients import RewardClient, RolloutClient, TrainerClient
 from everstep_controller.dataset import LoadedDataset, PromptRow, RowFields, load_prompt_rows, load_tokenizer
@@ -40,10 +40,12 @@ from everstep_controller.job_store import (
 from everstep_controller.launchers import Launcher, WorkerRequest, Workers
 from everstep_controller.progress_store import JobProgress, ProgressStore
 from everstep_controller.prompt_order import PromptOrder
+from everstep_controller.reward_items import RewardItemBuilder
 from everstep_controller.scheduler import C3POScheduler, Mode, SchedulerConfig
 from everstep_controller.scoring import ScorerPool
 from everstep_controller.spec import JobSpec
 from everstep_controller.training_batch import build_batch, trainer_config
+from everstep_controller.unscorable_rows import UnscorableRows
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +67,7 @@ class RunnerSettings:
     num_scorers: int = 2  # scorer threads per job (concurrent reward calls)
     reclaim_idle_seconds: float = 60.0  # a finished rollout pending this long on a scorer is taken over
     scoring_timeout_seconds: float = 600.0  # waiting for the scores of one step
+    score_attempts: int = 3  # reward calls per sample while its result has a transient error (timeout, sandbox down)
 
 
 @dataclass
@@ -98,6 +101,7 @@ class JobRunner:
         self.launcher, self.data_dir, self.owner, self.resumed = launcher, data_dir, owner, resumed
         self.settings = settings or RunnerSettings()
         self.reward = RewardClient(reward_address)
+        self.make_item = RewardItemBuilder(spec.reward.verifiers)
         self.rollout: RolloutClient | None = None
         self.trainer: TrainerClient | None = None
         self.workers: Workers | None = None
@@ -115,6 +119,7 @@ class JobRunner:
         self.rows_by_index: dict[int, PromptRow] = {}
         self.eval_rows: list[PromptRow] = []
         self.order: PromptOrder | None = None
+        self.unscorable: UnscorableRows | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def run(self) -> RunOutcome:
@@ -125,9 +130,10 @@ class JobRunner:
             self._load_data()
             self._attach_workers()
             self.scorers = ScorerPool(
-                self.job_id, self.progress_store, self.reward, self._reward_item_for_sample,
+                self.job_id, self.progress_store, self.reward,
+                lambda sample_id, index, sequence: self.make_item(sample_id, self.rows_by_index[index], sequence),
                 consumer_prefix=f"{self.owner}-{self.job_id}", num_workers=self.settings.num_scorers,
-                reclaim_idle_seconds=self.settings.reclaim_idle_seconds,
+                reclaim_idle_seconds=self.settings.reclaim_idle_seconds, score_attempts=self.settings.score_attempts,
             ).start()
             self._after_step()
             while self.step < self.spec.steps and not self._enough_samples():
@@ -174,16 +180,24 @@ class JobRunner:
             raise FileNotFoundError(f"model_path {spec.model_path!r} is not a directory")
         tokenizer = load_tokenizer(spec.model_path)
         d = spec.dataset
-        fields = RowFields(prompt=d.prompt_field, answer=d.answer_field, tests=d.tests_field)
-        train = load_prompt_rows(d.train_path, tokenizer, fields=fields, file_format=d.format.value)
+        fields = RowFields(prompt=d.prompt_field, answer=d.answer_field, tests=d.tests_field,
+                           function_name=d.function_name_field, language=d.language_field,
+                           verifiers=d.verifiers_field)
+        names = [v.name for v in spec.reward.verifiers]
+        train = load_prompt_rows(d.train_path, tokenizer, fields=fields, file_format=d.format.value,
+                                 verifier_names=names)
         self.train_rows = train.rows
         self.rows_by_index = {row.index: row for row in train.rows}
         if train.num_skipped:
             metrics.DATASET_ROWS_SKIPPED.inc(train.num_skipped)
-        self.store.update(self.job_id, fence=self.owner, dataset=_report(train))
+        record = self.store.get(self.job_id)
+        earlier = record.dataset.unscorable if record and record.dataset else []  # a resumed job's
+        report = _report(train).model_copy(update={"unscorable": earlier})
+        self.unscorable = UnscorableRows(self.job_id, report)
+        self.store.update(self.job_id, fence=self.owner, dataset=report)
         if d.eval_path:
-            self.eval_rows = load_prompt_rows(d.eval_path, tokenizer, fields=fields,
-                                              file_format=d.format.value).rows[: spec.evaluation.num_prompts]
+            self.eval_rows = load_prompt_rows(d.eval_path, tokenizer, fields=fields, file_format=d.format.value,
+                                              verifier_names=names).rows[: spec.evaluation.num_prompts]
         self.order = PromptOrder(len(self.train_rows), spec.seed)
 
     def _worker_request(self) -> WorkerRequest:
@@ -309,9 +323,12 @@ class JobRunner:
         scored = self.progress_store.scored(self.job_id, train_ids)
         t_reward = time.monotonic() - t1
 
-        batch, num_zero_signal = build_batch(outcome.trainable_groups, self.scheduler, scored,
-                                             drop_zero_signal=self.spec.algorithm.drop_zero_signal_groups,
-                                             normalize_std=self.spec.algorithm.normalize_std)
+        step_batch = build_batch(outcome.trainable_groups, self.scheduler, scored,
+                                 drop_zero_signal=self.spec.algorithm.drop_zero_signal_groups,
+                                 normalize_std=self.spec.algorithm.normalize_std)
+        batch, num_zero_signal, unscorable = step_batch.samples, step_batch.num_zero_signal, step_batch.unscorable
+        rows = {g: self.scheduler.groups[g].prompt_index for g in unscorable}
+        record_changes = {"dataset": self.unscorable.report} if self.unscorable.note(unscorable, rows) else {}
         staleness = [self.version - v for s in batch for v in s.output_versions]
         t2 = time.monotonic()
         stats = None
@@ -328,7 +345,7 @@ class JobRunner:
         t_train = time.monotonic() - t2
         self.num_trained_samples += len(batch)
 
-        rewards = [scored[s].reward for s in train_ids]
+        rewards = [scored[s].reward for s in train_ids if not scored[s].error]
         closed_groups = outcome.trainable_groups + outcome.dropped_groups
         closed = [s for g in closed_groups for s in self.scheduler.groups[g].sample_ids]
         record: dict[str, Any] = {
@@ -338,8 +355,10 @@ class JobRunner:
             "num_samples_scored": len(rewards),
             "num_samples_trained": len(batch),
             "num_trained_samples_total": self.num_trained_samples,
-            "num_groups_trained": len(outcome.trainable_groups) - num_zero_signal,
+            "num_groups_trained": len(outcome.trainable_groups) - num_zero_signal - len(unscorable),
             "num_groups_zero_signal": num_zero_signal,
+            "num_groups_unscorable": len(unscorable),
+            "num_samples_unscorable": sum(len(members) for members in unscorable.values()),
             "num_groups_dropped": len(outcome.dropped_groups),
             "num_samples_purged": len(outcome.purged_samples),
             "partial_buffer_size": len(next_carried),
@@ -366,7 +385,7 @@ class JobRunner:
         )
         self.progress_store.commit_step(self.job_id, self.owner, progress=progress, carried=next_carried,
                                         closed_sample_ids=closed, metrics=record,
-                                        record_changes={"step": step, "metrics": record})
+                                        record_changes={**record_changes, "step": step, "metrics": record})
         self.step, self.carried = step, next_carried
         for sample_id in closed:
             self.samples.pop(sample_id, None)
@@ -442,15 +461,6 @@ class JobRunner:
             max_new_tokens=s.max_new_tokens, stop=s.stop,
         )
 
-    # -- rewards and the batch ---------------------------------------------------------------
-    def _reward_item(self, item_id: str, row: PromptRow, text: str) -> reward_pb2.RewardItem:
-        verifiers = [reward_pb2.VerifierSpec(name=v.name, weight=v.weight, answer=row.answer)
-                     for v in self.spec.reward.verifiers]
-        return reward_pb2.RewardItem(id=item_id, response=text, verifiers=verifiers)
-
-    def _reward_item_for_sample(self, sample_id: str, prompt_index: int, text: str) -> reward_pb2.RewardItem:
-        return self._reward_item(sample_id, self.rows_by_index[prompt_index], text)
-
     # -- evaluation and checkpoints ----------------------------------------------------------
     def _after_step(self) -> None:
         """Evaluation and checkpoint due at the current step, unless already done (a resumed job)."""
@@ -466,7 +476,7 @@ class JobRunner:
             return
         evaluation = evaluate(self.rollout, self.reward, self.eval_rows, self.spec.evaluation,
                               sampling=self._sampling(), greedy_sampling=self._sampling(greedy=True),
-                              make_item=self._reward_item, step=step)
+                              make_item=self.make_item, step=step)
         history = dict(record.evaluation) if record else {}
         history[str(step)] = evaluation
         self.store.update(self.job_id, fence=self.owner, evaluation=history)

@@ -54,8 +54,15 @@ class LostOwnership(RuntimeError):
 
 class DatasetReport(BaseModel):
     num_rows: int = Field(description="Rows used.")
-    num_skipped: int = Field(description="Rows left out: no prompt, or neither an answer nor tests.")
+    num_skipped: int = Field(description="Rows left out at load: no prompt, neither an answer nor tests, "
+                                         "malformed tests, a verifier the job does not have.")
     skipped: list[dict[str, Any]] = Field(default_factory=list, description="The first skipped rows and why.")
+    unscorable: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="The first rows the reward service could not score for their data while training "
+                    "(row, verifier, kind, reason); their groups were left out of training (per step: "
+                    "num_groups_unscorable).",
+    )
 
 
 class WorkerAddresses(BaseModel):

@@ -9,7 +9,16 @@ from prometheus_client import Counter, Gauge, Histogram
 JOBS = Gauge("everstep_controller_jobs", "Jobs by state.", ["state"])
 JOBS_STARTED = Counter("everstep_controller_jobs_started_total", "Jobs whose runner started.")
 DATASET_ROWS_SKIPPED = Counter("everstep_controller_dataset_rows_skipped_total",
-                               "Dataset rows without a prompt or answer, reported and skipped.")
+                               "Dataset rows left out at load (no prompt, neither answer nor tests, malformed "
+                               "tests, an unknown verifier), reported.")
+UNSCORABLE_SAMPLES = Counter("everstep_controller_unscorable_samples_total",
+                             "Training samples whose reward failed for their row's data, by the reward service's "
+                             "error kind; their groups are left out of training.", ["kind"])
+UNSCORABLE_GROUPS = Counter("everstep_controller_unscorable_groups_total",
+                            "Groups left out of training because a member's row could not be scored.")
+REWARD_RETRIES = Counter("everstep_controller_reward_retries_total",
+                         "Rewards asked for again after a transient error, by error kind (timeout, "
+                         "sandbox_unavailable, sandbox_error, worker_crashed).", ["kind"])
 STEP = Gauge("everstep_controller_job_step", "Training steps completed.", ["job_id"])
 POLICY_VERSION = Gauge("everstep_controller_policy_version", "Policy version the job's engines run.", ["job_id"])
 REWARD_MEAN = Gauge("everstep_controller_reward_mean", "Mean reward of the samples scored in the latest step.",
@@ -62,6 +71,7 @@ def observe_iteration(job_id: str, record: dict[str, Any], retention_ages: list[
     PURGED.inc(record["num_samples_purged"])
     DROPPED_GROUPS.inc(record["num_groups_dropped"])
     ZERO_SIGNAL_GROUPS.inc(record["num_groups_zero_signal"])
+    UNSCORABLE_GROUPS.inc(record["num_groups_unscorable"])
     TRAINED_SAMPLES.inc(record["num_samples_trained"])
     for age in retention_ages:
         RETENTION.observe(age)

@@ -22,8 +22,9 @@ from typing import Any
 import redis
 from pydantic import BaseModel, ConfigDict, Field
 
-from everstep.v1 import common_pb2
+from everstep.v1 import common_pb2, reward_pb2
 from everstep_controller.job_store import JobRecord, JobStore, LostOwnership
+from everstep_controller.reward_errors import ErrorClass, PartError, classify, part_errors
 from everstep_controller.streams import WorkStream
 
 SCORER_GROUP = "scorers"
@@ -38,6 +39,18 @@ class ScoredSample(BaseModel):
     reward: float
     parts: dict[str, float] = Field(default_factory=dict)
     error: str = ""
+    part_errors: list[PartError] = Field(default_factory=list, description="The parts that failed, with kinds.")
+
+    @classmethod
+    def of(cls, sequence: common_pb2.Sequence, result: reward_pb2.ScoreResult) -> ScoredSample:
+        return cls(sequence=sequence.SerializeToString(), reward=result.reward,
+                   parts={p.verifier: p.score for p in result.parts}, error=result.error,
+                   part_errors=part_errors(result))
+
+    @property
+    def error_class(self) -> ErrorClass | None:
+        """None when the reward was computed; else what to do about it (see `reward_errors`)."""
+        return classify(self.part_errors, self.error)
 
     def proto(self) -> common_pb2.Sequence:
         return common_pb2.Sequence.FromString(self.sequence)

@@ -5,6 +5,10 @@ scorer threads (consumers of the stream's group) send them to the reward service
 store each score once (HSETNX) and only then acknowledge the entries. An entry whose scorer
 failed stays pending and is retried; one whose scorer died is reclaimed by another after
 `reclaim_idle_seconds`; one delivered twice is acknowledged without scoring it again.
+
+A result whose error is transient (a timeout, the sandbox down: `reward_errors`) is not stored
+either: its entry stays pending and is scored again after a second, up to `score_attempts` calls
+in all; then the error is stored like any other, and the step that needs it fails the job with it.
 """
 
 from __future__ import annotations
@@ -18,24 +22,35 @@ from everstep.v1 import common_pb2, reward_pb2
 from everstep_controller import metrics
 from everstep_controller.clients import RewardClient
 from everstep_controller.progress_store import ProgressStore, ScoredSample
+from everstep_controller.reward_errors import ErrorClass
 from everstep_controller.streams import StreamEntry
 
 log = logging.getLogger(__name__)
 
-ItemFactory = Callable[[str, int, str], reward_pb2.RewardItem]
-"""(sample id, prompt index, response text) -> the reward item to score."""
+ItemFactory = Callable[[str, int, common_pb2.Sequence], reward_pb2.RewardItem]
+"""(sample id, prompt index, finished rollout) -> the reward item to score."""
 
 
 class ScoringError(RuntimeError):
     pass
 
 
+class TransientRewardErrors(ScoringError):
+    """Some results of a batch are to be asked for again; the rest are stored and acknowledged."""
+
+
 class ScorerPool:
     def __init__(self, job_id: str, progress: ProgressStore, reward: RewardClient, make_item: ItemFactory, *,
                  consumer_prefix: str, num_workers: int = 2, batch_size: int = 64,
-                 reclaim_idle_seconds: float = 60.0) -> None:
+                 reclaim_idle_seconds: float = 60.0, score_attempts: int = 3) -> None:
+        """score_attempts: reward calls per sample while its result has a transient error."""
         if num_workers < 1:
             raise ValueError(f"num_workers must be at least 1, got {num_workers}")
+        if score_attempts < 1:
+            raise ValueError(f"score_attempts must be at least 1, got {score_attempts}")
+        self.score_attempts = score_attempts
+        self._attempts: dict[str, int] = {}  # sample id -> calls whose result had a transient error
+        self._attempts_lock = threading.Lock()
         self.job_id, self.progress, self.reward, self.make_item = job_id, progress, reward, make_item
         self.stream = progress.rollouts(job_id)
         self.consumer_prefix = consumer_prefix
@@ -98,7 +113,9 @@ class ScorerPool:
                 self._stop.wait(1.0)
 
     def handle(self, entries: list[StreamEntry]) -> None:
-        """Scores the entries not scored yet, stores every score, then acknowledges all of them."""
+        """Scores the entries not scored yet, stores every score, then acknowledges them; a result to be
+        asked for again (transient error, calls left) is neither stored nor acknowledged, and the
+        call raises once the rest is done, so that `_work` retries after a pause."""
         todo: dict[str, tuple[int, common_pb2.Sequence]] = {}
         for entry in entries:
             if "sample_id" in entry.fields:
@@ -107,10 +124,31 @@ class ScorerPool:
         fresh = set(self.progress.missing_scores(self.job_id, list(todo)))
         if len(fresh) < len(todo):
             metrics.DUPLICATE_DELIVERIES.labels(queue="rollouts").inc(len(todo) - len(fresh))
-        items = [self.make_item(s, todo[s][0], todo[s][1].output_text) for s in sorted(fresh)]
+        items = [self.make_item(s, todo[s][0], todo[s][1]) for s in sorted(fresh)]
+        again: dict[str, str] = {}
         for sample_id, result in self.reward.score(items).items():
-            scored = ScoredSample(sequence=todo[sample_id][1].SerializeToString(), reward=result.reward,
-                                  parts={p.verifier: p.score for p in result.parts}, error=result.error)
+            scored = ScoredSample.of(todo[sample_id][1], result)
+            if scored.error_class == ErrorClass.TRANSIENT and self._try_again(sample_id):
+                again[sample_id] = result.error
+                for error in scored.part_errors:
+                    metrics.REWARD_RETRIES.labels(kind=error.kind).inc()
+                continue
+            with self._attempts_lock:
+                self._attempts.pop(sample_id, None)
             if not self.progress.store_scored(self.job_id, sample_id, scored):
                 metrics.DUPLICATE_DELIVERIES.labels(queue="rollouts").inc()
-        self.stream.ack(*(e.id for e in entries))
+        self.stream.ack(*(e.id for e in entries if e.fields.get("sample_id", b"").decode() not in again))
+        if again:
+            sample_id = min(again)
+            raise TransientRewardErrors(f"{len(again)} rewards failed for a transient cause and will be asked for "
+                                        f"again, e.g. {sample_id}: {again[sample_id]}")
+
+    def _try_again(self, sample_id: str) -> bool:
+        """Counts a transient failure; True while the sample has calls left."""
+        with self._attempts_lock:
+            failures = self._attempts.get(sample_id, 0) + 1
+            if failures >= self.score_attempts:
+                self._attempts.pop(sample_id, None)
+                return False
+            self._attempts[sample_id] = failures
+            return True

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 
 class _Section(BaseModel):
@@ -25,8 +25,8 @@ class DatasetFormat(StrEnum):
 class DatasetSpec(_Section):
     """Where prompts come from: JSONL or Parquet rows with a prompt and an answer or tests.
 
-    Rows without a prompt, or with neither an answer nor tests, are skipped, counted and listed in
-    the job record (`dataset`).
+    Rows without a prompt, with neither an answer nor tests, with malformed tests or naming a
+    verifier the job does not have are skipped, counted and listed in the job record (`dataset`).
     """
 
     train_path: str = Field(description="JSONL or Parquet file of training rows.")
@@ -40,15 +40,50 @@ class DatasetSpec(_Section):
     prompt_field: str = Field(default="prompt", description="Row field holding the prompt text.")
     answer_field: str = Field(default="answer", description="Row field holding the reference answer.")
     tests_field: str = Field(
-        default="tests", description="Row field holding a list of tests (code tasks), or a JSON string of one."
+        default="tests",
+        description="Row field holding a list of code tests, or a JSON string of one. Each test is a stdin/stdout "
+                    "case {stdin, expected_stdout} (or {input, output}) or a function-call case {arguments: list "
+                    "or object, expected: JSON}; a row's tests are all of one form.",
+    )
+    function_name_field: str = Field(
+        default="function_name",
+        description="Row field naming the function that function-call tests call ('name' or 'Class.method').",
+    )
+    language_field: str = Field(
+        default="language",
+        description="Row field holding the sandbox language of the row's code (e.g. 'python'); missing: "
+                    "reward.verifiers[].language.",
+    )
+    verifiers_field: str = Field(
+        default="verifiers",
+        description="Row field listing the names of the job's verifiers that apply to the row (e.g. ['code']); "
+                    "missing: all of them. A name the job does not list makes the row skipped.",
     )
 
 
 class VerifierWeight(_Section):
-    """One verifier and its weight."""
+    """One verifier, its weight and its options."""
 
-    name: str = Field(description="Verifier name, e.g. 'math' or 'format'.")
-    weight: float = Field(default=1.0, description="Weight of this verifier's score in the reward.")
+    name: str = Field(min_length=1, description="Verifier name: 'math', 'code', 'format', 'length' or 'model'.")
+    weight: float = Field(default=1.0, allow_inf_nan=False,
+                          description="Weight of this verifier's score in the reward.")
+    params: dict[str, JsonValue] = Field(
+        default_factory=dict,
+        description="Options of this verifier, sent with every item as VerifierSpec.params (keys per verifier in "
+                    "docs/reward.md, e.g. code: reward_mode, run_timeout_seconds; length: max_length, cache_length). "
+                    "The reward service checks them: a key it does not know fails the job with an error naming it.",
+    )
+    language: str | None = Field(
+        default=None, min_length=1,
+        description="code only: sandbox language (e.g. 'python', 'cpp') of rows that name none in "
+                    "dataset.language_field.",
+    )
+
+    @model_validator(mode="after")
+    def _language_for_code_only(self) -> VerifierWeight:
+        if self.language is not None and self.name != "code":
+            raise ValueError(f"language is an option of the code verifier, not of {self.name!r}")
+        return self
 
 
 class RewardSpec(_Section):
@@ -57,8 +92,17 @@ class RewardSpec(_Section):
     verifiers: list[VerifierWeight] = Field(
         default_factory=lambda: [VerifierWeight(name="math", weight=1.0)],
         min_length=1,
-        description="Verifiers applied to every row, with weights.",
+        description="Verifiers applied to every row (or to those a row lists in dataset.verifiers_field), with "
+                    "weights and options.",
     )
+
+    @model_validator(mode="after")
+    def _names_unique(self) -> RewardSpec:
+        names = [v.name for v in self.verifiers]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"each verifier may appear once (rows select verifiers by name); repeated: {repeated}")
+        return self
 
 
 class Correction(StrEnum):

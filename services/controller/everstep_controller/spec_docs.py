@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
@@ -21,7 +21,7 @@ def _default(field: Any) -> str:
     if isinstance(value, BaseModel):
         return "(section)"
     if isinstance(value, list):
-        value = [v.model_dump(mode="json") if isinstance(v, BaseModel) else v for v in value]
+        value = [v.model_dump(mode="json", exclude_defaults=True) if isinstance(v, BaseModel) else v for v in value]
     return f"`{json.dumps(value.value if hasattr(value, 'value') else value)}`"
 
 
@@ -37,10 +37,20 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
         description = (field.description or "").replace("|", "\\|")
         type_name = getattr(annotation, "__name__", str(annotation)).replace("|", "\\|")
         rows.append(f"| `{path}` | {type_name} | {_default(field)} | {description} |")
+        item = _list_item_model(annotation)
+        if item is not None:  # the fields of each list entry, e.g. reward.verifiers[].weight
+            rows.extend(_rows(item, f"{path}[]."))
     for path, sub in nested:
         rows.append(f"| **`{path}`** | section | | {(sub.__doc__ or '').strip().partition(chr(10))[0]} |")
         rows.extend(_rows(sub, f"{path}."))
     return rows
+
+
+def _list_item_model(annotation: Any) -> type[BaseModel] | None:
+    if get_origin(annotation) is not list:
+        return None
+    (item,) = get_args(annotation)
+    return item if isinstance(item, type) and issubclass(item, BaseModel) else None
 
 
 def render() -> str:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from everstep.v1 import trainer_pb2
 from everstep_controller.progress_store import ScoredSample
+from everstep_controller.reward_errors import ErrorClass, RewardFailed, describe
 from everstep_controller.scheduler import C3POScheduler, grpo_advantages
 from everstep_controller.spec import JobSpec
 
@@ -22,29 +25,45 @@ def trainer_config(spec: JobSpec, start_step: int = 0) -> trainer_pb2.TrainerCon
     )
 
 
+@dataclass
+class StepBatch:
+    samples: list[trainer_pb2.TrainSample] = field(default_factory=list)
+    num_zero_signal: int = 0  # groups left out because all their rewards were equal
+    unscorable: dict[str, dict[str, ScoredSample]] = field(default_factory=dict)
+    """Groups left out because a member's row could not be scored: group id -> those members by sample id."""
+
+
 def build_batch(group_ids: list[str], scheduler: C3POScheduler, scored: dict[str, ScoredSample], *,
-                drop_zero_signal: bool, normalize_std: bool) -> tuple[list[trainer_pb2.TrainSample], int]:
-    """The train samples of the groups' surviving members, and how many groups had no signal.
+                drop_zero_signal: bool, normalize_std: bool) -> StepBatch:
+    """The train samples of the groups' surviving members, and the groups left out.
 
     Advantages are computed over each group's surviving (finished) members only; purged members
-    are left out. A failed score fails the step: training on a made-up reward would be silent.
+    are left out. No sample is trained without its reward: a group with a member whose row could
+    not be scored is left out whole (its advantages would be made up), and any other failed
+    reward raises `RewardFailed` with its cause (see `reward_errors`).
     """
-    batch: list[trainer_pb2.TrainSample] = []
-    zero_signal = 0
+    batch = StepBatch()
     for group_id in group_ids:
         sample_ids = scheduler.surviving_samples(group_id)
         members = [scored[s] for s in sample_ids]
+        bad_rows: dict[str, ScoredSample] = {}
         for sample_id, member in zip(sample_ids, members, strict=True):
-            if member.error:
-                raise RuntimeError(f"reward for sample {sample_id} failed: {member.error}")
+            error_class = member.error_class
+            if error_class == ErrorClass.ROW:
+                bad_rows[sample_id] = member
+            elif error_class is not None:
+                raise RewardFailed(describe(sample_id, member.part_errors, member.error))
+        if bad_rows:
+            batch.unscorable[group_id] = bad_rows
+            continue
         rewards = [m.reward for m in members]
         if drop_zero_signal and max(rewards) == min(rewards):
-            zero_signal += 1
+            batch.num_zero_signal += 1
             continue
         for member, advantage in zip(members, grpo_advantages(rewards, normalize_std=normalize_std), strict=True):
             seq = member.proto()
-            batch.append(trainer_pb2.TrainSample(
+            batch.samples.append(trainer_pb2.TrainSample(
                 prompt_ids=seq.prompt_ids, output_ids=seq.output_ids, rollout_logprobs=seq.output_logprobs,
                 output_versions=seq.output_versions, advantage=advantage, reward=member.reward,
             ))
-    return batch, zero_signal
+    return batch

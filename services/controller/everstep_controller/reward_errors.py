@@ -1,0 +1,88 @@
+"""What the controller does with a reward the reward service could not compute.
+
+A `ScoreResult` with `error` set has one `RewardPart` per verifier, each failed part with an
+`error_kind` (docs/reward.md, "Errors"). No sample is ever trained on such a reward; the kinds
+decide what happens instead:
+
+- `row`: `invalid_spec` from a row's data (a missing answer, tests the verifier cannot run, a
+  language the sandbox does not know). The sample's whole group is left out of training, counted
+  and reported with its row; the job goes on.
+- `job_spec`: the job's reward spec, which every row shares, is wrong: `unknown_verifier` (rows
+  can name only the job's verifiers, checked at load), or `invalid_spec` of `params` (only the job
+  spec sets params; the service names the key as `params.<key>`). The job fails with the cause:
+  dropping every group instead would train nothing, quietly.
+- `transient`: `timeout`, `sandbox_unavailable`, `sandbox_error`, `worker_crashed`. The scorer
+  asks again a few times (`ScorerPool`), then the error fails the job with its cause.
+- `fatal`: anything else (`model_unavailable`, `internal`, an error without a kind). The job
+  fails with the cause.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel
+
+from everstep.v1 import reward_pb2
+
+__all__ = ["ErrorClass", "PartError", "RewardFailed", "classify", "describe", "part_errors", "row_error"]
+
+_ROW_KIND = "invalid_spec"
+_TRANSIENT_KINDS = frozenset({"timeout", "sandbox_unavailable", "sandbox_error", "worker_crashed"})
+_PARAMS_PREFIX = "params."  # how the reward service names a bad option (verifiers/params.py there)
+
+
+class ErrorClass(StrEnum):
+    ROW = "row"
+    JOB_SPEC = "job_spec"
+    TRANSIENT = "transient"
+    FATAL = "fatal"
+
+
+class PartError(BaseModel):
+    """One verifier's failure on one item, as the reward service reported it."""
+
+    verifier: str
+    kind: str  # RewardPart.error_kind, e.g. invalid_spec
+    message: str
+
+
+class RewardFailed(RuntimeError):
+    """A reward that no retry will produce and that is no fault of one row: the job fails with it."""
+
+
+def part_errors(result: reward_pb2.ScoreResult) -> list[PartError]:
+    return [PartError(verifier=p.verifier, kind=p.error_kind, message=p.error) for p in result.parts if p.error]
+
+
+def classify(errors: list[PartError], error: str) -> ErrorClass | None:
+    """None for a reward without error; else the class of its most serious part.
+
+    A permanent cause outranks a transient one (asking again cannot fix a bad row), and a fault of
+    the job or the service outranks a bad row (it is not the row's fault).
+    """
+    if not error and not errors:
+        return None
+    if not errors:  # an item-level error without parts (e.g. no verifiers): the controller built it wrong
+        return ErrorClass.FATAL
+    if any(e.kind == "unknown_verifier" or (e.kind == _ROW_KIND and e.message.startswith(_PARAMS_PREFIX))
+           for e in errors):
+        return ErrorClass.JOB_SPEC
+    if any(e.kind not in _TRANSIENT_KINDS and e.kind != _ROW_KIND for e in errors):
+        return ErrorClass.FATAL
+    if row_error(errors) is not None:
+        return ErrorClass.ROW
+    return ErrorClass.TRANSIENT
+
+
+def row_error(errors: list[PartError]) -> PartError | None:
+    """The first part that failed for the row's data, if any."""
+    return next((e for e in errors if e.kind == _ROW_KIND), None)
+
+
+def describe(sample_id: str, errors: list[PartError], error: str) -> str:
+    """The message a failed job carries for this sample."""
+    cause = "; ".join(f"{e.verifier}: {e.message} ({e.kind})" for e in errors) or error
+    if classify(errors, error) == ErrorClass.JOB_SPEC:
+        return f"the job's reward spec is wrong (fix reward.verifiers), e.g. for sample {sample_id}: {cause}"
+    return f"reward for sample {sample_id} failed: {cause}"
