@@ -12,7 +12,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from everstep_controller.dataset import RowFields, dataset_format, load_prompt_rows
-from everstep_controller.row_tests import RowTests, StdioCase
+from everstep_controller.row_tests import FunctionCallCase, RowTests, StdioCase
 
 ROWS = [
     {"prompt": "1 + 2 =", "answer": "3"},
@@ -81,3 +81,72 @@ def test_a_dataset_without_usable_rows_is_an_error(tmp_path: Path, tokenizer: To
         load_prompt_rows(str(path), tokenizer)
     with pytest.raises(FileNotFoundError):
         load_prompt_rows(str(tmp_path / "missing.jsonl"), tokenizer)
+
+
+CODE_ROWS = [
+    # 0: stdin/stdout cases, the input/output spelling, the row's language
+    {"prompt": "add", "tests": [{"input": "1 2\n", "output": "3\n", "testtype": "stdin"}], "language": "cpp"},
+    # 1: function-call cases with the function they call; only the code verifier applies
+    {"prompt": "add", "tests": [{"arguments": [1, 2], "expected": 3}, {"arguments": {"a": 0, "b": 0}, "expected": 0}],
+     "function_name": "Solution.add", "verifiers": ["code"]},
+    # malformed: each skipped, counted, and reported with its row and field
+    {"prompt": "add", "tests": [{"stdin": "1\n", "arguments": [1], "expected": 1}]},
+    {"prompt": "add", "tests": [{"stdin": "1\n", "expected_stdout": "1\n"}, {"arguments": [1], "expected": 1}],
+     "function_name": "f"},
+    {"prompt": "add", "tests": [{"arguments": [1], "expected": 1}]},
+    {"prompt": "add", "tests": [{"stdin": 1, "expected_stdout": "1\n"}]},
+    {"prompt": "add", "tests": [{"arguments": "1, 2", "expected": 3}], "function_name": "f"},
+    {"prompt": "add", "tests": [{"arguments": [1]}], "function_name": "f"},
+    {"prompt": "add", "tests": [["1\n", "1\n"]]},
+    {"prompt": "add", "tests": [{"stdin": "1\n", "input": "1\n", "output": "1\n"}]},
+    {"prompt": "add", "tests": [{"name": "case 1"}]},
+    {"prompt": "add", "tests": [{"stdin": "1\n", "expected_stdout": "1\n"}], "function_name": "f"},
+    {"prompt": "1 + 1 =", "answer": "2", "verifiers": ["maths"]},
+    {"prompt": "1 + 1 =", "answer": "2", "verifiers": "math"},
+    {"prompt": "1 + 1 =", "answer": "2", "language": 3},
+]
+EXPECTED_REASONS = {
+    2: "tests[0] mixes stdin/stdout keys with function-call keys",
+    3: "tests mixes stdin/stdout and function-call cases",
+    4: "tests are function-call cases but field 'function_name' names no function",
+    5: "tests[0].stdin must be a string, got int",
+    6: "tests[0].arguments must be a list",
+    7: "tests[0] has no 'expected'",
+    8: "tests[0] must be an object, got list",
+    9: "tests[0] needs exactly one of 'stdin' and 'input', got 2",
+    10: "tests[0] has neither stdin/expected_stdout (or input/output) nor arguments/expected",
+    11: "field 'function_name' is set but tests are stdin/stdout cases",
+    12: "field 'verifiers' names 'maths', which the job's reward.verifiers do not list (math, code)",
+    13: "field 'verifiers' must be a non-empty list of verifier names",
+    14: "field 'language' must be a string, got int",
+}
+
+
+def test_code_rows_are_read_and_malformed_tests_skip_their_row(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    path = tmp_path / "code.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in CODE_ROWS))
+    loaded = load_prompt_rows(str(path), tokenizer, verifier_names=["math", "code"])
+    stdio, calls = loaded.rows
+    assert (stdio.index, stdio.language, stdio.verifiers) == (0, "cpp", ())
+    assert stdio.tests == RowTests(stdio=(StdioCase("1 2\n", "3\n"),))
+    assert (calls.index, calls.language, calls.verifiers) == (1, "", ("code",))
+    assert calls.tests == RowTests(function_calls=(FunctionCallCase("[1, 2]", "3"),
+                                                   FunctionCallCase('{"a": 0, "b": 0}', "0")),
+                                   function_name="Solution.add")
+    assert loaded.num_skipped == len(EXPECTED_REASONS)
+    reasons = {s.index: s.reason for s in loaded.skipped}
+    assert set(reasons) == set(EXPECTED_REASONS)
+    for index, expected in EXPECTED_REASONS.items():
+        assert expected in reasons[index], (index, reasons[index])
+    # without the job's verifier names (no check), a row may name any
+    assert 12 not in {s.index for s in load_prompt_rows(str(path), tokenizer).skipped}
+
+
+def test_code_field_names_are_configurable(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({"q": "add", "cases": [{"arguments": [1], "expected": 1}], "fn_name": "f",
+                                "lang": "python", "apply": ["code"]}) + "\n")
+    fields = RowFields(prompt="q", tests="cases", function_name="fn_name", language="lang", verifiers="apply")
+    (row,) = load_prompt_rows(str(path), tokenizer, fields=fields, verifier_names=["code"]).rows
+    assert (row.tests.function_name, row.language, row.verifiers) == ("f", "python", ("code",))
+    assert row.tests.function_calls == (FunctionCallCase("[1]", "1"),)

@@ -65,9 +65,13 @@ def scored_results(results: dict[str, reward_pb2.ScoreResult],
     return scored
 
 
+_ACCURACY_VERIFIERS = ("math", "code")  # the first of them present decides; other parts (format, length) do not
+
+
 def correctness(result: reward_pb2.ScoreResult) -> float:
-    """Accuracy counts the math verifier when present, else the whole reward."""
-    for part in result.parts:
-        if part.verifier == "math":
-            return part.score
+    """Accuracy counts the math verifier when present, else the code verifier, else the whole reward."""
+    parts = {part.verifier: part.score for part in result.parts}
+    for name in _ACCURACY_VERIFIERS:
+        if name in parts:
+            return parts[name]
     return result.reward
