@@ -18,7 +18,7 @@ from everstep_trainer import metrics
 from everstep_trainer.batching import TrainSample, validate_samples
 from everstep_trainer.config import TrainerConfig
 from everstep_trainer.policy_trainer import PolicyTrainer, TrainStats
-from everstep_trainer.weight_push import DEFAULT_BUCKET_BYTES, GRPC_MAX_MESSAGE_BYTES, WeightPushError, make_transport
+from everstep_trainer.weight_push import GRPC_MAX_MESSAGE_BYTES, SETTINGS, WeightPusher, WeightPushError
 
 __all__ = ["TrainerService", "config_from_proto", "serve", "stats_to_proto"]
 
@@ -62,9 +62,15 @@ def _samples_from_proto(request: trainer_pb2.TrainStepRequest) -> list[TrainSamp
 class TrainerService(trainer_pb2_grpc.TrainerServicer):
     """Serialises every call on one lock: steps, pushes and saves must see consistent weights."""
 
-    def __init__(self) -> None:
+    def __init__(self, pusher: WeightPusher | None = None) -> None:
         self._lock = threading.Lock()
         self._trainer: PolicyTrainer | None = None
+        self._pusher = pusher or WeightPusher()
+
+    def close(self) -> None:
+        """Release what the weight pusher keeps between pushes (shared memory, broadcast groups)."""
+        with self._lock:
+            self._pusher.close()
 
     def _require_trainer(self, context: grpc.ServicerContext) -> PolicyTrainer:
         if self._trainer is None:
@@ -113,21 +119,25 @@ class TrainerService(trainer_pb2_grpc.TrainerServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "endpoints: at least one endpoint is required")
         if request.bucket_bytes < 0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bucket_bytes: must be >= 0, got {request.bucket_bytes}")
+        if request.transport and request.transport not in SETTINGS:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"transport: must be one of {list(SETTINGS)}, got {request.transport!r}")
+        if len(set(request.endpoints)) != len(request.endpoints):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"endpoints: duplicates in {list(request.endpoints)}")
         with self._lock:
             trainer = self._require_trainer(context)
-            transport = make_transport("grpc", bucket_bytes=request.bucket_bytes or DEFAULT_BUCKET_BYTES)
             try:
-                result = transport.push(trainer.named_weights(), version=trainer.version,
-                                        endpoints=list(request.endpoints))
+                report = self._pusher.push(trainer.named_weights(), version=trainer.version,
+                                           endpoints=list(request.endpoints), setting=request.transport or None,
+                                           bucket_bytes=request.bucket_bytes or None)
             except WeightPushError as e:
                 context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
-            finally:
-                transport.close()
-            metrics.observe_weight_push(result.num_bytes, result.seconds)
-            log.info("pushed version %d to %d endpoint(s): %d bytes in %.3fs", result.version,
-                     result.num_endpoints, result.num_bytes, result.seconds)
-            return trainer_pb2.PushWeightsResponse(version=result.version, num_bytes=result.num_bytes,
-                                                   seconds=result.seconds)
+            metrics.observe_weight_push(report.seconds, [(r.transport, r.num_bytes, r.seconds) for r in report.results])
+            log.info("pushed version %d to %d endpoint(s) (%s): %d bytes in %.3fs", report.version,
+                     len(report.transports), ", ".join(sorted(set(report.transports.values()))), report.num_bytes,
+                     report.seconds)
+            return trainer_pb2.PushWeightsResponse(version=report.version, num_bytes=report.num_bytes,
+                                                   seconds=report.seconds, transports=report.transports)
 
     def SaveCheckpoint(self, request: trainer_pb2.SaveCheckpointRequest, context: grpc.ServicerContext):  # noqa: N802
         if not request.path:
@@ -139,13 +149,22 @@ class TrainerService(trainer_pb2_grpc.TrainerServicer):
             return trainer_pb2.SaveCheckpointResponse(path=str(path))
 
 
-def serve(*, host: str, port: int, grpc_port: int, max_workers: int = 8) -> None:
-    """Run until SIGTERM/SIGINT: Prometheus on `port`, gRPC (Trainer + health) on `grpc_port`."""
+def serve(*, host: str, port: int, grpc_port: int, max_workers: int = 8, weight_transport: str = "auto",
+          weight_group_host: str = "") -> None:
+    """Run until SIGTERM/SIGINT: Prometheus on `port`, gRPC (Trainer + health) on `grpc_port`.
+
+    `weight_transport`: default transport of PushWeights ("auto" or a name, see weight_push).
+    `weight_group_host`: address engines reach this trainer at for a nccl/gloo weight group ("": the
+    bind address if it is a specific one, else what the host name resolves to).
+    """
+    if not weight_group_host and host not in ("", "0.0.0.0", "::"):
+        weight_group_host = host
+    service = TrainerService(WeightPusher(setting=weight_transport, group_host=weight_group_host))
     start_http_server(port, addr=host)
     options = [("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
                ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES)]
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=options)
-    trainer_pb2_grpc.add_TrainerServicer_to_server(TrainerService(), server)
+    trainer_pb2_grpc.add_TrainerServicer_to_server(service, server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     server.add_insecure_port(f"{host}:{grpc_port}")
@@ -165,4 +184,5 @@ def serve(*, host: str, port: int, grpc_port: int, max_workers: int = 8) -> None
     stopping.wait()
     health_servicer.enter_graceful_shutdown()
     server.stop(grace=5).wait()
+    service.close()
     log.info("trainer stopped")
