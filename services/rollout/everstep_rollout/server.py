@@ -201,12 +201,29 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         self._weight_group = None
         if old is not None:
             old.shutdown()
-        try:
-            self._weight_group = WeightGroupMember.join(request)
-        except ValueError as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot join weight group: {e}")
-        except RuntimeError as e:  # the store or a rank could not be reached in time
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot join weight group {request.group!r}: {e}")
+        # Forming the group blocks until every rank joined; it runs in a daemon thread so that a trainer
+        # that gives up (cancels this call) does not leave a handler, and a shutdown, waiting for the timeout.
+        outcome: queue.Queue = queue.Queue()
+
+        def join() -> None:
+            try:
+                outcome.put(WeightGroupMember.join(request))
+            except Exception as e:  # noqa: BLE001 - handed to the handler
+                outcome.put(e)
+
+        threading.Thread(target=join, name=f"join-{request.group}", daemon=True).start()
+        while True:
+            try:
+                result = outcome.get(timeout=_POLL_SECONDS)
+                break
+            except queue.Empty:
+                if not context.is_active():
+                    return rollout_pb2.JoinWeightGroupResponse()  # cancelled: nobody reads this
+        if isinstance(result, ValueError):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot join weight group: {result}")
+        if isinstance(result, Exception):  # the store or a rank could not be reached in time
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot join weight group {request.group!r}: {result}")
+        self._weight_group = result
         return rollout_pb2.JoinWeightGroupResponse()
 
     def _drop_weight_group(self, group: WeightGroupMember | None) -> None:

@@ -132,33 +132,51 @@ class CollectiveWeightTransport(WeightTransport):
         store = dist.TCPStore(host, 0, world_size, True, timeout=timeout, wait_for_workers=False)
         name = f"everstep-weights-{uuid.uuid4().hex[:12]}"
         errors: dict[str, str] = {}
+        channels = [grpc.insecure_channel(endpoint) for endpoint in endpoints]
+        joins = {
+            endpoint: rollout_pb2_grpc.RolloutStub(channel).JoinWeightGroup.future(
+                rollout_pb2.JoinWeightGroupRequest(
+                    group=name, backend=self.backend, store_address=f"{host}:{store.port}", rank=rank,
+                    world_size=world_size, timeout_seconds=self.timeout_seconds),
+                timeout=self.timeout_seconds + 10)
+            for rank, (endpoint, channel) in enumerate(zip(endpoints, channels, strict=True), start=1)
+        }
+        formed: dict[str, Any] = {}
 
-        def join(rank: int, endpoint: str) -> None:
-            request = rollout_pb2.JoinWeightGroupRequest(
-                group=name, backend=self.backend, store_address=f"{host}:{store.port}", rank=rank,
-                world_size=world_size, timeout_seconds=self.timeout_seconds)
+        def form() -> None:
             try:
-                with grpc.insecure_channel(endpoint) as channel:
-                    rollout_pb2_grpc.RolloutStub(channel).JoinWeightGroup(request, timeout=self.timeout_seconds + 10)
-            except grpc.RpcError as e:
-                errors[endpoint] = f"JoinWeightGroup: {e.code().name}: {e.details()}"
+                formed["group"] = new_process_group(self.backend, dist.PrefixStore(name, store), 0, world_size,
+                                                    timeout)
+            except Exception as e:  # noqa: BLE001 - reported below
+                formed["error"] = f"forming the {self.backend} group failed: {e}"
 
-        threads = [threading.Thread(target=join, args=(rank, endpoint), daemon=True)
-                   for rank, endpoint in enumerate(endpoints, start=1)]
-        for thread in threads:
-            thread.start()
+        # The trainer's side blocks until every rank has joined; it runs in a thread of its own so that an
+        # engine refusing to join fails the push at once instead of after the whole timeout: the other
+        # joins are then cancelled, and the abandoned thread ends with the timeout.
+        trainer_side = threading.Thread(target=form, name=f"form-{name}", daemon=True)
+        trainer_side.start()
         try:
-            process_group = new_process_group(self.backend, dist.PrefixStore(name, store), 0, world_size, timeout)
-        except Exception as e:
-            for thread in threads:
-                thread.join()
-            errors.setdefault("trainer", f"forming the {self.backend} group failed: {e}")
-            raise WeightPushError(errors) from e
-        for thread in threads:
-            thread.join()
+            deadline = time.monotonic() + self.timeout_seconds + 10
+            while not errors and not all(f.done() for f in joins.values()) and time.monotonic() < deadline:
+                for endpoint, future in joins.items():
+                    if future.done() and future.exception() is not None:
+                        e = future.exception()
+                        errors[endpoint] = f"JoinWeightGroup: {e.code().name}: {e.details()}"
+                time.sleep(0.01)
+        finally:
+            for future in joins.values():
+                future.cancel()
+            for channel in channels:
+                channel.close()
+        if not errors:
+            trainer_side.join(self.timeout_seconds + 10)
+            if "error" in formed or "group" not in formed:
+                errors["trainer"] = formed.get("error", "forming the group timed out")
         if errors:
-            shutdown_process_group(process_group)
+            if "group" in formed:
+                shutdown_process_group(formed["group"])
             raise WeightPushError(errors)
+        process_group = formed["group"]
         log.info("formed %s weight group %s with %d engine(s), store at %s:%d", self.backend, name, len(endpoints),
                  host, store.port)
         self._group = _Group(name, endpoints, store, process_group)

@@ -1,9 +1,9 @@
 """The gRPC transport: tensor bytes inside the `WeightBucket` messages of `Rollout.UpdateWeights`.
 
 Tensors are grouped into buckets of about `bucket_bytes`; every bucket carries the version, the
-last one has last=true. A tensor larger than one message allows (`max_message_bytes`, 256 MiB by
-default, less room for the message's own fields) travels as consecutive `TensorChunk` buckets
-that the engine reassembles. Tensors are serialised once (one GPU->CPU copy and one byte copy per
+last one has last=true. No message exceeds `max_message_bytes` (256 MiB, the limit both sides
+set): a tensor too large for one message travels as consecutive `TensorChunk` buckets that the
+engine reassembles. Tensors are serialised once (one GPU->CPU copy and one byte copy per
 tensor) and fanned out to every endpoint concurrently through small bounded queues, so memory
 stays at a few buckets whatever the model size.
 """
@@ -33,8 +33,14 @@ __all__ = ["GrpcWeightTransport", "iter_weight_buckets", "tensor_to_proto"]
 
 log = logging.getLogger(__name__)
 
-MESSAGE_OVERHEAD_BYTES = 64 * 1024
-"""Room left in every message for the fields around the tensor bytes (names, shapes, framing)."""
+MESSAGE_OVERHEAD_BYTES = 1024
+"""Room left in every message for the bucket's own fields and framing."""
+MIN_MESSAGE_BYTES = 4096
+
+
+def _tensor_overhead(name: str, tensor: Tensor) -> int:
+    """An upper bound of the bytes a tensor's name, dtype, shape and framing add to a message."""
+    return 64 + len(name.encode()) + 11 * tensor.dim()
 
 
 def _raw_bytes(tensor: Tensor) -> Tensor:
@@ -64,24 +70,24 @@ def iter_weight_buckets(named_tensors: Iterable[tuple[str, Tensor]], *, version:
     empty state dict gives one empty bucket)."""
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes: must be > 0, got {bucket_bytes}")
-    if max_message_bytes <= MESSAGE_OVERHEAD_BYTES:
-        raise ValueError(f"max_message_bytes: must be > {MESSAGE_OVERHEAD_BYTES}, got {max_message_bytes}")
+    if max_message_bytes < MIN_MESSAGE_BYTES:
+        raise ValueError(f"max_message_bytes: must be >= {MIN_MESSAGE_BYTES}, got {max_message_bytes}")
     payload_limit = max_message_bytes - MESSAGE_OVERHEAD_BYTES
-    bucket_bytes = min(bucket_bytes, payload_limit)
 
     def buckets() -> Iterator[rollout_pb2.WeightBucket]:
         pending: list[common_pb2.Tensor] = []
-        pending_bytes = 0
+        pending_data = pending_message = 0  # tensor bytes (the budget) and bytes with overheads (the limit)
         for name, tensor in named_tensors:
-            size = tensor_num_bytes(tensor)
-            if pending and pending_bytes + size > bucket_bytes:
+            size, overhead = tensor_num_bytes(tensor), _tensor_overhead(name, tensor)
+            if pending and (pending_data + size > bucket_bytes or pending_message + size + overhead > payload_limit):
                 yield rollout_pb2.WeightBucket(version=version, tensors=pending)
-                pending, pending_bytes = [], 0
-            if size > payload_limit:
-                yield from _iter_chunks(name, tensor, payload_limit, version)
+                pending, pending_data, pending_message = [], 0, 0
+            if size + overhead > payload_limit:
+                yield from _iter_chunks(name, tensor, payload_limit - overhead, version)
                 continue
             pending.append(tensor_to_proto(name, tensor))
-            pending_bytes += size
+            pending_data += size
+            pending_message += size + overhead
         if pending:
             yield rollout_pb2.WeightBucket(version=version, tensors=pending)
 
@@ -110,8 +116,8 @@ class GrpcWeightTransport(WeightTransport):
                  max_message_bytes: int = GRPC_MAX_MESSAGE_BYTES) -> None:
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes: must be > 0, got {bucket_bytes}")
-        if max_message_bytes <= MESSAGE_OVERHEAD_BYTES:
-            raise ValueError(f"max_message_bytes: must be > {MESSAGE_OVERHEAD_BYTES}, got {max_message_bytes}")
+        if max_message_bytes < MIN_MESSAGE_BYTES:
+            raise ValueError(f"max_message_bytes: must be >= {MIN_MESSAGE_BYTES}, got {max_message_bytes}")
         self.bucket_bytes = bucket_bytes
         self.timeout_seconds = timeout_seconds
         self.max_message_bytes = max_message_bytes
