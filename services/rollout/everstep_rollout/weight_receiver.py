@@ -3,13 +3,13 @@
 The buckets of an update carry the bytes themselves (gRPC: whole tensors, or chunks of one tensor
 larger than a message, reassembled here) or only where the bytes are: a /dev/shm segment the
 trainer wrote (mapped here and viewed with torch.frombuffer: the engine then copies straight from
-the mapping into its parameters, no other copy), a broadcast of the trainer's weight group, or CUDA
-IPC handles. One update uses one carrier. Nothing reaches the engine before the last bucket, so a
-stream that fails halfway changes nothing.
+the mapping into its parameters, no other copy), a broadcast of the trainer's weight group, or
+CUDA IPC handles. One update uses one carrier. Nothing reaches the engine before the last bucket,
+so a stream that fails halfway changes nothing.
 
 Shared memory: the engine only opens segments named `everstep-weights-*` directly under /dev/shm,
-read-only (a private mapping; it never writes), and unmaps them when the update is done; it never
-creates or removes a segment (the trainer owns them), so an engine that dies leaks nothing.
+for reading, and unmaps them when the update is done; it never creates or removes a segment (the
+trainer owns them), so an engine that dies leaks nothing.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ __all__ = ["SHM_DIR", "WeightUpdate", "receiver_info", "shm_domain"]
 
 SHM_DIR = Path("/dev/shm")
 _SEGMENT_NAME = re.compile(r"everstep-weights-[A-Za-z0-9_-]+")
+_MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14+; Python names it from 3.13
 
 
 def _boot_id() -> str:
@@ -98,7 +99,15 @@ class _PartialTensor:
 
 
 class _MappedSegment:
-    """A trainer's segment, mapped privately and read-only in effect; `buffer` views it."""
+    """A trainer's segment, mapped privately; `buffer` views it.
+
+    Private and writable only so that torch takes it as an ordinary buffer: nothing here writes to
+    it, reads see the trainer's pages, and a stray write would copy one page for this process
+    instead of touching the trainer's data. The page tables are filled at once (MADV_POPULATE_READ,
+    which reads and never copies, or a read of every page) when the first bucket names the segment,
+    while the trainer is still writing later buckets, so that the copy into the parameters after the
+    last bucket does not stop at every page.
+    """
 
     def __init__(self, message: rollout_pb2.SharedMemoryWeights, directory: Path) -> None:
         if not _SEGMENT_NAME.fullmatch(message.segment):
@@ -114,12 +123,14 @@ class _MappedSegment:
             size = os.fstat(fd).st_size
             if size != message.segment_bytes or size == 0:
                 raise ValueError(f"shared_memory.segment_bytes: {message.segment_bytes}, but {path} has {size} bytes")
-            # MAP_PRIVATE + PROT_WRITE: a buffer torch accepts without a read-only warning; nothing writes to it,
-            # so no page is ever copied, and reads see the trainer's pages.
             self._mapping = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
         self.buffer = torch.frombuffer(self._mapping, dtype=torch.uint8)
+        try:
+            self._mapping.madvise(_MADV_POPULATE_READ)
+        except (OSError, ValueError):  # kernels before 5.14
+            self.buffer[::mmap.PAGESIZE].sum()
 
     def close(self) -> None:
         self.buffer = torch.empty(0, dtype=torch.uint8)
