@@ -5,8 +5,8 @@ Llama of about --mb MB (float32), and a real rollout process (`python -m everste
 holding the same model, on this machine; the benchmark calls `Trainer.PushWeights` as the
 controller does, once to warm up, then --repeats times per transport, and takes the median wall
 time of the call. Baseline, same run: `memcpy`, a plain in-process `dst.copy_(src)` of the same
-tensors into preallocated ones, median of as many repetitions, with one torch thread and with
-torch's default count; the faster of the two is memcpy_gb_per_s.
+tensors into preallocated ones, after every timed push (so that both see the same load), with one
+torch thread and with torch's default count; the faster median of the two is memcpy_gb_per_s.
 
 Transports: comma-separated PushWeights settings; "auto" (the platform default) is reported under
 what it resolves to (shm on one host). The engine's own metrics are read back to check that every
@@ -122,29 +122,39 @@ def wait_serving(service: Service) -> None:
     raise TimeoutError(f"{service.log_path.stem} not serving after {_READY_TIMEOUT_SECONDS}s")
 
 
-def memcpy_seconds(model_dir: Path, repeats: int) -> dict[int, float]:
-    """Median seconds of copying the model's tensors into preallocated (already touched) ones, with one torch
-    thread (a plain memcpy) and with torch's default thread count: {threads: seconds}."""
-    import torch
-    from safetensors.torch import load_file
+class MemcpyBaseline:
+    """Copies of the model's tensors into preallocated, already touched ones, in this process: with one torch
+    thread (a plain memcpy) and with torch's default thread count. Timed between pushes, so that both see
+    the same load on the machine."""
 
-    sources = list(load_file(str(model_dir / "model.safetensors")).values())
-    targets = [torch.empty_like(t) for t in sources]
-    default_threads = torch.get_num_threads()
-    medians = {}
-    try:
-        for threads in sorted({1, default_threads}):
-            torch.set_num_threads(threads)
-            times = []
-            for _ in range(repeats + 1):  # the first one touches the targets' pages
-                start = time.perf_counter()
-                for target, source in zip(targets, sources, strict=True):
-                    target.copy_(source)
-                times.append(time.perf_counter() - start)
-            medians[threads] = statistics.median(times[1:])
-    finally:
-        torch.set_num_threads(default_threads)
-    return medians
+    def __init__(self, model_dir: Path) -> None:
+        import torch
+        from safetensors.torch import load_file
+
+        self.sources = list(load_file(str(model_dir / "model.safetensors")).values())
+        self.targets = [torch.empty_like(t) for t in self.sources]
+        self.default_threads = torch.get_num_threads()
+        self.seconds: dict[int, list[float]] = {threads: [] for threads in sorted({1, self.default_threads})}
+        self._copy()  # touch the targets' pages
+
+    def _copy(self) -> float:
+        start = time.perf_counter()
+        for target, source in zip(self.targets, self.sources, strict=True):
+            target.copy_(source)
+        return time.perf_counter() - start
+
+    def measure(self) -> None:
+        import torch
+
+        try:
+            for threads, times in self.seconds.items():
+                torch.set_num_threads(threads)
+                times.append(self._copy())
+        finally:
+            torch.set_num_threads(self.default_threads)
+
+    def medians(self) -> dict[int, float]:
+        return {threads: statistics.median(times) for threads, times in self.seconds.items()}
 
 
 def applied_bytes(metrics_url: str, transport: str) -> float:
@@ -154,7 +164,7 @@ def applied_bytes(metrics_url: str, transport: str) -> float:
 
 
 def bench_transport(trainer: trainer_pb2_grpc.TrainerStub, rollout: Service, setting: str, repeats: int,
-                    num_bytes: int) -> dict:
+                    num_bytes: int, baseline: MemcpyBaseline) -> dict:
     request = trainer_pb2.PushWeightsRequest(endpoints=[rollout.address], transport=setting)
     warm = trainer.PushWeights(request, timeout=600)  # channels, segments, groups: set up once
     transport = warm.transports[rollout.address]
@@ -167,6 +177,7 @@ def bench_transport(trainer: trainer_pb2_grpc.TrainerStub, rollout: Service, set
         server.append(response.seconds)
         if response.num_bytes != num_bytes or response.transports[rollout.address] != transport:
             raise RuntimeError(f"{setting}: pushed {response.num_bytes} bytes over {dict(response.transports)}")
+        baseline.measure()
     arrived = applied_bytes(rollout.metrics_url, transport) - before
     if arrived != repeats * num_bytes:
         raise RuntimeError(f"{setting}: the engine applied {arrived} bytes over {transport}, "
@@ -201,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         rollout = start_service("rollout", work / "rollout.log", "--model", str(model_dir))
         trainer_service = start_service("trainer", work / "trainer.log")
         results: dict[str, dict] = {}
+        baseline = MemcpyBaseline(model_dir)
         try:
             wait_serving(rollout)
             wait_serving(trainer_service)
@@ -208,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                 trainer = trainer_pb2_grpc.TrainerStub(channel)
                 trainer.Load(trainer_pb2.TrainerLoadRequest(model_path=str(model_dir), version=1), timeout=600)
                 for setting in settings:
-                    result = bench_transport(trainer, rollout, setting, args.repeats, num_bytes)
+                    result = bench_transport(trainer, rollout, setting, args.repeats, num_bytes, baseline)
                     results[setting] = result
                     print(f"{setting:>5} -> {result['transport']:<5} {result['gb_per_s']:7.3f} GB/s "
                           f"(median {result['seconds']:.3f}s of {args.repeats}, trainer-side "
@@ -220,12 +232,14 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             trainer_service.stop()
             rollout.stop()
-        memcpy = memcpy_seconds(model_dir, args.repeats)
+    memcpy = baseline.medians()
     for threads, seconds in memcpy.items():
         print(f"memcpy        {num_bytes / seconds / 1e9:7.3f} GB/s (median {seconds:.3f}s, {threads} torch thread(s))",
               flush=True)
     threads = min(memcpy, key=memcpy.get)  # the faster copy is the baseline
     memcpy_gb_per_s = num_bytes / memcpy[threads] / 1e9
+    for result in results.values():
+        result["ratio_to_memcpy"] = round(result["gb_per_s"] / memcpy_gb_per_s, 3)
     default = results.get("auto") or next(iter(results.values()))
     summary = {
         "gb_per_s": default["gb_per_s"], "memcpy_gb_per_s": round(memcpy_gb_per_s, 3),

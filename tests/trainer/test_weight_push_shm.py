@@ -126,3 +126,24 @@ def test_the_engine_refuses_segments_that_are_not_weight_segments(tmp_path: Path
             attempt(segment.name, slot=rollout_pb2.TensorSlot(name="w", dtype="float99", shape=[1]))
     finally:
         segment.release()
+
+
+def test_the_parallel_copy_into_a_segment_writes_every_byte() -> None:
+    from everstep_trainer.weight_push_shm import SharedMemoryWeightTransport
+
+    torch.manual_seed(1)
+    weights = [("big", torch.randn(2_300_000)),                    # 9.2 MB: two copy slices
+               ("bf16", torch.randn(1000).to(torch.bfloat16)), ("strided", torch.randn(40, 8)[:, ::3]),
+               ("scalar", torch.tensor(7, dtype=torch.int64)), ("empty", torch.zeros(0))]
+    placements, total = layout_tensors(weights)
+    transport = SharedMemoryWeightTransport(copy_threads=2)
+    segment = SharedMemorySegment(total)
+    try:
+        assert len(segment.copy_tasks(placements[0])) == 2
+        transport._write(segment, placements)
+        for p in placements:
+            written = segment.buffer[p.offset : p.offset + p.num_bytes].view(p.tensor.dtype).view(p.tensor.shape)
+            assert torch.equal(written, p.tensor), p.name
+    finally:
+        segment.release()
+        transport.close()

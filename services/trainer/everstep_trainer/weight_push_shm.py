@@ -32,9 +32,12 @@ import os
 import secrets
 import time
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -57,6 +60,12 @@ log = logging.getLogger(__name__)
 SHM_DIR = Path("/dev/shm")
 SEGMENT_PREFIX = "everstep-weights-"
 _SIZE_GRANULE = 1 << 20  # segments are sized in MiB so that small changes of the state dict reuse them
+_COPY_SLICE_BYTES = 8 << 20  # unit of work of the parallel copy into the segment
+
+
+def default_copy_threads() -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(4, cores))
 
 
 def _try_lock(fd: int) -> bool:
@@ -152,6 +161,7 @@ class SharedMemorySegment:
                                    f"{e.strerror}") from e
         mapping = mmap.mmap(fd, num_bytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         self.buffer = torch.frombuffer(mapping, dtype=torch.uint8)
+        self.array = np.frombuffer(mapping, dtype=np.uint8)  # the same bytes, for memcpy without torch threads
         self._finalizer = weakref.finalize(self, _release, self.path, fd, mapping)
 
     @property
@@ -161,6 +171,7 @@ class SharedMemorySegment:
     def release(self) -> None:
         """Unlink the name, unmap (once no view is left) and drop the lock. Idempotent."""
         self.buffer = torch.empty(0, dtype=torch.uint8)
+        self.array = np.empty(0, dtype=np.uint8)
         self._finalizer()
 
     def write(self, placement: TensorPlacement) -> None:
@@ -168,6 +179,19 @@ class SharedMemorySegment:
             return
         target = self.buffer[placement.offset : placement.offset + placement.num_bytes]
         target.view(placement.tensor.dtype).view(placement.tensor.shape).copy_(placement.tensor.detach())
+
+    def copy_tasks(self, placement: TensorPlacement) -> list[Callable[[], object]]:
+        """Independent pieces of writing one tensor: memcpy of slices for a contiguous CPU tensor (numpy
+        releases the GIL, and no OpenMP pool spins on a busy machine), else one torch copy."""
+        source = placement.tensor.detach()
+        if placement.num_bytes == 0:
+            return []
+        if source.device.type != "cpu" or not source.is_contiguous():
+            return [partial(self.write, placement)]
+        raw = source.reshape(-1).view(torch.uint8).numpy()
+        target = self.array[placement.offset : placement.offset + placement.num_bytes]
+        return [partial(np.copyto, target[start : start + _COPY_SLICE_BYTES], raw[start : start + _COPY_SLICE_BYTES])
+                for start in range(0, placement.num_bytes, _COPY_SLICE_BYTES)]
 
 
 class SharedMemoryWeightTransport(WeightTransport):
@@ -180,11 +204,18 @@ class SharedMemoryWeightTransport(WeightTransport):
     kind = "shm"
 
     def __init__(self, *, timeout_seconds: float = 600.0, keep_segment: bool = True,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, directory: Path = SHM_DIR) -> None:
-        """`bucket_bytes`: tensors written between two metadata messages, so that engines map and check
-        the first tensors while later ones are written. `keep_segment`: reuse the segment across pushes."""
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, directory: Path = SHM_DIR,
+                 copy_threads: int | None = None) -> None:
+        """`bucket_bytes`: tensors written between two metadata messages, so that engines map the segment
+        while later ones are written. `keep_segment`: reuse the segment across pushes. `copy_threads`:
+        threads copying into the segment (default: the cores, at most 4)."""
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes: must be > 0, got {bucket_bytes}")
+        copy_threads = copy_threads or default_copy_threads()
+        if copy_threads < 1:
+            raise ValueError(f"copy_threads: must be >= 1, got {copy_threads}")
+        self.copy_threads = copy_threads
+        self._pool: ThreadPoolExecutor | None = None
         self.timeout_seconds = timeout_seconds
         self.keep_segment = keep_segment
         self.bucket_bytes = bucket_bytes
@@ -218,12 +249,24 @@ class SharedMemoryWeightTransport(WeightTransport):
 
         for placement in placements:
             if group and group_bytes + placement.num_bytes > self.bucket_bytes:
+                self._write(segment, group)
                 yield bucket(group, last=False)
                 group, group_bytes = [], 0
-            segment.write(placement)
             group.append(placement)
             group_bytes += placement.num_bytes
+        self._write(segment, group)
         yield bucket(group, last=True)
+
+    def _write(self, segment: SharedMemorySegment, placements: list[TensorPlacement]) -> None:
+        tasks = [task for p in placements for task in segment.copy_tasks(p)]
+        if self.copy_threads == 1 or len(tasks) < 2:
+            for task in tasks:
+                task()
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.copy_threads, thread_name_prefix="weight-shm-copy")
+        for future in [self._pool.submit(task) for task in tasks]:
+            future.result()
 
     def push(self, named_tensors: Iterable[tuple[str, Tensor]], *, version: int,
              endpoints: Sequence[str]) -> PushResult:
@@ -251,3 +294,6 @@ class SharedMemoryWeightTransport(WeightTransport):
         if self._segment is not None:
             self._segment.release()
             self._segment = None
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
