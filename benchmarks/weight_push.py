@@ -9,8 +9,11 @@ tensors into preallocated ones, after every timed push (so that both see the sam
 torch thread and with torch's default count; the faster median of the two is memcpy_gb_per_s.
 
 Transports: comma-separated PushWeights settings; "auto" (the platform default) is reported under
-what it resolves to (shm on one host). The engine's own metrics are read back to check that every
-push arrived whole over the transport named.
+what it resolves to (shm on one host with a CPU engine). The engine's own metrics are read back to
+check that every push arrived whole over the transport named. With --device cuda the engine runs
+on the GPU (the trainer uses it whenever it has one), auto resolves to cuda_ipc, and nccl can be
+asked for; the baseline is then a device-to-device copy. (The GPU variant has not been run: no
+GPU where it was written.)
 
 Output: one line per transport, then, as the last line, one JSON object with gb_per_s (the default
 transport), memcpy_gb_per_s, ratio_to_memcpy, default_transport, per-transport results, the model
@@ -127,20 +130,25 @@ class MemcpyBaseline:
     thread (a plain memcpy) and with torch's default thread count. Timed between pushes, so that both see
     the same load on the machine."""
 
-    def __init__(self, model_dir: Path) -> None:
+    def __init__(self, model_dir: Path, device: str) -> None:
         import torch
         from safetensors.torch import load_file
 
-        self.sources = list(load_file(str(model_dir / "model.safetensors")).values())
+        self.device = device
+        self.sources = list(load_file(str(model_dir / "model.safetensors"), device=device).values())
         self.targets = [torch.empty_like(t) for t in self.sources]
         self.default_threads = torch.get_num_threads()
         self.seconds: dict[int, list[float]] = {threads: [] for threads in sorted({1, self.default_threads})}
         self._copy()  # touch the targets' pages
 
     def _copy(self) -> float:
+        import torch
+
         start = time.perf_counter()
         for target, source in zip(self.targets, self.sources, strict=True):
             target.copy_(source)
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize(self.device)
         return time.perf_counter() - start
 
     def measure(self) -> None:
@@ -194,10 +202,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mb", type=float, default=500, help="size of the weights, MB (float32)")
     parser.add_argument("--repeats", type=int, default=5, help="timed pushes per transport (after one warm-up)")
     parser.add_argument("--transport", default="auto,grpc",
-                        help="comma-separated PushWeights settings: auto, shm, grpc, gloo (auto is the default one)")
+                        help="comma-separated PushWeights settings: auto, shm, grpc, gloo, nccl, cuda_ipc "
+                             "(auto is the default one)")
+    parser.add_argument("--device", default="cpu",
+                        help="the rollout engine's device (cpu, cuda[:N]); the trainer uses CUDA whenever it has one")
     args = parser.parse_args(argv)
     settings = [s.strip() for s in args.transport.split(",") if s.strip()]
-    unknown = sorted(set(settings) - {"auto", "shm", "grpc", "gloo"})
+    unknown = sorted(set(settings) - {"auto", "shm", "grpc", "gloo", "nccl", "cuda_ipc"})
     if unknown or not settings:
         parser.error(f"--transport: unknown or empty settings {unknown or args.transport!r}")
     if args.repeats < 1 or args.mb <= 0:
@@ -209,10 +220,10 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = work / "model"
         num_bytes = make_model(model_dir, args.mb)
         print(f"model: {num_bytes / 1e6:.1f} MB of float32 weights in {model_dir}", file=sys.stderr, flush=True)
-        rollout = start_service("rollout", work / "rollout.log", "--model", str(model_dir))
+        rollout = start_service("rollout", work / "rollout.log", "--model", str(model_dir), "--device", args.device)
         trainer_service = start_service("trainer", work / "trainer.log")
         results: dict[str, dict] = {}
-        baseline = MemcpyBaseline(model_dir)
+        baseline = MemcpyBaseline(model_dir, args.device)
         try:
             wait_serving(rollout)
             wait_serving(trainer_service)

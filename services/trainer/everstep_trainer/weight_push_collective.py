@@ -116,9 +116,12 @@ class CollectiveWeightTransport(WeightTransport):
         self.bucket_bytes = bucket_bytes
         self._group: _Group | None = None
 
-    @property
-    def device(self) -> torch.device:
-        return torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
+    def _buffer_device(self, placements: list[TensorPlacement]) -> torch.device:
+        """NCCL broadcasts from the GPU that holds the weights; gloo from the CPU."""
+        if self.backend == "gloo":
+            return torch.device("cpu")
+        on_gpu = [p.tensor.device for p in placements if p.tensor.is_cuda]
+        return on_gpu[0] if on_gpu else torch.device("cuda", torch.cuda.current_device())
 
     # -- the group --------------------------------------------------------------------------------------
 
@@ -204,7 +207,7 @@ class CollectiveWeightTransport(WeightTransport):
     def _buckets(self, group: _Group, placements: list[TensorPlacement], version: int,
                  streams: list[EndpointStream]) -> Iterator[rollout_pb2.WeightBucket]:
         """Yield each bucket's layout, then (when resumed, i.e. after it went to every stream) broadcast it."""
-        device = self.device
+        device = self._buffer_device(placements)
         group_items: list[TensorPlacement] = []
 
         def flush(items: list[TensorPlacement]) -> Iterator[rollout_pb2.WeightBucket]:
