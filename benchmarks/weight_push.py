@@ -45,6 +45,10 @@ from everstep.v1 import rollout_pb2, rollout_pb2_grpc, trainer_pb2, trainer_pb2_
 _READY_TIMEOUT_SECONDS = 300
 
 
+def _significant(value: float, digits: int = 4) -> float:
+    return float(f"{value:.{digits}g}")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -192,8 +196,8 @@ def bench_transport(trainer: trainer_pb2_grpc.TrainerStub, rollout: Service, set
                            f"expected {repeats * num_bytes}")
     seconds = statistics.median(wall)
     return {"transport": transport, "setting": setting, "seconds": round(seconds, 4),
-            "gb_per_s": round(num_bytes / seconds / 1e9, 3), "trainer_seconds": round(statistics.median(server), 4),
-            "min_seconds": round(min(wall), 4), "max_seconds": round(max(wall), 4)}
+            "gb_per_s": _significant(num_bytes / seconds / 1e9), "trainer_seconds": round(statistics.median(server), 4),
+            "min_seconds": round(min(wall), 4), "max_seconds": round(max(wall), 4), "median_seconds": seconds}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -250,14 +254,14 @@ def main(argv: list[str] | None = None) -> int:
     threads = min(memcpy, key=memcpy.get)  # the faster copy is the baseline
     memcpy_gb_per_s = num_bytes / memcpy[threads] / 1e9
     for result in results.values():
-        result["ratio_to_memcpy"] = round(result["gb_per_s"] / memcpy_gb_per_s, 3)
+        result["ratio_to_memcpy"] = _significant(num_bytes / result.pop("median_seconds") / 1e9 / memcpy_gb_per_s)
     default = results.get("auto") or next(iter(results.values()))
     summary = {
-        "gb_per_s": default["gb_per_s"], "memcpy_gb_per_s": round(memcpy_gb_per_s, 3),
-        "ratio_to_memcpy": round(default["gb_per_s"] / memcpy_gb_per_s, 3), "default_transport": default["transport"],
+        "gb_per_s": default["gb_per_s"], "memcpy_gb_per_s": _significant(memcpy_gb_per_s),
+        "ratio_to_memcpy": default["ratio_to_memcpy"], "default_transport": default["transport"],
         "transports": {r["transport"]: r for r in results.values()}, "num_bytes": num_bytes,
         "repeats": args.repeats, "memcpy_threads": threads,
-        "memcpy_gb_per_s_by_threads": {str(t): round(num_bytes / s / 1e9, 3) for t, s in memcpy.items()},
+        "memcpy_gb_per_s_by_threads": {str(t): _significant(num_bytes / s / 1e9) for t, s in memcpy.items()},
         "cpu_count": os.cpu_count() or 1,
         "load_avg_1m_at_start": round(load_at_start, 2),
     }
