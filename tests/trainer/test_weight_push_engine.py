@@ -6,6 +6,7 @@ holding those weights (per-token log-probs compared), tagged with the pushed ver
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
@@ -100,11 +101,16 @@ def perturbed_weights(model_dir: Path, seed: int) -> dict[str, torch.Tensor]:
             for k, v in load_file(str(model_dir / "model.safetensors")).items()}
 
 
+@functools.cache
+def hf_model(model_dir: Path) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
 @torch.inference_mode()
 def assert_engine_runs(address: str, model_dir: Path, weights: dict[str, torch.Tensor], version: int) -> None:
     """Greedy outputs of the engine carry `version` and the log-probs of a HF model holding `weights`."""
-    from transformers import AutoModelForCausalLM
-
     request = rollout_pb2.GenerateRequest(
         sequences=[common_pb2.Sequence(id=f"p{i}", prompt_ids=p) for i, p in enumerate(PROMPTS)],
         sampling=common_pb2.SamplingParams(temperature=0.0, max_new_tokens=6))
@@ -112,7 +118,7 @@ def assert_engine_runs(address: str, model_dir: Path, weights: dict[str, torch.T
         stub = rollout_pb2_grpc.RolloutStub(channel)
         results = [s for r in stub.Generate(iter([request]), timeout=60) for s in r.sequences]
         assert stub.GetStatus(rollout_pb2.GetStatusRequest()).version == version
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = hf_model(model_dir)
     model.load_state_dict(weights)
     for sequence in results:
         assert set(sequence.output_versions) == {version}
