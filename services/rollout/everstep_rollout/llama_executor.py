@@ -264,6 +264,8 @@ class LlamaExecutor:
         self._kv_base = ((kinds * (shape.num_slots + 1)) * nkv + heads) * shape.max_seq_len  # [2, kv_heads]
         self._slot_stride = nkv * shape.max_seq_len
         self._layer_rows = [cache.kv[li].view(-1, d) for li in range(shape.num_layers)]
+        self._layer_keys = [cache.kv[li, 0] for li in range(shape.num_layers)]  # [slots + 1, kv_heads, L, D]
+        self._layer_values = [cache.kv[li, 1] for li in range(shape.num_layers)]
 
     @classmethod
     def load(cls, model_dir: Path, spec: LlamaSpec, options: ExecutorOptions) -> LlamaExecutor:
@@ -323,11 +325,10 @@ class LlamaExecutor:
                 x, qkv, num_prefill = x[:num_decode], qkv[:num_decode], 0
             parts = []
             if num_decode:
-                layer_kv = self.cache.kv[li]
                 q = qkv[:num_decode, :nh].view(num_decode, nkv, groups, d)
                 # With one query per row, the query heads of a kv group act as that group's queries.
                 attn = F.scaled_dot_product_attention(
-                    q, layer_kv[0, :num_decode, :, :context], layer_kv[1, :num_decode, :, :context],
+                    q, self._layer_keys[li][:num_decode, :, :context], self._layer_values[li][:num_decode, :, :context],
                     attn_mask=decode_mask, scale=self._scale,
                 )
                 parts.append(attn.view(num_decode, nh * d))
