@@ -13,7 +13,9 @@ GENERATED_TOKENS = Counter("everstep_rollout_generated_tokens_total", "Output to
 RUNNING_SEQUENCES = Gauge("everstep_rollout_running_sequences", "Sequences holding a KV cache slot.")
 QUEUED_SEQUENCES = Gauge("everstep_rollout_queued_sequences", "Sequences waiting for a KV cache slot.")
 DECODE_STEP_SECONDS = Histogram(
-    "everstep_rollout_decode_step_seconds", "Duration of one batched decode step (prefill excluded).",
+    "everstep_rollout_decode_step_seconds",
+    "One decode step: the forward pass generating a token for every running sequence (joining sequences' prefill "
+    "fused into it) and sampling.",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
 )
 WEIGHT_UPDATE_SECONDS = Histogram(

@@ -16,8 +16,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc
 from everstep_rollout import metrics
 from everstep_rollout.config import EngineConfig
-from everstep_rollout.engine import Engine, QueueFullError
+from everstep_rollout.engine import QueueFullError
 from everstep_rollout.engine_loop import EngineFailed, EngineLoop, EngineStatus, Withdrawn
+from everstep_rollout.engines import EngineUnavailableError, GenerationEngine, build_engine
 from everstep_rollout.proto_convert import request_from_proto, result_to_proto, sampling_from_proto
 from everstep_rollout.sequence import SequenceResult
 from everstep_rollout.weight_group import WeightGroupMember
@@ -54,13 +55,13 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
     # -- engine lifecycle -------------------------------------------------------------------------------
 
     def load(self, model_path: str, *, dtype: str = "", version: int = 0, max_running: int = 0,
-             seed: int = 0) -> Engine:
+             seed: int = 0) -> GenerationEngine:
         """Build an engine (the request's non-zero fields override the defaults) and swap it in."""
         config = replace(
             self._defaults, dtype=dtype or self._defaults.dtype, version=version,
             max_running=max_running or self._defaults.max_running, seed=seed or self._defaults.seed,
         )
-        engine = Engine(model_path, config)
+        engine = build_engine(model_path, config)
         loop = EngineLoop(engine, on_step=metrics.observe_step).start()
         with self._lock:
             old, self._loop, self._model_path = self._loop, loop, model_path
@@ -92,9 +93,11 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
                                max_running=request.max_running, seed=request.seed)
         except FileNotFoundError as e:
             context.abort(grpc.StatusCode.NOT_FOUND, f"cannot load {request.model_path!r}: {e}")
+        except EngineUnavailableError as e:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"cannot load {request.model_path!r}: {e}")
         except (NotImplementedError, ValueError, OSError) as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot load {request.model_path!r}: {e}")
-        return rollout_pb2.LoadModelResponse(version=engine.version, num_parameters=engine.weights.num_parameters)
+        return rollout_pb2.LoadModelResponse(version=engine.version, num_parameters=engine.num_parameters)
 
     def Generate(self, request_iterator, context) -> Iterator[rollout_pb2.GenerateResponse]:
         loop = self._current(context)
