@@ -43,7 +43,7 @@ lint: install-dev
 
 test: install-dev $(VENV)/.installed-deploy $(VENV)/.installed-toolchains
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest -q --timeout=900
+	$(VENV)/bin/pytest -q --timeout=900 --durations=30
 
 demo: install
 	$(VENV)/bin/everstep demo

@@ -11,7 +11,9 @@ from rollout_reference import hf_greedy, hf_logprobs, hf_model
 from safetensors.torch import load_file
 
 from everstep_rollout.engine import Engine, EngineConfig, QueueFullError
+from everstep_rollout.llama_executor import LlamaExecutor
 from everstep_rollout.sequence import FinishReason, GenerationRequest, SamplingOptions, SequenceResult
+from everstep_rollout.transformers_executor import TransformersExecutor
 
 PROMPTS = [[1, 5, 12, 4, 13, 6], [1, 20], [1, 30, 31, 32, 33, 34, 35, 36, 37, 7, 8], [1, 9, 10], [1, 40, 41, 42]]
 
@@ -196,7 +198,7 @@ def test_queue_is_bounded(tiny_model_dir):
     assert len(run(engine)) == 5
 
 
-def test_unsupported_architectures_are_named(tiny_model_dir, tmp_path):
+def test_native_executor_names_what_it_does_not_support(tiny_model_dir, tmp_path):
     for name, patch, message in [
         ("gpt2", {"model_type": "gpt2"}, "model_type 'gpt2'"),
         ("yarn", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}, "rope_parameters": None}, "yarn"),
@@ -206,4 +208,52 @@ def test_unsupported_architectures_are_named(tiny_model_dir, tmp_path):
         config = json.loads((model_dir / "config.json").read_text())
         (model_dir / "config.json").write_text(json.dumps({**config, **patch}))
         with pytest.raises(NotImplementedError, match=message):
-            Engine(model_dir)
+            Engine(model_dir, EngineConfig(executor="native"))
+
+
+def test_auto_executor_falls_back_to_transformers(tiny_model_dir, tmp_path):
+    assert isinstance(Engine(tiny_model_dir).executor, LlamaExecutor)
+    # A Llama with YaRN RoPE scaling: not ours, but transformers runs it.
+    model_dir = tmp_path / "yarn"
+    shutil.copytree(tiny_model_dir, model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    rope = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0, "original_max_position_embeddings": 128}
+    (model_dir / "config.json").write_text(json.dumps({**config, "rope_scaling": rope, "rope_parameters": rope}))
+    engine = Engine(model_dir, EngineConfig(max_running=4))
+    assert isinstance(engine.executor, TransformersExecutor)
+    engine.add(requests(SamplingOptions(temperature=0.0, max_new_tokens=12), PROMPTS[:2]))
+    results = run(engine)
+    model = hf_model(model_dir)
+    for i, prompt in enumerate(PROMPTS[:2]):
+        assert results[f"s{i}"].output_ids == hf_greedy(model, prompt, len(results[f"s{i}"].output_ids))
+
+
+def test_prefill_in_chunks_and_fused_with_decode_agree(tiny_model_dir):
+    """Budget-limited prefill passes before the decode pass give the same tokens as one fused pass."""
+    sampling = SamplingOptions(temperature=0.0, max_new_tokens=10)
+    outputs = []
+    for budget in (8192, 8):
+        engine = Engine(tiny_model_dir, EngineConfig(max_running=8, prefill_max_tokens=budget))
+        engine.add(requests(sampling))
+        outputs.append(run(engine))
+    for key, want in outputs[0].items():
+        assert outputs[1][key].output_ids == want.output_ids
+        assert outputs[1][key].output_logprobs == pytest.approx(want.output_logprobs, abs=1e-5)
+
+
+def test_finished_slots_are_compacted_without_changing_outputs(tiny_model_dir):
+    """Sequences of high slots move down into slots freed by finished ones; their outputs are unchanged."""
+    engine = Engine(tiny_model_dir, EngineConfig(max_running=4))
+    moves = []
+    move_slot = engine.executor.move_slot
+    engine.executor.move_slot = lambda src, dst, length: (moves.append((src, dst)), move_slot(src, dst, length))
+    engine.add(GenerationRequest(id=f"s{i}", prompt_ids=PROMPTS[i],
+                                 sampling=SamplingOptions(temperature=0.0, max_new_tokens=n))
+               for i, n in enumerate([2, 3, 12, 14]))
+    results = run(engine)
+    assert (3, 0) in moves
+    model = hf_model(tiny_model_dir)
+    for i in range(4):
+        r = results[f"s{i}"]
+        assert r.output_ids == hf_greedy(model, PROMPTS[i], len(r.output_ids))
+        assert r.output_logprobs == pytest.approx(hf_logprobs(model, PROMPTS[i], r.output_ids, 0.0), abs=1e-4)

@@ -87,3 +87,33 @@ def test_a_failing_producer_cancels_the_stream_instead_of_completing_it(weight_r
 def test_unknown_transport_kind_names_the_argument() -> None:
     with pytest.raises(ValueError, match="kind"):
         make_transport("carrier-pigeon")
+
+
+def test_a_tensor_over_the_message_limit_travels_in_chunks_and_no_message_exceeds_it() -> None:
+    limit = 8 * 1024
+    big = torch.arange(6000, dtype=torch.float32).reshape(100, 60)  # 24000 bytes: three or four messages
+    weights = [("small.a", torch.ones(10)), ("embed.weight", big), ("small.b", torch.zeros(3, dtype=torch.int64))]
+    buckets = list(iter_weight_buckets(weights, version=4, bucket_bytes=1 << 20, max_message_bytes=limit))
+    assert all(b.ByteSize() <= limit for b in buckets)
+    assert [b.last for b in buckets] == [False] * (len(buckets) - 1) + [True]
+    chunks = [b.chunk for b in buckets if b.HasField("chunk")]
+    assert len(chunks) >= 3 and {c.name for c in chunks} == {"embed.weight"}
+    assert [c.offset for c in chunks] == [sum(len(c.data) for c in chunks[:i]) for i in range(len(chunks))]
+    assert b"".join(c.data for c in chunks) == big.numpy().tobytes()
+    assert all(list(c.shape) == [100, 60] and c.dtype == "float32" for c in chunks)
+    # Whole tensors before and after the chunked one keep their order, each in a bucket of its own.
+    inline = [[t.name for t in b.tensors] for b in buckets if b.tensors]
+    assert inline == [["small.a"], ["small.b"]]
+    # A chunked tensor that ends the state dict carries last=True on its final chunk.
+    tail = list(iter_weight_buckets([("big", big)], version=1, max_message_bytes=limit))
+    assert tail[-1].HasField("chunk") and tail[-1].last and not any(b.last for b in tail[:-1])
+    with pytest.raises(ValueError, match="max_message_bytes"):
+        list(iter_weight_buckets(weights, version=0, max_message_bytes=100))
+
+
+def test_many_small_tensors_never_overflow_a_message_through_their_names() -> None:
+    limit = 8 * 1024
+    weights = [(f"model.layers.{i}.a_rather_long_parameter_name.weight", torch.ones(2)) for i in range(300)]
+    buckets = list(iter_weight_buckets(weights, version=1, bucket_bytes=1 << 20, max_message_bytes=limit))
+    assert len(buckets) > 1 and all(b.ByteSize() <= limit for b in buckets)
+    assert sum(len(b.tensors) for b in buckets) == 300

@@ -15,6 +15,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--port", type=int, required=True, help="HTTP port of Prometheus /metrics")
     p.add_argument("--grpc-port", type=int, required=True, help="gRPC port")
     p.add_argument("--model", default=None, help="Hugging Face model directory to load at start")
+    p.add_argument("--engine", choices=["torch", "sglang"], default="torch",
+                   help="torch: our engine (CPU or GPU); sglang: sglang's offline engine (GPU, extra 'gpu')")
+    p.add_argument("--executor", choices=["auto", "native", "transformers"], default="auto",
+                   help="torch engine: native (Llama/Qwen2), transformers (any causal LM), auto: native if supported")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--max-running", type=int, default=64, help="sequences decoded together (KV cache slots)")
@@ -34,19 +38,25 @@ def main(argv: list[str] | None = None) -> int:
 
     from everstep_rollout import metrics
     from everstep_rollout.config import EngineConfig, default_num_threads
+    from everstep_rollout.engines import EngineUnavailableError
     from everstep_rollout.server import RolloutServicer, build_server, set_serving
 
     torch.set_num_threads(args.num_threads or default_num_threads())
     engine_defaults = EngineConfig(
-        max_running=args.max_running, max_queued=args.max_queued, max_seq_len=args.max_seq_len,
-        dtype=args.dtype, device=args.device, seed=args.seed,
+        engine=args.engine, executor=args.executor, max_running=args.max_running, max_queued=args.max_queued,
+        max_seq_len=args.max_seq_len, dtype=args.dtype, device=args.device, seed=args.seed,
     )
     servicer = RolloutServicer(engine_defaults)
     metrics.bind_status(servicer.status)
     start_http_server(args.port, addr=args.host)
     server, health_servicer = build_server(servicer, args.host, args.grpc_port)
     if args.model:
-        servicer.load(args.model)
+        try:
+            servicer.load(args.model)
+        except EngineUnavailableError as e:
+            logging.getLogger("everstep_rollout").error("cannot start: %s", e)
+            server.stop(grace=0)
+            return 2
     set_serving(health_servicer)
     logging.getLogger("everstep_rollout").info(
         "rollout serving: gRPC %s:%d, metrics http://%s:%d/metrics, %d torch threads",

@@ -11,7 +11,15 @@ import torch
 
 @dataclass(frozen=True, kw_only=True)
 class EngineConfig:
-    """Settings of one torch generation engine."""
+    """Settings of one generation engine (the torch engine; the sglang engine reads the fields it can use)."""
+
+    engine: Literal["torch", "sglang"] = "torch"
+    """"torch": our continuous-batching engine (CPU or GPU). "sglang": sglang's offline engine (GPU; needs the
+    optional `gpu` extra, `pip install 'everstep-rollout[gpu]'`)."""
+    executor: Literal["auto", "native", "transformers"] = "auto"
+    """Torch engine only. "native": our own Llama/Qwen2 forward pass (fastest); "transformers": the model's
+    Hugging Face modeling code (any causal LM); "auto": native when the model's config.json is one it
+    supports (model_type llama or qwen2, default RoPE, no sliding window), transformers otherwise."""
 
     max_running: int = 64
     """Sequences decoded together: the number of KV cache slots."""
@@ -41,6 +49,10 @@ class EngineConfig:
             raise ValueError(f"max_seq_len must be >= 2, got {self.max_seq_len}")
         if self.max_queued < 0:
             raise ValueError(f"max_queued must be >= 0, got {self.max_queued}")
+        if self.engine not in ("torch", "sglang"):
+            raise ValueError(f"engine must be 'torch' or 'sglang', got {self.engine!r}")
+        if self.executor not in ("auto", "native", "transformers"):
+            raise ValueError(f"executor must be 'auto', 'native' or 'transformers', got {self.executor!r}")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):

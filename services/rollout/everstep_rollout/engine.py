@@ -1,8 +1,10 @@
 """The torch generation engine: a KV cache, continuous batching and in-place weight updates.
 
 `Engine.step()` is one iteration of schedule -> execute -> update: queued sequences are admitted into
-free KV cache slots and prefilled, then every running sequence decodes one token, and sequences that hit
-EOS, a stop string or their length limit leave (their slot is reused at the next step).
+free KV cache slots, and one forward pass prefills them and decodes one token for every running sequence
+(the joining ones included); sequences that hit EOS, a stop string or their length limit leave (their slot
+is reused at the next step). The model runs in an executor (`executor.py`): our native one for Llama and
+Qwen2 models, or transformers' own modeling code for any other causal LM.
 
 Per-token log-probabilities (`output_logprobs`): log_softmax(logits / T) of the sampled token, in
 float32, over the full vocabulary BEFORE top-k/top-p filtering, with T the sequence's temperature
@@ -26,8 +28,9 @@ from pathlib import Path
 import torch
 
 from everstep_rollout.config import EngineConfig
-from everstep_rollout.kv_cache import CacheShape, KVCache
-from everstep_rollout.llama_executor import LlamaExecutor, LlamaSpec, LlamaWeights, read_config, read_state_dict
+from everstep_rollout.executor import ExecutorOptions, StepBatch, build_executor
+from everstep_rollout.kv_cache import SlotAllocator
+from everstep_rollout.llama_executor import read_config
 from everstep_rollout.sampling import SamplingBatch, sample
 from everstep_rollout.sequence import FinishReason, GenerationRequest, SamplingOptions, SequenceResult
 
@@ -52,6 +55,8 @@ class StepStats:
     """Sequences that generated a token (= tokens generated)."""
     num_prefilled: int
     decode_seconds: float
+    """The forward pass that decoded a token for every running sequence, and sampling. Prefill of joining
+    sequences runs in the same pass (up to prefill_max_tokens); larger prefills run in passes before it."""
     step_seconds: float
     finished: dict[FinishReason, int]
 
@@ -73,7 +78,9 @@ class _Sequence:
 
 
 @dataclass(kw_only=True)
-class _Throughput:
+class ThroughputWindow:
+    """Tokens per second over a sliding window of (end_time, num_tokens) events."""
+
     window_seconds: float
     events: collections.deque = field(default_factory=collections.deque)  # (end_time, num_tokens)
 
@@ -90,7 +97,7 @@ class _Throughput:
 
 
 class Engine:
-    """Continuous-batching generation over one Llama/Qwen2 model; see the module docstring."""
+    """Continuous-batching generation over one Hugging Face causal LM; see the module docstring."""
 
     def __init__(self, model_dir: str | Path, config: EngineConfig | None = None) -> None:
         from transformers import AutoTokenizer
@@ -98,37 +105,39 @@ class Engine:
         self.config = config or EngineConfig()
         self.model_dir = Path(model_dir)
         model_config = read_config(self.model_dir)
-        self.spec = LlamaSpec.from_config(model_config)
         device = torch.device(self.config.device)
-        self.max_seq_len = min(self.config.max_seq_len, self.spec.max_position_embeddings)
-        self.weights = LlamaWeights(self.spec, dtype=self.config.torch_dtype, device=device)
-        with torch.no_grad():
-            self.weights.copy_in(read_state_dict(self.model_dir), require_all=True)
-        self.cache = KVCache(
-            CacheShape(
-                num_layers=self.spec.num_layers, num_slots=self.config.max_running,
-                max_seq_len=self.max_seq_len, num_kv_heads=self.spec.num_kv_heads, head_dim=self.spec.head_dim,
-            ),
+        self.executor = build_executor(self.model_dir, model_config, self.config.executor, ExecutorOptions(
+            num_slots=self.config.max_running, max_seq_len=self.config.max_seq_len,
             dtype=self.config.torch_dtype, device=device,
-        )
-        self.executor = LlamaExecutor(self.spec, self.weights, self.cache)
+        ))
+        self.weights = self.executor.weights
+        self.max_seq_len = self.executor.max_seq_len
+        self.vocab_size = self.executor.vocab_size
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        self.eos_token_ids = _read_eos_token_ids(self.model_dir, model_config)
+        self.eos_token_ids = read_eos_token_ids(self.model_dir, model_config)
         self.version = self.config.version
         self._device = device
         self._generator = torch.Generator(device=device).manual_seed(self.config.seed)
+        self._free_slots = SlotAllocator(self.config.max_running)
         self._queue: collections.deque[_Sequence] = collections.deque()
         self._slots: list[_Sequence | None] = [None] * self.config.max_running
         self._live: dict[tuple[int, str], _Sequence] = {}
         self._needs_prefill: list[_Sequence] = []
         self._finished_on_add: list[SequenceResult] = []
-        self._throughput = _Throughput(window_seconds=_THROUGHPUT_WINDOW_SECONDS)
+        self._throughput = ThroughputWindow(window_seconds=_THROUGHPUT_WINDOW_SECONDS)
         self.last_step: StepStats | None = None
         log.info(
-            "loaded %s (%s, %d parameters, %s on %s); KV cache %d slots x %d tokens, %.1f MiB",
-            self.model_dir, self.spec.model_type, self.weights.num_parameters, self.config.dtype, device,
-            self.config.max_running, self.max_seq_len, self.cache.num_bytes / 2**20,
+            "loaded %s (%s, %s executor, %d parameters, %s on %s); KV cache %d slots x %d tokens, %.1f MiB",
+            self.model_dir, self.executor.model_type, type(self.executor).__name__, self.num_parameters,
+            self.config.dtype, device, self.config.max_running, self.max_seq_len, self.executor.cache_bytes / 2**20,
         )
+
+    @property
+    def num_parameters(self) -> int:
+        return self.weights.num_parameters
+
+    def shutdown(self) -> None:
+        """Nothing to release: the weights and cache are freed with the engine."""
 
     # -- state ------------------------------------------------------------------------------------------
 
@@ -161,16 +170,16 @@ class Engine:
         duplicates = {k for k in keys if k in self._live} | {k for k in keys if keys.count(k) > 1}
         if duplicates:
             raise ValueError(f"sequence ids already in flight: {sorted(k[1] for k in duplicates)[:5]}")
-        vocab = self.spec.vocab_size
+        vocab = self.vocab_size
         for r in requests:
             if any(not 0 <= t < vocab for t in (*r.prompt_ids, *r.output_ids)):
                 raise ValueError(f"sequence {r.id!r}: token id outside the vocabulary [0, {vocab})")
         # The next step moves the head of the queue into the free slots; the rest waits.
-        would_wait = max(0, len(self._queue) + len(requests) - self.cache.num_free)
+        would_wait = max(0, len(self._queue) + len(requests) - self._free_slots.num_free)
         if would_wait > self.config.max_queued:
             raise QueueFullError(
                 f"rollout queue full: {len(self._queue)} sequences queued, {len(requests)} more requested, "
-                f"max_queued={self.config.max_queued}, {self.cache.num_free} free slots"
+                f"max_queued={self.config.max_queued}, {self._free_slots.num_free} free slots"
             )
         for r in requests:
             seq = self._new_sequence(r)
@@ -202,7 +211,7 @@ class Engine:
         del self._live[seq.key]
         if seq.slot >= 0:
             self._slots[seq.slot] = None
-            self.cache.release(seq.slot)
+            self._free_slots.release(seq.slot)
             seq.slot = -1
             if seq in self._needs_prefill:
                 self._needs_prefill.remove(seq)
@@ -232,17 +241,18 @@ class Engine:
         start = time.perf_counter()
         finished, self._finished_on_add = self._finished_on_add, []
         to_prefill, self._needs_prefill = self._needs_prefill, []
-        while self._queue and self.cache.num_free:
+        while self._queue and self._free_slots.num_free:
             seq = self._queue.popleft()
-            seq.slot = self.cache.allocate()
+            seq.slot = self._free_slots.allocate()
             self._slots[seq.slot] = seq
             to_prefill.append(seq)
-        self._prefill(to_prefill)
+        self._compact_slots()
+        fused = self._prefill_all_but_last_chunk(to_prefill)
         decode_start = time.perf_counter()
         reasons: collections.Counter[FinishReason] = collections.Counter(r.finish_reason for r in finished)
         running = [s for s in self._slots if s is not None]
         if running:
-            for seq, reason in self._decode(running):
+            for seq, reason in self._decode(running, fused):
                 if reason is not None:
                     self._remove(seq)
                     finished.append(self._result(seq, reason))
@@ -255,45 +265,71 @@ class Engine:
         )
         return finished
 
-    def _prefill(self, sequences: list[_Sequence]) -> None:
+    def _compact_slots(self) -> None:
+        """Move the sequences of the highest slots into free lower ones: a decode step computes every row up
+        to the highest occupied slot, so holes left by finished sequences (when no queued sequence fills
+        them) would cost as much as running sequences."""
+        high = len(self._slots) - 1
+        while True:
+            while high >= 0 and self._slots[high] is None:
+                high -= 1
+            low = self._free_slots.lowest_free()
+            if low is None or low > high:
+                return
+            seq = self._slots[high]
+            self._free_slots.allocate()  # takes `low`
+            self.executor.move_slot(high, low, len(seq.token_ids) - 1)
+            self._slots[low], self._slots[high] = seq, None
+            self._free_slots.release(high)
+            seq.slot = low
+
+    def _prefill_all_but_last_chunk(self, sequences: list[_Sequence]) -> list[_Sequence]:
+        """Prefill in chunks of at most prefill_max_tokens padded tokens; returns the last chunk, which the
+        decode pass prefills itself (a sequence's last token is its decode input, so a one-token sequence
+        needs no prefill)."""
         rows = sorted((s for s in sequences if len(s.token_ids) > 1), key=lambda s: len(s.token_ids))
         budget = self.config.prefill_max_tokens
+        chunks = []
         while rows:
             # Rows are sorted by length, so the chunk's last row is its longest.
             n = 1
             while n < len(rows) and (n + 1) * (len(rows[n].token_ids) - 1) <= budget:
                 n += 1
-            chunk, rows = rows[:n], rows[n:]
-            self.executor.prefill([s.token_ids[:-1] for s in chunk], [s.slot for s in chunk])
+            chunks.append(rows[:n])
+            rows = rows[n:]
+        for chunk in chunks[:-1]:
+            self.executor.forward(StepBatch(prefill_rows=[s.token_ids[:-1] for s in chunk],
+                                            prefill_slots=[s.slot for s in chunk]))
+        return chunks[-1] if chunks else []
 
-    def _decode(self, running: list[_Sequence]) -> list[tuple[_Sequence, FinishReason | None]]:
+    def _decode(self, running: list[_Sequence], prefill: list[_Sequence]) -> list[
+        tuple[_Sequence, FinishReason | None]
+    ]:
         num_rows = max(s.slot for s in running) + 1
         tokens, positions = [0] * num_rows, [0] * num_rows
         temperature, top_p, top_k = [0.0] * num_rows, [1.0] * num_rows, [0] * num_rows
         generators: list[torch.Generator | None] = [None] * num_rows
         for s in running:
             o = s.request.sampling
-            tokens[s.slot], positions[s.slot] = s.token_ids[-1], len(s.token_ids) - 1
-            temperature[s.slot], top_p[s.slot], top_k[s.slot] = o.temperature, o.top_p, o.top_k
-            generators[s.slot] = s.generator
-        device = self._device
-        logits = self.executor.decode(
-            torch.tensor(tokens, device=device), torch.tensor(positions, device=device)
-        )
-        params = SamplingBatch(
-            temperature=torch.tensor(temperature, dtype=torch.float32, device=device),
-            top_p=torch.tensor(top_p, dtype=torch.float32, device=device),
-            top_k=torch.tensor(top_k, dtype=torch.long, device=device), generators=generators,
-        )
+            slot = s.slot
+            tokens[slot], positions[slot] = s.token_ids[-1], len(s.token_ids) - 1
+            temperature[slot], top_p[slot], top_k[slot] = o.temperature, o.top_p, o.top_k
+            generators[slot] = s.generator
+        logits = self.executor.forward(StepBatch(
+            decode_tokens=tokens, decode_positions=positions,
+            prefill_rows=[s.token_ids[:-1] for s in prefill], prefill_slots=[s.slot for s in prefill],
+        ))
+        params = SamplingBatch(temperature=temperature, top_p=top_p, top_k=top_k, generators=generators)
         sampled, logprobs = sample(logits, params, self._generator)
         sampled_ids, sampled_logprobs = sampled.tolist(), logprobs.tolist()
+        version = self.version
         outcome = []
         for s in running:
             token = sampled_ids[s.slot]
             s.token_ids.append(token)
             s.output_ids.append(token)
             s.output_logprobs.append(sampled_logprobs[s.slot])
-            s.output_versions.append(self.version)
+            s.output_versions.append(version)
             outcome.append((s, self._finish_reason(s, token)))
         return outcome
 
@@ -320,7 +356,7 @@ class Engine:
         )
 
 
-def _read_eos_token_ids(model_dir: Path, model_config: Mapping) -> frozenset[int]:
+def read_eos_token_ids(model_dir: Path, model_config: Mapping) -> frozenset[int]:
     """EOS ids of config.json and generation_config.json together (either may hold an int or a list)."""
     import json
 

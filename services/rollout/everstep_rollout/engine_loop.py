@@ -18,7 +18,8 @@ from typing import TypeVar
 
 import torch
 
-from everstep_rollout.engine import Engine, StepStats
+from everstep_rollout.engine import StepStats
+from everstep_rollout.engines import GenerationEngine
 from everstep_rollout.sequence import GenerationRequest, SequenceResult
 
 log = logging.getLogger(__name__)
@@ -51,11 +52,11 @@ class EngineStatus:
 
 
 class EngineLoop:
-    def __init__(self, engine: Engine, *, on_step: Callable[[StepStats], None] | None = None) -> None:
+    def __init__(self, engine: GenerationEngine, *, on_step: Callable[[StepStats], None] | None = None) -> None:
         self.engine = engine
         self._on_step = on_step
         self._cond = threading.Condition()
-        self._ops: list[tuple[Callable[[Engine], object], Future]] = []
+        self._ops: list[tuple[Callable[[GenerationEngine], object], Future]] = []
         self._stopping = False
         self._streams: dict[int, queue.Queue[StreamEvent]] = {}
         self._stream_ids = itertools.count(1)
@@ -73,6 +74,10 @@ class EngineLoop:
             self._stopping = True
             self._cond.notify()
         self._thread.join(timeout=30)
+        try:
+            self.engine.shutdown()
+        except Exception:  # noqa: BLE001 - the streams below must still hear about the stop
+            log.exception("engine shutdown failed")
         with self._cond:
             streams = list(self._streams.values())
         for q in streams:
@@ -96,7 +101,7 @@ class EngineLoop:
 
     # -- operations (run in the loop thread between steps) ----------------------------------------------
 
-    def call(self, fn: Callable[[Engine], T]) -> T:
+    def call(self, fn: Callable[[GenerationEngine], T]) -> T:
         future: Future = Future()
         with self._cond:
             if self._stopping:

@@ -1,11 +1,16 @@
-"""A preallocated KV cache with slot allocation.
+"""KV cache slots: which sequence holds which slot, and the preallocated storage of the native executor.
 
-Layout `[layers, slots, kv_heads, max_seq_len, head_dim]` for keys and for values: one slot per running
-sequence, written at the sequence's positions. kv_heads comes before max_seq_len so that the keys one
-attention head reads are contiguous: on CPU, batched decode attention over `[slots, kv_heads, L, D]` views
-measured 20-35% faster than over transposed `[slots, L, kv_heads, D]` ones (it is memory bound).
-Free slots are handed out lowest first so that the running set stays a dense prefix of the slots and a
-decode step can work on `slots[:hi]` views without gathers.
+`SlotAllocator` hands out slot numbers lowest first, so that the running set stays a dense prefix of the
+slots and a decode step works on `slots[:hi]` views without gathers; when sequences leave and no queued one
+takes their slots, the engine moves the highest ones down (`move`) to keep it dense.
+
+`KVCache` stores keys and values of every layer in one tensor `[layers, 2, slots + 1, kv_heads, max_seq_len,
+head_dim]` (index 0 of the second dimension is keys, 1 is values). kv_heads comes before max_seq_len so that
+the keys one attention head reads are contiguous: on CPU, batched decode attention over `[slots, kv_heads, L,
+D]` views measured 20-35% faster than over transposed `[slots, L, kv_heads, D]` ones (it is memory bound).
+Keys and values of one layer share a tensor so that one `index_copy_` writes both. The extra slot
+(`scratch_slot`) is never handed out: padded prefill positions write there, so that they can never
+overwrite a position a real token writes in the same step.
 """
 
 from __future__ import annotations
@@ -25,22 +30,20 @@ class CacheShape:
     head_dim: int
 
 
-class KVCache:
-    def __init__(self, shape: CacheShape, *, dtype: torch.dtype, device: torch.device) -> None:
-        self.shape = shape
-        dims = (shape.num_layers, shape.num_slots, shape.num_kv_heads, shape.max_seq_len, shape.head_dim)
-        self.keys = torch.zeros(dims, dtype=dtype, device=device)
-        self.values = torch.zeros(dims, dtype=dtype, device=device)
-        self._free = list(range(shape.num_slots))
-        heapq.heapify(self._free)
+class SlotAllocator:
+    """Free KV cache slot numbers, lowest first."""
 
-    @property
-    def num_bytes(self) -> int:
-        return 2 * self.keys.numel() * self.keys.element_size()
+    def __init__(self, num_slots: int) -> None:
+        self.num_slots = num_slots
+        self._free = list(range(num_slots))
+        heapq.heapify(self._free)
 
     @property
     def num_free(self) -> int:
         return len(self._free)
+
+    def lowest_free(self) -> int | None:
+        return self._free[0] if self._free else None
 
     def allocate(self) -> int:
         if not self._free:
@@ -49,3 +52,30 @@ class KVCache:
 
     def release(self, slot: int) -> None:
         heapq.heappush(self._free, slot)
+
+
+class KVCache:
+    """Preallocated keys and values; see the module docstring for the layout."""
+
+    def __init__(self, shape: CacheShape, *, dtype: torch.dtype, device: torch.device) -> None:
+        self.shape = shape
+        self.scratch_slot = shape.num_slots
+        dims = (shape.num_layers, 2, shape.num_slots + 1, shape.num_kv_heads, shape.max_seq_len, shape.head_dim)
+        self.kv = torch.zeros(dims, dtype=dtype, device=device)
+
+    @property
+    def keys(self) -> torch.Tensor:
+        """[layers, slots + 1, kv_heads, max_seq_len, head_dim] view."""
+        return self.kv[:, 0]
+
+    @property
+    def values(self) -> torch.Tensor:
+        return self.kv[:, 1]
+
+    @property
+    def num_bytes(self) -> int:
+        return self.kv.numel() * self.kv.element_size()
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        """Copy positions 0..length-1 of slot src (every layer, keys and values) to slot dst."""
+        self.kv[:, :, dst, :, :length] = self.kv[:, :, src, :, :length]

@@ -4,10 +4,14 @@ Covers RMSNorm, RoPE with the default rope type (rope_theta from the config), gr
 the SiLU-gated MLP, optional q/k/v (Qwen2) and o/MLP (Llama `attention_bias`/`mlp_bias`) biases and tied
 word embeddings. q/k/v and gate/up projections are stored fused, one matmul each; the Hugging Face
 parameter names map to views into that storage, so a weight update copies in place.
+
+Numerics follow Hugging Face's modeling code (RoPE tables computed in float32 then cast, RMSNorm in float32
+for bfloat16 models); in float32 the engine's log-probs match a full Hugging Face forward to about 1e-6.
 """
 
 from __future__ import annotations
 
+import array
 import json
 import math
 from collections.abc import Mapping
@@ -17,7 +21,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from everstep_rollout.kv_cache import KVCache
+from everstep_rollout.executor import ExecutorOptions, StepBatch
+from everstep_rollout.kv_cache import CacheShape, KVCache
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 # Buffers some checkpoints carry that are derived from the config, not weights.
@@ -214,104 +219,137 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return weight * F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def long_tensor(values: list[int], device: torch.device) -> torch.Tensor:
+    """A list of ints as an int64 tensor; through array.array, 5x faster than torch.tensor(list) on CPU."""
+    t = torch.frombuffer(array.array("q", values), dtype=torch.long) if values else torch.empty(0, dtype=torch.long)
+    return t.to(device, non_blocking=True) if device.type != "cpu" else t
 
 
 class LlamaExecutor:
-    """Runs prefill and batched decode; row i of a decode batch is KV cache slot i."""
+    """Runs a `StepBatch`: prefill rows and decode rows through one forward pass.
+
+    Per layer, the q/k/v projection of every row (prefill and decode) is one matmul; RoPE is applied to
+    q, k and v heads together (v rows get cos = 1, sin = 0, which leaves them exact), so that keys and
+    values of all rows reach the cache in one `index_copy_`. Decode rows then attend over their cache
+    slot; prefill rows attend causally over their own fresh keys. On a small model the cost of a step is
+    mostly the number of torch operations, which is what this layout keeps low.
+    """
 
     def __init__(self, spec: LlamaSpec, weights: LlamaWeights, cache: KVCache) -> None:
         self.spec, self.weights, self.cache = spec, weights, cache
+        self.model_type = spec.model_type
+        self.vocab_size = spec.vocab_size
+        self.max_seq_len = cache.shape.max_seq_len
+        self.cache_bytes = cache.num_bytes
         dtype, device = weights.embed.dtype, weights.embed.device
+        self._device = device
         d = spec.head_dim
         inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float().to(device) / d))
         positions = torch.arange(cache.shape.max_seq_len, device=device).float()
         freqs = torch.outer(positions, inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
-        # As Hugging Face: the tables are computed in float32 and cast to the model dtype.
-        self._cos, self._sin = emb.cos().to(dtype), emb.sin().to(dtype)
+        # As Hugging Face: the tables are computed in float32 and cast to the model dtype. rotate_half(x) =
+        # cat(-x2, x1) = roll(x, d/2) * [-1.., +1..]: the sign goes into the sine table.
+        sin = emb.sin()
+        self._cos = emb.cos().to(dtype)
+        self._sin_signed = torch.cat((-sin[:, : d // 2], sin[:, d // 2 :]), dim=-1).to(dtype)
         self._scale = 1.0 / math.sqrt(d)
-        self._row_index = torch.arange(cache.shape.num_slots, device=device)
+        nkv = spec.num_kv_heads
+        self._v_cos = torch.ones(1, nkv, d, dtype=dtype, device=device)
+        self._v_sin = torch.zeros(1, nkv, d, dtype=dtype, device=device)
+        shape = cache.shape
+        # Flat row of (kind, slot, head, position) in a layer's [2, slots + 1, kv_heads, max_seq_len] rows.
+        kinds = torch.arange(2, device=device)[:, None]
+        heads = torch.arange(nkv, device=device)[None, :]
+        self._kv_base = ((kinds * (shape.num_slots + 1)) * nkv + heads) * shape.max_seq_len  # [2, kv_heads]
+        self._slot_stride = nkv * shape.max_seq_len
+        self._layer_rows = [cache.kv[li].view(-1, d) for li in range(shape.num_layers)]
+        self._layer_keys = [cache.kv[li, 0] for li in range(shape.num_layers)]  # [slots + 1, kv_heads, L, D]
+        self._layer_values = [cache.kv[li, 1] for li in range(shape.num_layers)]
 
-    def _qkv(self, layer: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        s = self.spec
-        h = _rms_norm(x, layer.input_norm, s.rms_norm_eps)
-        qkv = F.linear(h, layer.qkv, layer.qkv_bias)
-        q_out, kv_out = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
-        q, k, v = qkv.split((q_out, kv_out, kv_out), dim=-1)
-        lead = x.shape[:-1]
-        q = _rotate(q.reshape(*lead, s.num_heads, s.head_dim), cos, sin)
-        k = _rotate(k.reshape(*lead, s.num_kv_heads, s.head_dim), cos, sin)
-        return q, k, v.reshape(*lead, s.num_kv_heads, s.head_dim)
+    @classmethod
+    def load(cls, model_dir: Path, spec: LlamaSpec, options: ExecutorOptions) -> LlamaExecutor:
+        weights = LlamaWeights(spec, dtype=options.dtype, device=options.device)
+        max_seq_len = min(options.max_seq_len, spec.max_position_embeddings)
+        with torch.no_grad():
+            weights.copy_in(read_state_dict(model_dir), require_all=True)
+        cache = KVCache(
+            CacheShape(num_layers=spec.num_layers, num_slots=options.num_slots, max_seq_len=max_seq_len,
+                       num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim),
+            dtype=options.dtype, device=options.device,
+        )
+        return cls(spec, weights, cache)
 
-    def _finish_layer(self, layer: LayerWeights, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        x = x + F.linear(attn, layer.o, layer.o_bias)
-        h = _rms_norm(x, layer.post_norm, self.spec.rms_norm_eps)
-        gate, up = F.linear(h, layer.gate_up, layer.gate_up_bias).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, layer.down, layer.down_bias)
+    def move_slot(self, src: int, dst: int, length: int) -> None:
+        self.cache.move(src, dst, length)
 
-    def prefill(self, token_rows: list[list[int]], slots: list[int]) -> None:
-        """Write the keys and values of `token_rows[i]` (positions 0..len-1) into slot `slots[i]`.
-
-        Rows are right-padded to one length; padded positions write garbage past each row's length,
-        which the length mask of later steps never reads.
-        """
-        device = self.weights.embed.device
-        s = self.spec
-        num_rows, length = len(token_rows), max(len(r) for r in token_rows)
-        tokens = torch.zeros(num_rows, length, dtype=torch.long, device=device)
-        lengths = torch.tensor([len(r) for r in token_rows], device=device)
-        for i, row in enumerate(token_rows):
-            tokens[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-        slot_index = torch.tensor(slots, dtype=torch.long, device=device)
-        positions = torch.arange(length, device=device)
-        causal = positions[None, :] <= positions[:, None]  # [T_query, T_key]
-        mask = (causal[None] & (positions[None, None, :] < lengths[:, None, None]))[:, None]  # [B,1,T,T]
-        cos, sin = self._cos[:length, None, :], self._sin[:length, None, :]
-        groups = s.num_heads // s.num_kv_heads
-        x = F.embedding(tokens, self.weights.embed)  # [B, T, H]
+    def forward(self, batch: StepBatch) -> torch.Tensor | None:
+        s, device = self.spec, self._device
+        nh, nkv, d = s.num_heads, s.num_kv_heads, s.head_dim
+        num_decode, num_prefill = len(batch.decode_tokens), len(batch.prefill_rows)
+        tokens, positions, slots = list(batch.decode_tokens), list(batch.decode_positions), list(range(num_decode))
+        length = max(map(len, batch.prefill_rows)) if num_prefill else 0
+        scratch = self.cache.scratch_slot
+        for row, slot in zip(batch.prefill_rows, batch.prefill_slots, strict=True):
+            pad = length - len(row)
+            tokens += row
+            tokens += [0] * pad
+            slots += [slot] * len(row)
+            slots += [scratch] * pad
+        positions += list(range(length)) * num_prefill
+        num_rows = len(tokens)
+        token_t, position_t, slot_t = (long_tensor(v, device) for v in (tokens, positions, slots))
+        # Keys and values of row n go to rows write_index[n, kind, head] of the layer's flat storage.
+        write_index = ((slot_t * self._slot_stride + position_t)[:, None, None] + self._kv_base).view(-1)
+        all_heads = nh + nkv
+        cos = torch.cat((self._cos[position_t][:, None].expand(num_rows, all_heads, d),
+                         self._v_cos.expand(num_rows, nkv, d)), dim=1)
+        sin = torch.cat((self._sin_signed[position_t][:, None].expand(num_rows, all_heads, d),
+                         self._v_sin.expand(num_rows, nkv, d)), dim=1)
+        if num_decode:
+            context = max(batch.decode_positions) + 1
+            # Additive rather than boolean: CPU SDPA measured 5-15% faster with it. Every row keeps position 0.
+            beyond = torch.arange(context, device=device)[None, :] > position_t[:num_decode, None]
+            decode_mask = torch.zeros(beyond.shape, dtype=cos.dtype, device=device).masked_fill_(
+                beyond, float("-inf"))[:, None, None, :]
+        groups = nh // nkv
+        x = F.embedding(token_t, self.weights.embed)  # [N, H]
+        last = len(self.weights.layers) - 1
         for li, layer in enumerate(self.weights.layers):
-            q, k, v = self._qkv(layer, x, cos, sin)  # [B, T, heads, D]
-            self.cache.keys[li][slot_index, :, :length] = k.transpose(1, 2)
-            self.cache.values[li][slot_index, :, :length] = v.transpose(1, 2)
-            if li == len(self.weights.layers) - 1:
-                break  # the last layer's output is not needed: only its keys and values are
-            attn = F.scaled_dot_product_attention(
-                q.transpose(1, 2),
-                k.transpose(1, 2).repeat_interleave(groups, dim=1),
-                v.transpose(1, 2).repeat_interleave(groups, dim=1),
-                attn_mask=mask,
-                scale=self._scale,
-            )  # [B, heads, T, D]
-            x = self._finish_layer(layer, x, attn.transpose(1, 2).reshape(num_rows, length, -1))
-
-    def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """One token for each of the rows 0..B-1 (row i is slot i) at `positions[i]`: [B] -> logits [B, V].
-
-        The token's keys and values are written to the cache first; attention then reads positions
-        0..positions[i] of the slot. Rows of free slots may be included (any position); their output is
-        garbage and must be ignored by the caller.
-        """
-        s = self.spec
-        num_rows = tokens.shape[0]
-        length = int(positions.max()) + 1
-        rows = self._row_index[:num_rows]
-        mask = (torch.arange(length, device=tokens.device)[None, :] <= positions[:, None])[:, None, None, :]
-        cos, sin = self._cos[positions][:, None, :], self._sin[positions][:, None, :]
-        groups = s.num_heads // s.num_kv_heads
-        x = F.embedding(tokens, self.weights.embed)  # [B, H]
-        for li, layer in enumerate(self.weights.layers):
-            q, k, v = self._qkv(layer, x, cos, sin)  # [B, heads, D]
-            self.cache.keys[li][rows, :, positions] = k
-            self.cache.values[li][rows, :, positions] = v
-            keys = self.cache.keys[li, :num_rows, :, :length]  # [B, kv_heads, L, D]
-            values = self.cache.values[li, :num_rows, :, :length]
-            # With one query per row, the query heads of a kv group act as that group's queries.
-            q = q.reshape(num_rows, s.num_kv_heads, groups, s.head_dim)
-            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self._scale)
-            x = self._finish_layer(layer, x, attn.reshape(num_rows, -1))
+            h = _rms_norm(x, layer.input_norm, s.rms_norm_eps)
+            qkv = F.linear(h, layer.qkv, layer.qkv_bias).view(num_rows, nh + 2 * nkv, d)
+            qkv = torch.addcmul(qkv * cos, qkv.roll(d // 2, dims=-1), sin)
+            self._layer_rows[li].index_copy_(0, write_index, qkv[:, nh:].reshape(-1, d))
+            if li == last:
+                if not num_decode:
+                    return None  # prefill only: the last layer's keys and values were all that was needed
+                # The last layer's output is only needed for the decode rows.
+                x, qkv, num_prefill = x[:num_decode], qkv[:num_decode], 0
+            parts = []
+            if num_decode:
+                q = qkv[:num_decode, :nh].view(num_decode, nkv, groups, d)
+                # With one query per row, the query heads of a kv group act as that group's queries.
+                attn = F.scaled_dot_product_attention(
+                    q, self._layer_keys[li][:num_decode, :, :context], self._layer_values[li][:num_decode, :, :context],
+                    attn_mask=decode_mask, scale=self._scale,
+                )
+                parts.append(attn.view(num_decode, nh * d))
+            if num_prefill:
+                fresh = qkv[num_decode:].view(num_prefill, length, nh + 2 * nkv, d).transpose(1, 2)
+                # Causal attention over the row's own keys; padded positions are garbage nobody reads.
+                attn = F.scaled_dot_product_attention(
+                    fresh[:, :nh], fresh[:, nh : nh + nkv], fresh[:, nh + nkv :], is_causal=True,
+                    scale=self._scale, enable_gqa=groups > 1,
+                )
+                parts.append(attn.transpose(1, 2).reshape(num_prefill * length, nh * d))
+            attn = parts[0] if len(parts) == 1 else torch.cat(parts)
+            x = torch.addmm(x, attn, layer.o.t())
+            if layer.o_bias is not None:
+                x += layer.o_bias
+            h = _rms_norm(x, layer.post_norm, s.rms_norm_eps)
+            gate, up = F.linear(h, layer.gate_up, layer.gate_up_bias).chunk(2, dim=-1)
+            x = torch.addmm(x, F.silu(gate).mul_(up), layer.down.t())
+            if layer.down_bias is not None:
+                x += layer.down_bias
         x = _rms_norm(x, self.weights.norm, s.rms_norm_eps)
         return F.linear(x, self.weights.lm_head).float()

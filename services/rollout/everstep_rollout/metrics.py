@@ -13,13 +13,17 @@ GENERATED_TOKENS = Counter("everstep_rollout_generated_tokens_total", "Output to
 RUNNING_SEQUENCES = Gauge("everstep_rollout_running_sequences", "Sequences holding a KV cache slot.")
 QUEUED_SEQUENCES = Gauge("everstep_rollout_queued_sequences", "Sequences waiting for a KV cache slot.")
 DECODE_STEP_SECONDS = Histogram(
-    "everstep_rollout_decode_step_seconds", "Duration of one batched decode step (prefill excluded).",
+    "everstep_rollout_decode_step_seconds",
+    "One decode step: the forward pass generating a token for every running sequence (joining sequences' prefill "
+    "fused into it) and sampling.",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
 )
 WEIGHT_UPDATE_SECONDS = Histogram(
     "everstep_rollout_weight_update_seconds", "From the first weight bucket received to the weights swapped.",
-    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+    ["transport"], buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
 )
+WEIGHT_UPDATE_BYTES = Counter("everstep_rollout_weight_update_bytes", "Tensor bytes of applied weight updates.",
+                              ["transport"])
 POLICY_VERSION = Gauge("everstep_rollout_policy_version", "Policy version of the loaded weights.")
 FINISHED_SEQUENCES = Counter(
     "everstep_rollout_finished_sequences_total", "Sequences returned, by finish reason.", ["reason"]
@@ -51,5 +55,6 @@ def observe_partials(count: int) -> None:
         FINISHED_SEQUENCES.labels(reason="aborted").inc(count)
 
 
-def observe_weight_update(seconds: float) -> None:
-    WEIGHT_UPDATE_SECONDS.observe(seconds)
+def observe_weight_update(transport: str, seconds: float, num_bytes: int) -> None:
+    WEIGHT_UPDATE_SECONDS.labels(transport=transport).observe(seconds)
+    WEIGHT_UPDATE_BYTES.labels(transport=transport).inc(num_bytes)

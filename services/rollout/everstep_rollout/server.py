@@ -16,10 +16,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc
 from everstep_rollout import metrics
 from everstep_rollout.config import EngineConfig
-from everstep_rollout.engine import Engine, QueueFullError
+from everstep_rollout.engine import QueueFullError
 from everstep_rollout.engine_loop import EngineFailed, EngineLoop, EngineStatus, Withdrawn
-from everstep_rollout.proto_convert import request_from_proto, result_to_proto, sampling_from_proto, tensor_from_proto
+from everstep_rollout.engines import EngineUnavailableError, GenerationEngine, build_engine
+from everstep_rollout.proto_convert import request_from_proto, result_to_proto, sampling_from_proto
 from everstep_rollout.sequence import SequenceResult
+from everstep_rollout.weight_group import WeightGroupMember
+from everstep_rollout.weight_receiver import WeightUpdate, receiver_info
 
 log = logging.getLogger(__name__)
 
@@ -46,17 +49,19 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         self._lock = threading.Lock()
         self._loop: EngineLoop | None = None
         self._model_path = ""
+        self._weight_group: WeightGroupMember | None = None
+        self._receiver_info = receiver_info(engine_defaults.device)
 
     # -- engine lifecycle -------------------------------------------------------------------------------
 
     def load(self, model_path: str, *, dtype: str = "", version: int = 0, max_running: int = 0,
-             seed: int = 0) -> Engine:
+             seed: int = 0) -> GenerationEngine:
         """Build an engine (the request's non-zero fields override the defaults) and swap it in."""
         config = replace(
             self._defaults, dtype=dtype or self._defaults.dtype, version=version,
             max_running=max_running or self._defaults.max_running, seed=seed or self._defaults.seed,
         )
-        engine = Engine(model_path, config)
+        engine = build_engine(model_path, config)
         loop = EngineLoop(engine, on_step=metrics.observe_step).start()
         with self._lock:
             old, self._loop, self._model_path = self._loop, loop, model_path
@@ -88,9 +93,11 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
                                max_running=request.max_running, seed=request.seed)
         except FileNotFoundError as e:
             context.abort(grpc.StatusCode.NOT_FOUND, f"cannot load {request.model_path!r}: {e}")
+        except EngineUnavailableError as e:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"cannot load {request.model_path!r}: {e}")
         except (NotImplementedError, ValueError, OSError) as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot load {request.model_path!r}: {e}")
-        return rollout_pb2.LoadModelResponse(version=engine.version, num_parameters=engine.weights.num_parameters)
+        return rollout_pb2.LoadModelResponse(version=engine.version, num_parameters=engine.num_parameters)
 
     def Generate(self, request_iterator, context) -> Iterator[rollout_pb2.GenerateResponse]:
         loop = self._current(context)
@@ -167,40 +174,74 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
 
     def UpdateWeights(self, request_iterator, context):
         loop = self._current(context)
+        update = WeightUpdate(engine_device=self._defaults.device, group=self._weight_group)
         start: float | None = None
-        version: int | None = None
-        tensors = {}
-        num_bytes = 0
-        for bucket in request_iterator:
-            start = start or time.perf_counter()
-            if version is None:
-                version = bucket.version
-            elif bucket.version != version:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"bucket version {bucket.version} differs from this update's {version}")
-            try:
-                for t in bucket.tensors:
-                    tensors[t.name] = tensor_from_proto(t)
-                    num_bytes += len(t.data)
+        try:
+            for bucket in request_iterator:
+                start = start or time.perf_counter()
+                try:
+                    update.add(bucket)
+                    if bucket.last:
+                        loop.update_weights(update.tensors, update.version)
+                except ValueError as e:
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"weight update rejected: {e}")
+                except RuntimeError as e:  # a broadcast that failed or timed out: the group is unusable
+                    self._drop_weight_group(update.group)
+                    context.abort(grpc.StatusCode.ABORTED, f"weight update failed: {e}")
                 if bucket.last:
-                    loop.update_weights(tensors, version)
-            except ValueError as e:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"weight update rejected: {e}")
-            if bucket.last:
-                seconds = time.perf_counter() - start
-                metrics.observe_weight_update(seconds)
-                log.info("weights updated to version %d: %d tensors, %.1f MiB in %.3fs",
-                         version, len(tensors), num_bytes / 2**20, seconds)
-                return rollout_pb2.UpdateWeightsResponse(version=version, num_bytes=num_bytes, seconds=seconds)
+                    seconds = time.perf_counter() - start
+                    metrics.observe_weight_update(update.transport, seconds, update.num_bytes)
+                    log.info("weights updated to version %d over %s: %d tensors, %.1f MiB in %.3fs", update.version,
+                             update.transport, len(update.tensors), update.num_bytes / 2**20, seconds)
+                    return rollout_pb2.UpdateWeightsResponse(version=update.version, num_bytes=update.num_bytes,
+                                                             seconds=seconds)
+        finally:
+            update.close()
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, "weight stream ended without a bucket with last=true")
+
+    def JoinWeightGroup(self, request, context):
+        old = self._weight_group
+        self._weight_group = None
+        if old is not None:
+            old.shutdown()
+        # Forming the group blocks until every rank joined; it runs in a daemon thread so that a trainer
+        # that gives up (cancels this call) does not leave a handler, and a shutdown, waiting for the timeout.
+        outcome: queue.Queue = queue.Queue()
+
+        def join() -> None:
+            try:
+                outcome.put(WeightGroupMember.join(request))
+            except Exception as e:  # noqa: BLE001 - handed to the handler
+                outcome.put(e)
+
+        threading.Thread(target=join, name=f"join-{request.group}", daemon=True).start()
+        while True:
+            try:
+                result = outcome.get(timeout=_POLL_SECONDS)
+                break
+            except queue.Empty:
+                if not context.is_active():
+                    return rollout_pb2.JoinWeightGroupResponse()  # cancelled: nobody reads this
+        if isinstance(result, ValueError):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot join weight group: {result}")
+        if isinstance(result, Exception):  # the store or a rank could not be reached in time
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot join weight group {request.group!r}: {result}")
+        self._weight_group = result
+        return rollout_pb2.JoinWeightGroupResponse()
+
+    def _drop_weight_group(self, group: WeightGroupMember | None) -> None:
+        if group is not None and self._weight_group is group:
+            self._weight_group = None
+            group.shutdown()
 
     def GetStatus(self, request, context):
         status = self.status()
         if status is None:
-            return rollout_pb2.RolloutStatus()
+            return rollout_pb2.RolloutStatus(weight_receiver=self._receiver_info)
         return rollout_pb2.RolloutStatus(
             version=status.version, running=status.running, queued=status.queued,
             tokens_per_second=status.tokens_per_second, model_path=self._model_path,
+            weight_receiver=self._receiver_info,
         )
 
 

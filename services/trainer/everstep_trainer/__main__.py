@@ -24,6 +24,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--nproc-per-node", type=int, default=1,
                         help="trainer ranks on this machine (> 1: relaunch under torchrun; FSDP2 across them)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument("--weight-transport", default="auto",
+                        choices=["auto", "grpc", "shm", "nccl", "gloo", "cuda_ipc"],
+                        help="default transport of PushWeights: auto picks per engine cuda_ipc (same GPU), nccl "
+                             "(both on GPUs), shm (same host), else grpc")
+    parser.add_argument("--weight-group-host", default="",
+                        help="address engines reach this trainer at for a nccl/gloo weight group "
+                             "(default: --host if specific, else what the host name resolves to)")
     args = parser.parse_args(argv)
     if args.nproc_per_node < 1:
         parser.error(f"--nproc-per-node: must be >= 1, got {args.nproc_per_node}")
@@ -35,7 +42,8 @@ def _relaunch_under_torchrun(args: argparse.Namespace) -> None:
     stopping this pid's group stops every rank)."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc_per_node}",
                "-m", "everstep_trainer", "--host", args.host, "--port", str(args.port),
-               "--grpc-port", str(args.grpc_port), "--log-level", args.log_level]
+               "--grpc-port", str(args.grpc_port), "--log-level", args.log_level,
+               "--weight-transport", args.weight_transport, "--weight-group-host", args.weight_group_host]
     os.execv(sys.executable, command)
 
 
@@ -51,7 +59,8 @@ def main(argv: list[str] | None = None) -> None:
     from everstep_trainer.server import serve, serve_distributed  # heavy: torch, transformers
 
     run = serve_distributed if world_size > 1 else serve
-    run(host=args.host, port=args.port, grpc_port=args.grpc_port)
+    run(host=args.host, port=args.port, grpc_port=args.grpc_port, weight_transport=args.weight_transport,
+        weight_group_host=args.weight_group_host)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import Counter, Gauge, Histogram
 
 from everstep_trainer.policy_trainer import TrainStats
@@ -25,7 +27,13 @@ ENTROPY = Gauge("everstep_trainer_entropy", "Mean per-token policy entropy in th
 LEARNING_RATE = Gauge("everstep_trainer_learning_rate", "Learning rate of the latest train step.")
 POLICY_VERSION = Gauge("everstep_trainer_policy_version", "Policy version of the trainer's current weights.")
 STEPS = Counter("everstep_trainer_steps", "Train steps completed.")
-WEIGHT_PUSH_BYTES = Counter("everstep_trainer_weight_push_bytes", "Tensor bytes pushed to rollout engines.")
+WEIGHT_PUSH_BYTES = Counter("everstep_trainer_weight_push_bytes",
+                            "Tensor bytes pushed to rollout engines (summed over engines), by transport.",
+                            ["transport"])
+WEIGHT_PUSH_SECONDS = Histogram(
+    "everstep_trainer_weight_push_seconds", "Seconds per weight push over one transport (all its engines at once).",
+    ["transport"], buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+)
 CHECKPOINT_SECONDS = Histogram(
     "everstep_trainer_checkpoint_seconds", "Seconds to gather and write one checkpoint.",
     buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800),
@@ -50,9 +58,12 @@ def observe_train_step(stats: TrainStats, version: int) -> None:
     STEPS.inc()
 
 
-def observe_weight_push(num_bytes: int, seconds: float) -> None:
+def observe_weight_push(seconds: float, by_transport: Iterable[tuple[str, int, float]]) -> None:
+    """`seconds`: the whole push; `by_transport`: (transport, bytes, seconds) of each transport it used."""
     STEP_SECONDS.labels(phase="weight_push").observe(seconds)
-    WEIGHT_PUSH_BYTES.inc(num_bytes)
+    for transport, num_bytes, transport_seconds in by_transport:
+        WEIGHT_PUSH_BYTES.labels(transport=transport).inc(num_bytes)
+        WEIGHT_PUSH_SECONDS.labels(transport=transport).observe(transport_seconds)
 
 
 def observe_checkpoint(seconds: float) -> None:

@@ -24,7 +24,7 @@ from everstep_trainer.config import TrainerConfig
 from everstep_trainer.distributed import init_distributed_from_env, rank_device
 from everstep_trainer.policy_trainer import PolicyTrainer, TrainStats
 from everstep_trainer.rank_commands import CommandRunner, follow
-from everstep_trainer.weight_push import DEFAULT_BUCKET_BYTES, GRPC_MAX_MESSAGE_BYTES, WeightPushError, make_transport
+from everstep_trainer.weight_push import GRPC_MAX_MESSAGE_BYTES, SETTINGS, WeightPusher, WeightPushError
 
 __all__ = ["TrainerService", "config_from_proto", "serve", "serve_distributed", "stats_to_proto"]
 
@@ -69,9 +69,15 @@ class TrainerService(trainer_pb2_grpc.TrainerServicer):
     """Serialises every call on one lock: steps, pushes and saves must see consistent weights, and
     with several ranks the commands must reach every rank in one order."""
 
-    def __init__(self, runner: CommandRunner | None = None) -> None:
+    def __init__(self, runner: CommandRunner | None = None, pusher: WeightPusher | None = None) -> None:
         self._lock = threading.Lock()
         self._runner = runner if runner is not None else CommandRunner()
+        self._pusher = pusher or WeightPusher()
+
+    def close(self) -> None:
+        """Release what the weight pusher keeps between pushes (shared memory, broadcast groups)."""
+        with self._lock:
+            self._pusher.close()
 
     def _require_trainer(self, context: grpc.ServicerContext) -> PolicyTrainer:
         if self._runner.trainer is None:
@@ -151,23 +157,28 @@ class TrainerService(trainer_pb2_grpc.TrainerServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "endpoints: at least one endpoint is required")
         if request.bucket_bytes < 0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bucket_bytes: must be >= 0, got {request.bucket_bytes}")
+        if request.transport and request.transport not in SETTINGS:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"transport: must be one of {list(SETTINGS)}, got {request.transport!r}")
+        if len(set(request.endpoints)) != len(request.endpoints):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"endpoints: duplicates in {list(request.endpoints)}")
         with self._lock:
             trainer = self._require_trainer(context)
             start = time.perf_counter()
             weights = self._runner.gather_weights()
-            transport = make_transport("grpc", bucket_bytes=request.bucket_bytes or DEFAULT_BUCKET_BYTES)
             try:
-                result = transport.push(weights.items(), version=trainer.version, endpoints=list(request.endpoints))
+                report = self._pusher.push(weights.items(), version=trainer.version,
+                                           endpoints=list(request.endpoints), setting=request.transport or None,
+                                           bucket_bytes=request.bucket_bytes or None)
             except WeightPushError as e:
                 context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
-            finally:
-                transport.close()
             seconds = time.perf_counter() - start  # the gather (several ranks) counts as part of the push
-            metrics.observe_weight_push(result.num_bytes, seconds)
-            log.info("pushed version %d to %d endpoint(s): %d bytes in %.3fs", result.version,
-                     result.num_endpoints, result.num_bytes, seconds)
-            return trainer_pb2.PushWeightsResponse(version=result.version, num_bytes=result.num_bytes,
-                                                   seconds=seconds)
+            metrics.observe_weight_push(seconds, [(r.transport, r.num_bytes, r.seconds) for r in report.results])
+            log.info("pushed version %d to %d endpoint(s) (%s): %d bytes in %.3fs", report.version,
+                     len(report.transports), ", ".join(sorted(set(report.transports.values()))), report.num_bytes,
+                     seconds)
+            return trainer_pb2.PushWeightsResponse(version=report.version, num_bytes=report.num_bytes,
+                                                   seconds=seconds, transports=report.transports)
 
     def SaveCheckpoint(self, request: trainer_pb2.SaveCheckpointRequest, context: grpc.ServicerContext):  # noqa: N802
         if not request.path:
@@ -182,13 +193,22 @@ class TrainerService(trainer_pb2_grpc.TrainerServicer):
                                                       train_step=trainer.num_train_steps)
 
 
-def _serve_grpc(runner: CommandRunner, *, host: str, port: int, grpc_port: int, max_workers: int) -> None:
-    """Prometheus on `port`, gRPC (Trainer + health) on `grpc_port`, until SIGTERM/SIGINT."""
+def _serve_grpc(runner: CommandRunner, *, host: str, port: int, grpc_port: int, max_workers: int,
+                weight_transport: str, weight_group_host: str) -> None:
+    """Prometheus on `port`, gRPC (Trainer + health) on `grpc_port`, until SIGTERM/SIGINT.
+
+    `weight_transport`: default transport of PushWeights ("auto" or a name, see weight_push).
+    `weight_group_host`: address engines reach this trainer at for a nccl/gloo weight group ("": the
+    bind address if it is a specific one, else what the host name resolves to).
+    """
+    if not weight_group_host and host not in ("", "0.0.0.0", "::"):
+        weight_group_host = host
+    service = TrainerService(runner, WeightPusher(setting=weight_transport, group_host=weight_group_host))
     start_http_server(port, addr=host)
     options = [("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
                ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES)]
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=options)
-    trainer_pb2_grpc.add_TrainerServicer_to_server(TrainerService(runner), server)
+    trainer_pb2_grpc.add_TrainerServicer_to_server(service, server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     server.add_insecure_port(f"{host}:{grpc_port}")
@@ -210,12 +230,15 @@ def _serve_grpc(runner: CommandRunner, *, host: str, port: int, grpc_port: int, 
     stopping.wait()
     health_servicer.enter_graceful_shutdown()
     server.stop(grace=5).wait()
+    service.close()
     log.info("trainer stopped")
 
 
-def serve(*, host: str, port: int, grpc_port: int, max_workers: int = 8) -> None:
+def serve(*, host: str, port: int, grpc_port: int, max_workers: int = 8, weight_transport: str = "auto",
+          weight_group_host: str = "") -> None:
     """One rank, in this process."""
-    _serve_grpc(CommandRunner(), host=host, port=port, grpc_port=grpc_port, max_workers=max_workers)
+    _serve_grpc(CommandRunner(), host=host, port=port, grpc_port=grpc_port, max_workers=max_workers,
+                weight_transport=weight_transport, weight_group_host=weight_group_host)
 
 
 def _exit_with_launcher() -> None:
@@ -229,7 +252,8 @@ def _exit_with_launcher() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
-def serve_distributed(*, host: str, port: int, grpc_port: int, max_workers: int = 8) -> None:
+def serve_distributed(*, host: str, port: int, grpc_port: int, max_workers: int = 8, weight_transport: str = "auto",
+                      weight_group_host: str = "") -> None:
     """Under torchrun: rank 0 serves (as `serve`) and broadcasts every operation; the other ranks
     follow. FSDP2 shards the model across all of them (gloo on CPU, nccl on CUDA)."""
     _exit_with_launcher()
@@ -239,7 +263,8 @@ def serve_distributed(*, host: str, port: int, grpc_port: int, max_workers: int 
         if ranks.is_main:
             runner = CommandRunner(ranks, group=group, device=device)
             try:
-                _serve_grpc(runner, host=host, port=port, grpc_port=grpc_port, max_workers=max_workers)
+                _serve_grpc(runner, host=host, port=port, grpc_port=grpc_port, max_workers=max_workers,
+                            weight_transport=weight_transport, weight_group_host=weight_group_host)
             finally:
                 runner.shutdown()
         else:

@@ -1,36 +1,56 @@
-"""Weight push from the trainer to rollout engines, behind one `WeightTransport` interface.
+"""Weight push from the trainer to rollout engines: one `WeightTransport` interface, one factory, one pusher.
 
-The gRPC transport streams `WeightBucket`s over `Rollout.UpdateWeights`: tensors are grouped into
-buckets of about `bucket_bytes`, every bucket carries the version, the last one has last=true.
-Tensors are serialised once (one GPU->CPU copy and one byte copy per tensor) and fanned out to
-every endpoint concurrently through small bounded queues, so memory stays at a few buckets
-whatever the model size.
+Transports (one module each):
+- grpc      tensor bytes inside `Rollout.UpdateWeights` messages, a tensor over the message limit in
+            chunks (`weight_push_grpc`); works everywhere.
+- shm       bytes through a /dev/shm segment, layout over gRPC (`weight_push_shm`); same host.
+- nccl/gloo a broadcast over a process group of the trainer and the engines (`weight_push_collective`).
+- cuda_ipc  CUDA IPC handles of the trainer's own tensors (`weight_push_cuda_ipc`); same GPU.
 
-Limit: a single tensor travels whole inside one bucket, so it must fit the 256 MiB gRPC message
-limit (the proto has no way to split a tensor across buckets).
+`WeightPusher` asks each engine where it lives (GetStatus), picks a transport per engine with
+`weight_push_plan.choose_transport`, and runs one push per transport concurrently. It keeps its
+transports between pushes (a warm shared memory segment, a formed broadcast group).
 """
 
 from __future__ import annotations
 
-import abc
 import logging
-import queue
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
-import grpc
-import torch
 from torch import Tensor
 
-from everstep.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
+from everstep_trainer.weight_push_base import (
+    DEFAULT_BUCKET_BYTES,
+    GRPC_MAX_MESSAGE_BYTES,
+    PushResult,
+    WeightPushError,
+    WeightTransport,
+)
+from everstep_trainer.weight_push_grpc import GrpcWeightTransport, iter_weight_buckets, tensor_to_proto
+from everstep_trainer.weight_push_plan import (
+    SETTINGS,
+    TRANSPORTS,
+    PeerInfo,
+    choose_transport,
+    local_peer,
+    probe_peer,
+    validate_setting,
+)
 
 __all__ = [
     "DEFAULT_BUCKET_BYTES",
+    "GRPC_MAX_MESSAGE_BYTES",
+    "SETTINGS",
+    "TRANSPORTS",
     "GrpcWeightTransport",
+    "PushReport",
     "PushResult",
     "WeightPushError",
+    "WeightPusher",
     "WeightTransport",
     "iter_weight_buckets",
     "make_transport",
@@ -39,172 +59,140 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BUCKET_BYTES = 32 * 1024 * 1024
-GRPC_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
-_QUEUE_DEPTH = 2  # buckets buffered per endpoint
 
+def make_transport(kind: str = "grpc", **options: object) -> WeightTransport:
+    """The one place that builds a transport; options go to its constructor. GPU ones import lazily."""
+    if kind == "grpc":
+        return GrpcWeightTransport(**options)  # type: ignore[arg-type]
+    if kind == "shm":
+        from everstep_trainer.weight_push_shm import SharedMemoryWeightTransport
 
-class WeightPushError(RuntimeError):
-    """A push failed at one or more endpoints; `failures` maps endpoint -> error message."""
+        return SharedMemoryWeightTransport(**options)  # type: ignore[arg-type]
+    if kind in ("nccl", "gloo"):
+        from everstep_trainer.weight_push_collective import CollectiveWeightTransport
 
-    def __init__(self, failures: dict[str, str]) -> None:
-        self.failures = failures
-        super().__init__("weight push failed: " + "; ".join(f"{e}: {m}" for e, m in failures.items()))
+        return CollectiveWeightTransport(backend=kind, **options)  # type: ignore[arg-type]
+    if kind == "cuda_ipc":
+        from everstep_trainer.weight_push_cuda_ipc import CudaIpcWeightTransport
+
+        return CudaIpcWeightTransport(**options)  # type: ignore[arg-type]
+    raise ValueError(f"kind: unknown weight transport {kind!r} (available: {list(TRANSPORTS)})")
 
 
 @dataclass(frozen=True)
-class PushResult:
+class PushReport:
+    """One push to every endpoint, possibly over several transports."""
+
     version: int
     num_bytes: int
-    """Tensor bytes sent, summed over endpoints."""
+    """Tensor bytes delivered, summed over endpoints."""
     seconds: float
-    num_endpoints: int
+    transports: dict[str, str]
+    """endpoint -> transport used."""
+    results: list[PushResult] = field(default_factory=list)
+    """One per transport used, for metrics."""
 
 
-class WeightTransport(abc.ABC):
-    """Moves one version of named weights to a set of inference endpoints."""
+class WeightPusher:
+    """Pushes to a set of endpoints, choosing a transport per endpoint. One push at a time.
 
-    @abc.abstractmethod
-    def push(self, named_tensors: Iterable[tuple[str, Tensor]], *, version: int,
-             endpoints: Sequence[str]) -> PushResult:
-        """Send every tensor to every endpoint; raises WeightPushError if any endpoint failed."""
-
-    def close(self) -> None:  # noqa: B027 - optional hook, most transports hold nothing
-        """Release connections and buffers."""
-
-
-def tensor_to_proto(name: str, tensor: Tensor) -> common_pb2.Tensor:
-    """Raw little-endian bytes via a uint8 view, which works for bfloat16 too (numpy has no bf16)."""
-    flat = tensor.detach().contiguous().cpu().reshape(-1)
-    data = flat.view(torch.uint8).numpy().tobytes()
-    return common_pb2.Tensor(name=name, dtype=str(tensor.dtype).removeprefix("torch."),
-                             shape=list(tensor.shape), data=data)
-
-
-def iter_weight_buckets(named_tensors: Iterable[tuple[str, Tensor]], *, version: int,
-                        bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Iterator[rollout_pb2.WeightBucket]:
-    """Group tensors, in order, into buckets of at most bucket_bytes of data (a larger tensor gets
-    a bucket of its own); the final bucket has last=True (an empty state dict gives one empty bucket)."""
-    if bucket_bytes <= 0:
-        raise ValueError(f"bucket_bytes: must be > 0, got {bucket_bytes}")
-    pending: list[common_pb2.Tensor] = []
-    pending_bytes = 0
-    for name, tensor in named_tensors:
-        size = tensor.numel() * tensor.element_size()
-        if size > GRPC_MAX_MESSAGE_BYTES:
-            raise ValueError(f"tensor {name}: {size} bytes exceeds the {GRPC_MAX_MESSAGE_BYTES}-byte gRPC limit")
-        if pending and pending_bytes + size > bucket_bytes:
-            yield rollout_pb2.WeightBucket(version=version, tensors=pending, last=False)
-            pending, pending_bytes = [], 0
-        pending.append(tensor_to_proto(name, tensor))
-        pending_bytes += size
-    yield rollout_pb2.WeightBucket(version=version, tensors=pending, last=True)
-
-
-_END = object()
-_ABORT = object()  # the producer failed: cancel the call so no half update is applied
-
-
-class _AbortedPush(Exception):
-    pass
-
-
-class _EndpointStream:
-    """Feeds one endpoint's UpdateWeights call from a bounded queue, in its own thread.
-
-    `done` is set when the call ends (success or failure); from then on `offer` drops items, so a
-    dead endpoint never blocks the producer, and the request iterator stops waiting.
+    `setting`: the default transport setting ("auto" or a transport name). `bucket_bytes`: data per
+    gRPC message / broadcast buffer. `group_host`: address engines use to reach this trainer for a
+    nccl/gloo group ("" = resolve the host name). `keep_shm_segment`: reuse the shared memory segment
+    across pushes (fast) instead of freeing it after each.
     """
 
-    def __init__(self, endpoint: str, timeout_seconds: float) -> None:
-        self.endpoint = endpoint
-        self.timeout_seconds = timeout_seconds
-        self.queue: queue.Queue = queue.Queue(maxsize=_QUEUE_DEPTH)
-        self.done = threading.Event()
-        self.error: str | None = None
-        self.response: rollout_pb2.UpdateWeightsResponse | None = None
-        self.thread = threading.Thread(target=self._run, name=f"weight-push-{endpoint}", daemon=True)
-
-    def offer(self, item: object) -> None:
-        while not self.done.is_set():
-            try:
-                self.queue.put(item, timeout=0.05)
-                return
-            except queue.Full:
-                continue
-
-    def _requests(self) -> Iterator[rollout_pb2.WeightBucket]:
-        while not self.done.is_set():
-            try:
-                item = self.queue.get(timeout=0.05)
-            except queue.Empty:
-                continue
-            if item is _END:
-                return
-            if item is _ABORT:
-                raise _AbortedPush  # grpc cancels the call when the request iterator raises
-            yield item
-
-    def _run(self) -> None:
-        options = [("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
-                   ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES)]
-        try:
-            with grpc.insecure_channel(self.endpoint, options=options) as channel:
-                stub = rollout_pb2_grpc.RolloutStub(channel)
-                self.response = stub.UpdateWeights(self._requests(), timeout=self.timeout_seconds)
-        except grpc.RpcError as e:
-            self.error = f"{e.code().name}: {e.details()}"
-        except Exception as e:  # a thread must report, not die silently
-            self.error = repr(e)
-        finally:
-            self.done.set()
-
-
-class GrpcWeightTransport(WeightTransport):
-    """Client-streaming `Rollout.UpdateWeights` to every endpoint at once."""
-
-    def __init__(self, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout_seconds: float = 600.0) -> None:
+    def __init__(self, *, setting: str = "auto", bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 timeout_seconds: float = 600.0, group_host: str = "", keep_shm_segment: bool = True,
+                 max_message_bytes: int = GRPC_MAX_MESSAGE_BYTES) -> None:
+        self.setting = validate_setting(setting)
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes: must be > 0, got {bucket_bytes}")
         self.bucket_bytes = bucket_bytes
         self.timeout_seconds = timeout_seconds
+        self.group_host = group_host
+        self.keep_shm_segment = keep_shm_segment
+        self.max_message_bytes = max_message_bytes
+        self._transports: dict[tuple[str, int], WeightTransport] = {}
+        self._lock = threading.Lock()
 
-    def push(self, named_tensors: Iterable[tuple[str, Tensor]], *, version: int,
-             endpoints: Sequence[str]) -> PushResult:
-        if not endpoints:
-            raise ValueError("endpoints: at least one endpoint is required")
-        start = time.perf_counter()
-        streams = [_EndpointStream(endpoint, self.timeout_seconds) for endpoint in endpoints]
-        for stream in streams:
-            stream.thread.start()
-        num_bytes = 0
-        finished = False
-        try:
-            for bucket in iter_weight_buckets(named_tensors, version=version,
-                                              bucket_bytes=self.bucket_bytes):
-                num_bytes += sum(len(t.data) for t in bucket.tensors)
-                for stream in streams:
-                    stream.offer(bucket)
-            finished = True
-        finally:
-            for stream in streams:
-                stream.offer(_END if finished else _ABORT)
-            for stream in streams:
-                stream.thread.join()
-        failures = {s.endpoint: s.error for s in streams if s.error is not None}
+    def transport(self, kind: str, bucket_bytes: int | None = None) -> WeightTransport:
+        """The transport of this kind (and bucket size), built on first use and kept."""
+        bucket_bytes = bucket_bytes or self.bucket_bytes
+        key = (kind, bucket_bytes)
+        if key not in self._transports:
+            options: dict[str, object] = {"timeout_seconds": self.timeout_seconds}
+            if kind == "grpc":
+                options.update(bucket_bytes=bucket_bytes, max_message_bytes=self.max_message_bytes)
+            elif kind == "shm":
+                options.update(bucket_bytes=bucket_bytes, keep_segment=self.keep_shm_segment)
+            elif kind in ("nccl", "gloo"):
+                options.update(bucket_bytes=bucket_bytes, group_host=self.group_host)
+                options["timeout_seconds"] = min(self.timeout_seconds, 300.0)
+            self._transports[key] = make_transport(kind, **options)
+        return self._transports[key]
+
+    def plan(self, endpoints: Sequence[str], *, setting: str, weights_device: str) -> dict[str, str]:
+        """endpoint -> transport. Asks each engine where it lives unless the setting is plain grpc/gloo."""
+        validate_setting(setting)
+        if setting in ("grpc", "gloo"):
+            return dict.fromkeys(endpoints, setting)
+        trainer = local_peer(weights_device)
+        with ThreadPoolExecutor(max_workers=min(16, len(endpoints))) as pool:
+            peers: list[PeerInfo] = list(pool.map(probe_peer, endpoints))
+        failures, plan = {}, {}
+        for endpoint, peer in zip(endpoints, peers, strict=True):
+            try:
+                plan[endpoint] = choose_transport(setting, trainer, peer)
+            except ValueError as e:
+                failures[endpoint] = str(e)
         if failures:
             raise WeightPushError(failures)
-        for stream in streams:
-            if stream.response is not None and stream.response.version != version:
-                log.warning("endpoint %s reports version %d after a push of version %d",
-                            stream.endpoint, stream.response.version, version)
-        seconds = time.perf_counter() - start
-        return PushResult(version=version, num_bytes=num_bytes * len(streams), seconds=seconds,
-                          num_endpoints=len(streams))
+        return plan
 
+    def push(self, named_tensors: Iterable[tuple[str, Tensor]], *, version: int, endpoints: Sequence[str],
+             setting: str | None = None, bucket_bytes: int | None = None) -> PushReport:
+        """Push to every endpoint; raises WeightPushError naming every endpoint that failed (the others
+        still got the weights)."""
+        if not endpoints:
+            raise ValueError("endpoints: at least one endpoint is required")
+        if len(set(endpoints)) != len(endpoints):
+            raise ValueError(f"endpoints: duplicates in {list(endpoints)}")
+        with self._lock:
+            start = time.perf_counter()
+            weights = list(named_tensors)  # references: every transport reads the same tensors
+            device = str(weights[0][1].device) if weights else "cpu"
+            plan = self.plan(endpoints, setting=setting or self.setting, weights_device=device)
+            groups: dict[str, list[str]] = {}
+            for endpoint, kind in plan.items():
+                groups.setdefault(kind, []).append(endpoint)
+            results: list[PushResult] = []
+            failures: dict[str, str] = {}
 
-def make_transport(kind: str = "grpc", **options: object) -> WeightTransport:
-    """The one place that picks a transport; shared memory and NCCL plug in here."""
-    if kind == "grpc":
-        return GrpcWeightTransport(**options)  # type: ignore[arg-type]
-    raise ValueError(f"kind: unknown weight transport {kind!r} (available: 'grpc')")
+            def run(kind: str, group: list[str]) -> None:
+                try:
+                    results.append(self.transport(kind, bucket_bytes).push(weights, version=version, endpoints=group))
+                except WeightPushError as e:
+                    failures.update(e.failures)
+                except Exception as e:  # noqa: BLE001 - reported per endpoint like any other failure
+                    log.exception("weight push over %s failed", kind)
+                    failures.update(dict.fromkeys(group, f"{kind}: {e!r}"))
+
+            if len(groups) == 1:
+                run(*next(iter(groups.items())))
+            else:
+                threads = [threading.Thread(target=run, args=item, daemon=True) for item in groups.items()]
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join()
+            if failures:
+                raise WeightPushError(failures)
+            return PushReport(version=version, num_bytes=sum(r.num_bytes for r in results),
+                              seconds=time.perf_counter() - start, transports=plan, results=results)
+
+    def close(self) -> None:
+        with self._lock:
+            for transport in self._transports.values():
+                transport.close()
+            self._transports.clear()

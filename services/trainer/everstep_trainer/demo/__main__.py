@@ -20,6 +20,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-eval", action="store_true", help="skip scoring the warm start")
     parser.add_argument("--sft-steps", type=int, default=None,
                         help="warm-start optimizer steps (default: the build's; fewer is faster and weaker)")
+    parser.add_argument("--slip-probability", type=float, default=None,
+                        help="warm start on a sloppy teacher's solutions that slip by one with this chance per step")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -30,6 +32,9 @@ def main(argv: list[str] | None = None) -> None:
         config.evaluate = False
     if args.sft_steps is not None:
         config.sft = dataclasses.replace(config.sft, max_steps=args.sft_steps)
+    if args.slip_probability is not None:
+        config.slip_probability = args.slip_probability
+        config.__post_init__()  # validates the value
     summary = build_demo(args.out, config)
     summary.pop("config")
     print(json.dumps(summary))

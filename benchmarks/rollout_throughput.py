@@ -1,0 +1,200 @@
+"""Rollout throughput: `python -m benchmarks.rollout_throughput [--model DIR] [--num-prompts N] ...`.
+
+One model (the demo model, `outputs/demo-model`, built by `python -m everstep_trainer.demo --out
+outputs/demo-model`), one workload: the first N prompts (default 256) of the demo task's train.jsonl,
+sampled at temperature 1 (no top-k/top-p) until EOS or max_new_tokens. The warm-started demo model
+writes worked solutions whose length follows the task's long-tailed chain lengths (most a few tokens,
+a few a couple of hundred), which is the case continuous batching is for.
+
+The same workload runs through
+
+(a) transformers' `generate` on static batches: prompts in dataset order, `--batch-size` at a time,
+    left-padded, KV cache on, `do_sample=True, temperature=1.0, top_k=0, top_p=1.0`, the same
+    max_new_tokens; every batch runs until its longest sequence ends. The default batch size, 128, is
+    the fastest of 32/64/128/256 for transformers on the demo workload (measured on the 2-core machine);
+(b) our torch engine: every prompt queued at once, `--max-running` sequences decoded together,
+    sequences joining and leaving at every step.
+
+Both count the tokens they generated up to and including EOS, in float32 with the same torch thread
+count, after a small warm-up run. The runs alternate (a, b, a, b, ...) `--repeats` times so that a
+change in machine load hits both alike; the figures are medians. Progress goes to stderr; the last line of
+stdout is one JSON object with ours_tokens_per_s, hf_tokens_per_s, ratio (of the medians), every run,
+the settings and the load average before and after. It also reports tokens per CPU second of this process
+(ours_tokens_per_cpu_s, hf_tokens_per_cpu_s, cpu_ratio): on a shared machine those vary far less with
+other processes' load than wall-clock figures do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+log = logging.getLogger("benchmarks.rollout_throughput")
+
+DEFAULT_MODEL = Path("outputs/demo-model")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Run:
+    system: str
+    """"hf" or "ours"."""
+    num_tokens: int
+    seconds: float
+    cpu_seconds: float
+    """CPU time of this process during the run: far less sensitive to other processes' load than wall time."""
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def tokens_per_cpu_s(self) -> float:
+        return self.num_tokens / self.cpu_seconds if self.cpu_seconds > 0 else 0.0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="benchmarks.rollout_throughput", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="Hugging Face model directory")
+    p.add_argument("--prompts", type=Path, default=None, help="JSONL with a 'prompt' field; default MODEL/train.jsonl")
+    p.add_argument("--num-prompts", type=int, default=256, help="prompts of the workload")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="output tokens per sequence at most")
+    p.add_argument("--batch-size", type=int, default=128, help="transformers generate: prompts per static batch")
+    p.add_argument("--max-running", type=int, default=128, help="our engine: sequences decoded together")
+    p.add_argument("--repeats", type=int, default=3, help="runs of each system (alternating); medians reported")
+    p.add_argument("--num-threads", type=int, default=0, help="torch CPU threads; 0: all cores but one")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    for name in ("num_prompts", "max_new_tokens", "batch_size", "max_running", "repeats"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    return args
+
+
+def read_prompts(path: Path, num_prompts: int) -> list[str]:
+    prompts = []
+    with path.open() as f:
+        for line in f:
+            if line.strip():
+                prompts.append(str(json.loads(line)["prompt"]))
+            if len(prompts) == num_prompts:
+                return prompts
+    raise ValueError(f"{path} has {len(prompts)} prompts, --num-prompts asks for {num_prompts}")
+
+
+def count_until_eos(row: list[int], eos_token_ids: frozenset[int]) -> int:
+    """Generated tokens up to and including the first EOS (all of them when there is none)."""
+    for i, token in enumerate(row):
+        if token in eos_token_ids:
+            return i + 1
+    return len(row)
+
+
+def run_hf(model, prompt_ids: list[list[int]], *, batch_size: int, max_new_tokens: int, pad_token_id: int,
+           eos_token_ids: frozenset[int], seed: int) -> Run:
+    import torch
+
+    torch.manual_seed(seed)
+    num_tokens = 0
+    start, cpu_start = time.perf_counter(), time.process_time()
+    with torch.inference_mode():
+        for i in range(0, len(prompt_ids), batch_size):
+            batch = prompt_ids[i : i + batch_size]
+            width = max(map(len, batch))
+            input_ids = torch.tensor([[pad_token_id] * (width - len(p)) + p for p in batch])
+            attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+            out = model.generate(
+                input_ids=input_ids, attention_mask=attention_mask, do_sample=True, temperature=1.0, top_k=0,
+                top_p=1.0, max_new_tokens=max_new_tokens, pad_token_id=pad_token_id,
+                eos_token_id=sorted(eos_token_ids), use_cache=True,
+            )
+            num_tokens += sum(count_until_eos(row, eos_token_ids) for row in out[:, width:].tolist())
+    return Run(system="hf", num_tokens=num_tokens, seconds=time.perf_counter() - start,
+               cpu_seconds=time.process_time() - cpu_start)
+
+
+def run_ours(engine, prompt_ids: list[list[int]], *, max_new_tokens: int, tag: str) -> Run:
+    from everstep_rollout.sequence import GenerationRequest, SamplingOptions
+
+    sampling = SamplingOptions(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens)
+    start, cpu_start = time.perf_counter(), time.process_time()
+    engine.add(GenerationRequest(id=f"{tag}-{i}", prompt_ids=p, sampling=sampling) for i, p in enumerate(prompt_ids))
+    num_tokens = 0
+    while engine.has_work:
+        num_tokens += sum(len(r.output_ids) for r in engine.step())
+    return Run(system="ours", num_tokens=num_tokens, seconds=time.perf_counter() - start,
+               cpu_seconds=time.process_time() - cpu_start)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
+    if not (args.model / "config.json").exists():
+        print(f"no model at {args.model}: build the demo model first with "
+              f"`python -m everstep_trainer.demo --out {DEFAULT_MODEL}`, or pass --model", file=sys.stderr)
+        return 2
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from everstep_rollout.config import EngineConfig, default_num_threads
+    from everstep_rollout.engine import Engine
+
+    torch.set_num_threads(args.num_threads or default_num_threads())
+    load_before = os.getloadavg()
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    prompts = read_prompts(args.prompts or args.model / "train.jsonl", args.num_prompts)
+    prompt_ids = [tokenizer(p).input_ids for p in prompts]
+    longest_prompt = max(map(len, prompt_ids))
+
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    engine = Engine(args.model, EngineConfig(max_running=args.max_running, max_seq_len=longest_prompt
+                                             + args.max_new_tokens, seed=args.seed))
+    eos_token_ids = engine.eos_token_ids
+    pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_token_ids)
+    hf_kwargs = dict(batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, pad_token_id=pad_token_id,
+                     eos_token_ids=eos_token_ids)
+
+    log.info("warm-up")
+    run_hf(model, prompt_ids[:4], **{**hf_kwargs, "max_new_tokens": 4}, seed=args.seed)
+    run_ours(engine, prompt_ids[:4], max_new_tokens=4, tag="warmup")
+    runs: list[Run] = []
+    for repeat in range(args.repeats):
+        for system in ("hf", "ours"):
+            if system == "hf":
+                run = run_hf(model, prompt_ids, **hf_kwargs, seed=args.seed + repeat)
+            else:
+                run = run_ours(engine, prompt_ids, max_new_tokens=args.max_new_tokens, tag=f"r{repeat}")
+            runs.append(run)
+            print(f"{system:5s} run {repeat + 1}/{args.repeats}: {run.num_tokens} tokens in {run.seconds:.2f}s = "
+                  f"{run.tokens_per_s:.0f} tokens/s ({run.cpu_seconds:.2f} CPU s)", flush=True)
+
+    hf = statistics.median(r.tokens_per_s for r in runs if r.system == "hf")
+    ours = statistics.median(r.tokens_per_s for r in runs if r.system == "ours")
+    hf_cpu = statistics.median(r.tokens_per_cpu_s for r in runs if r.system == "hf")
+    ours_cpu = statistics.median(r.tokens_per_cpu_s for r in runs if r.system == "ours")
+    print(f"transformers generate (static batches of {args.batch_size}): {hf:.0f} tokens/s (median)")
+    print(f"everstep torch engine (max_running {args.max_running}): {ours:.0f} tokens/s (median)")
+    report = {
+        "ours_tokens_per_s": round(ours, 1), "hf_tokens_per_s": round(hf, 1),
+        "ratio": round(ours / hf, 3) if hf > 0 else None,
+        "ours_tokens_per_cpu_s": round(ours_cpu, 1), "hf_tokens_per_cpu_s": round(hf_cpu, 1),
+        "cpu_ratio": round(ours_cpu / hf_cpu, 3) if hf_cpu > 0 else None,
+        "runs": [{**asdict(r), "tokens_per_s": round(r.tokens_per_s, 1)} for r in runs],
+        "model": str(args.model), "num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens,
+        "batch_size": args.batch_size, "max_running": args.max_running, "repeats": args.repeats,
+        "executor": type(engine.executor).__name__, "num_threads": torch.get_num_threads(),
+        "loadavg_before": [round(x, 2) for x in load_before],
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+    }
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

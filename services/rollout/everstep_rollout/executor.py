@@ -1,0 +1,97 @@
+"""The model executor interface of the torch engine, and the factory that picks one for a model.
+
+Two executors implement it:
+
+- `LlamaExecutor` (native): our own forward pass for Llama-architecture models (Llama, Qwen2) with
+  fused projections and a preallocated KV cache; the fast path.
+- `TransformersExecutor`: any causal LM that `transformers.AutoModelForCausalLM` loads, run through its
+  own modeling code, with its keys and values kept in our per-slot storage.
+
+`executor="auto"` (the default) takes the native one when the config is one it supports and the
+transformers one otherwise; "native" and "transformers" force a choice.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepBatch:
+    """What one forward pass computes.
+
+    Decode rows: row i is KV cache slot i, for i in 0..len(decode_tokens)-1. Each row's token at
+    `decode_positions[i]` is written to the cache and attends to positions 0..decode_positions[i] of its
+    slot; rows of free slots carry token 0 at position 0 and their output is garbage.
+    Prefill rows: `prefill_rows[j]` (positions 0..len-1) is written to slot `prefill_slots[j]`. A
+    sequence may be prefilled and decoded in the same batch (its last token is the decode row): the
+    prefill keys are in the cache before any decode row attends.
+    """
+
+    decode_tokens: list[int] = field(default_factory=list)
+    decode_positions: list[int] = field(default_factory=list)
+    prefill_rows: list[list[int]] = field(default_factory=list)
+    prefill_slots: list[int] = field(default_factory=list)
+
+
+class WeightStore(Protocol):
+    named: Mapping[str, torch.Tensor]
+    """Hugging Face parameter name -> the tensor that holds it (a tied weight appears under both names)."""
+
+    @property
+    def num_parameters(self) -> int: ...
+
+    def copy_in(self, tensors: Mapping[str, torch.Tensor], *, require_all: bool) -> int:
+        """Copy by name into the existing storage; ValueError (nothing copied) on unknown names or shapes."""
+
+
+class Executor(Protocol):
+    model_type: str
+    vocab_size: int
+    max_seq_len: int
+    """Tokens a slot holds: the requested max_seq_len capped by the model's position limit."""
+    weights: WeightStore
+    cache_bytes: int
+
+    def forward(self, batch: StepBatch) -> torch.Tensor | None:
+        """Run the batch; logits [len(decode_tokens), vocab] float32 of the decode rows (None without any)."""
+
+    def move_slot(self, src: int, dst: int, length: int) -> None:
+        """Copy the cached keys and values of positions 0..length-1 from slot src to slot dst."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecutorOptions:
+    num_slots: int
+    max_seq_len: int
+    """Requested tokens per slot; the executor caps it by the model's max_position_embeddings."""
+    dtype: torch.dtype
+    device: torch.device
+
+
+def build_executor(model_dir: Path, model_config: Mapping, kind: str, options: ExecutorOptions) -> Executor:
+    """The executor `kind` ("auto", "native" or "transformers") names, loaded with the model's weights."""
+    from everstep_rollout.llama_executor import LlamaExecutor, LlamaSpec
+
+    if kind not in ("auto", "native", "transformers"):
+        raise ValueError(f"executor must be 'auto', 'native' or 'transformers', got {kind!r}")
+    if kind != "transformers":
+        try:
+            spec = LlamaSpec.from_config(model_config)
+        except NotImplementedError as e:
+            if kind == "native":
+                raise
+            log.info("native executor does not support %s (%s); using the transformers executor", model_dir, e)
+        else:
+            return LlamaExecutor.load(model_dir, spec, options)
+    from everstep_rollout.transformers_executor import TransformersExecutor
+
+    return TransformersExecutor.load(model_dir, options)

@@ -1,0 +1,318 @@
+"""The sglang engine: the rollout service's engine interface over sglang's offline `sglang.Engine` (GPU).
+
+NOT RUN: sglang is not installed on the CPU machines this was written on and no GPU was available; this
+module is written against sglang's documented offline-engine API (`Engine.async_generate`,
+`Engine.update_weights_from_tensor`, `Engine.init_weights_update_group`,
+`Engine.update_weights_from_distributed`, `Engine.tokenizer_manager.abort_request`) and its request
+bookkeeping is tested on CPU against a stand-in (tests/rollout/test_sglang_engine.py), not against sglang.
+
+How it maps the engine interface (the same one `Engine` has, driven by `EngineLoop`):
+
+- `add`: each sequence is one streaming `async_generate` request (input ids = prompt + earlier output,
+  `return_logprob=True`) whose chunks a task consumes on sglang's event loop. That loop runs only inside
+  `step()` and the other methods, all called from the engine-loop thread (sglang's sync methods run
+  `loop.run_until_complete` on the same loop, so nothing else may drive it).
+- Tokens and log-probs come from `meta_info["output_token_logprobs"]` ((logprob, token_id, text) triples).
+  sglang's default log-prob is log_softmax(logits / T) of the sampled token before top-k/top-p filtering
+  (T = 1 when greedy), the same quantity the torch engine records; do not set
+  SGLANG_RETURN_ORIGINAL_LOGPROB, which switches it to the untempered distribution.
+- `drain` aborts the requests (`abort_request(rid)`), waits for their last chunks and returns what they
+  generated as ABORTED partials (or as finished, when a request ended before the abort reached it).
+- `update_weights` (and `update_weights_from_distributed`) first takes every running request out the same
+  way, swaps the weights with sglang's cache flushed, then resubmits each as a continuation (prompt +
+  output so far), so that its prefix is recomputed under the new weights and every token carries the
+  version it was generated under.
+- Backpressure: at most max_running + max_queued sequences live at once (sglang queues internally), more
+  are refused with QueueFullError. `num_queued` is 0: sglang's own queue is not visible here.
+- Per-request seeds are not passed on (sglang's seeding differs by version); the engine seed is sglang's
+  random_seed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from everstep_rollout.config import EngineConfig
+from everstep_rollout.engine import QueueFullError, StepStats, ThroughputWindow, read_eos_token_ids
+from everstep_rollout.engines import EngineUnavailableError
+from everstep_rollout.llama_executor import read_config
+from everstep_rollout.sequence import FinishReason, GenerationRequest, SequenceResult
+
+log = logging.getLogger(__name__)
+
+GPU_EXTRA_HINT = "install the optional extra on a CUDA machine: pip install 'everstep-rollout[gpu]'"
+_POLL_SECONDS = 0.005
+_ABORT_TIMEOUT_SECONDS = 60.0
+_FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORTED}
+
+
+def import_sglang():
+    """The sglang module, or EngineUnavailableError naming the extra that provides it."""
+    try:
+        import sglang
+    except ImportError as e:
+        raise EngineUnavailableError(f"engine 'sglang' needs the sglang package ({e}); {GPU_EXTRA_HINT}") from e
+    return sglang
+
+
+@dataclass(eq=False, kw_only=True)
+class _Request:
+    request: GenerationRequest
+    rid: str
+    version: int
+    output_ids: list[int]
+    output_logprobs: list[float]
+    output_versions: list[int]
+    task: asyncio.Task | None = None
+    finish: FinishReason | None = None
+    error: str = ""
+    new_tokens: int = field(default=0)
+    """Tokens this sglang request generated (the continuation's own, not the earlier output)."""
+
+    @property
+    def key(self) -> tuple[int, str]:
+        return (self.request.stream, self.request.id)
+
+
+class SglangEngine:
+    """The engine interface over `sglang.Engine`; see the module docstring. Not thread safe (EngineLoop)."""
+
+    def __init__(self, model_dir: str | Path, config: EngineConfig | None = None, *, sglang_engine=None) -> None:
+        """`sglang_engine`: an already built engine object (tests pass a stand-in); built from config otherwise."""
+        from transformers import AutoTokenizer
+
+        self.config = config or EngineConfig(engine="sglang")
+        self.model_dir = Path(model_dir)
+        model_config = read_config(self.model_dir)
+        self.max_seq_len = min(self.config.max_seq_len, model_config.get("max_position_embeddings") or 2**31)
+        if sglang_engine is None:
+            sglang = import_sglang()
+            if self.config.device == "cpu":
+                raise ValueError("engine 'sglang' runs on a GPU: set device to 'cuda' (or use engine 'torch')")
+            sglang_engine = sglang.Engine(
+                model_path=str(self.model_dir), dtype=self.config.dtype, random_seed=self.config.seed,
+                max_running_requests=self.config.max_running, context_length=self.max_seq_len,
+                log_level="error",
+            )
+        self._sgl = sglang_engine
+        self._loop: asyncio.AbstractEventLoop = sglang_engine.loop
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self.eos_token_ids = read_eos_token_ids(self.model_dir, model_config)
+        self.version = self.config.version
+        self.num_parameters = _count_parameters(self.model_dir)
+        self._live: dict[tuple[int, str], _Request] = {}
+        self._finished_on_add: list[SequenceResult] = []
+        self._rid_counter = 0
+        self._throughput = ThroughputWindow(window_seconds=10.0)
+        self.last_step: StepStats | None = None
+        log.info("sglang engine over %s (%s, max_running %d)", self.model_dir, self.config.dtype,
+                 self.config.max_running)
+
+    # -- state ------------------------------------------------------------------------------------------
+
+    @property
+    def num_running(self) -> int:
+        return len(self._live)
+
+    @property
+    def num_queued(self) -> int:
+        return 0
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._live or self._finished_on_add)
+
+    def tokens_per_second(self) -> float:
+        return self._throughput.tokens_per_second(time.monotonic())
+
+    # -- requests ---------------------------------------------------------------------------------------
+
+    def add(self, requests: Iterable[GenerationRequest]) -> None:
+        """Submit requests (all or none); ValueError on duplicates, QueueFullError past the bound."""
+        requests = list(requests)
+        keys = [(r.stream, r.id) for r in requests]
+        duplicates = {k for k in keys if k in self._live} | {k for k in keys if keys.count(k) > 1}
+        if duplicates:
+            raise ValueError(f"sequence ids already in flight: {sorted(k[1] for k in duplicates)[:5]}")
+        limit = self.config.max_running + self.config.max_queued
+        if len(self._live) + len(requests) > limit:
+            raise QueueFullError(
+                f"rollout queue full: {len(self._live)} sequences in sglang, {len(requests)} more requested, "
+                f"max_running + max_queued = {limit}"
+            )
+        if any(r.sampling.seed for r in requests):
+            log.warning("per-request seeds are ignored by the sglang engine")
+        for r in requests:
+            entry = _Request(request=r, rid="", version=self.version, output_ids=list(r.output_ids),
+                             output_logprobs=list(r.output_logprobs), output_versions=list(r.output_versions))
+            if self._remaining(entry) <= 0:
+                self._finished_on_add.append(self._result(entry, FinishReason.LENGTH))
+            else:
+                self._submit(entry)
+
+    def _remaining(self, entry: _Request) -> int:
+        r = entry.request
+        by_length = self.max_seq_len - len(r.prompt_ids) - len(entry.output_ids)
+        if r.sampling.max_new_tokens > 0:
+            return min(by_length, r.sampling.max_new_tokens - len(entry.output_ids))
+        return by_length
+
+    def _submit(self, entry: _Request) -> None:
+        o = entry.request.sampling
+        self._rid_counter += 1
+        entry.rid = f"everstep-{self._rid_counter}"
+        entry.version, entry.finish, entry.error, entry.new_tokens = self.version, None, "", 0
+        sampling_params = {
+            "temperature": o.temperature, "top_p": o.top_p if 0 < o.top_p < 1 else 1.0,
+            "top_k": o.top_k if o.top_k > 0 else -1, "max_new_tokens": self._remaining(entry),
+        }
+        if o.stop:
+            sampling_params["stop"] = list(o.stop)
+        input_ids = [*entry.request.prompt_ids, *entry.output_ids]
+        entry.task = self._loop.create_task(self._consume(entry, input_ids, sampling_params))
+        self._live[entry.key] = entry
+
+    async def _consume(self, entry: _Request, input_ids: list[int], sampling_params: dict) -> None:
+        try:
+            stream = await self._sgl.async_generate(input_ids=input_ids, sampling_params=sampling_params,
+                                                    return_logprob=True, stream=True, rid=entry.rid)
+            async for chunk in stream:
+                self._absorb(entry, chunk)
+        except Exception as e:  # noqa: BLE001 - an aborted request may end in an error; kept on the entry
+            entry.error = f"{type(e).__name__}: {e}"
+        if entry.finish is None:
+            entry.finish = FinishReason.ABORTED
+
+    def _absorb(self, entry: _Request, chunk: Mapping) -> None:
+        """Append the chunk's new tokens; chunks may be cumulative or incremental (a server setting)."""
+        meta = chunk["meta_info"]
+        triples = meta.get("output_token_logprobs") or []
+        total = meta.get("completion_tokens")
+        new = max(0, (total if total is not None else len(triples)) - entry.new_tokens)
+        for logprob, token_id, *_ in (triples[len(triples) - new :] if new else ()):
+            entry.output_ids.append(int(token_id))
+            entry.output_logprobs.append(float(logprob))
+            entry.output_versions.append(entry.version)
+        entry.new_tokens += new
+        self._throughput.record(time.monotonic(), new)
+        reason = meta.get("finish_reason")
+        if reason is not None:
+            kind = reason.get("type") if isinstance(reason, Mapping) else str(reason)
+            entry.finish = _FINISH_REASONS.get(kind, FinishReason.STOP)
+
+    def drain(self, stream: int | None = None) -> list[SequenceResult]:
+        """Abort every live request (of `stream`, or all) and return what each generated."""
+        entries = [e for e in self._live.values() if stream is None or e.request.stream == stream]
+        self._abort(entries)
+        return [self._result(e, e.finish or FinishReason.ABORTED) for e in entries]
+
+    def _abort(self, entries: list[_Request]) -> None:
+        for e in entries:
+            self._sgl.tokenizer_manager.abort_request(rid=e.rid)
+        tasks = [e.task for e in entries if e.task is not None]
+        if tasks:
+            _, pending = self._loop.run_until_complete(asyncio.wait(tasks, timeout=_ABORT_TIMEOUT_SECONDS))
+            for task in pending:
+                task.cancel()
+        for e in entries:
+            del self._live[e.key]
+
+    # -- weights ----------------------------------------------------------------------------------------
+
+    def update_weights(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> int:
+        """Swap weights through `update_weights_from_tensor`; running requests continue under the new ones."""
+        num_bytes = sum(t.numel() * t.element_size() for t in named_tensors.values())
+        self._swap(lambda: self._sgl.update_weights_from_tensor(named_tensors=list(named_tensors.items()),
+                                                                 flush_cache=True), version)
+        return num_bytes
+
+    def init_weights_update_group(self, *, master_address: str, master_port: int, rank_offset: int,
+                                  world_size: int, group_name: str = "everstep", backend: str = "nccl") -> None:
+        """Join a torch.distributed group with the trainer (which is rank 0) for broadcast weight updates."""
+        _check(self._sgl.init_weights_update_group(
+            master_address=master_address, master_port=master_port, rank_offset=rank_offset,
+            world_size=world_size, group_name=group_name, backend=backend,
+        ), "init_weights_update_group")
+
+    def update_weights_from_distributed(self, *, names: list[str], dtypes: list[str], shapes: list[list[int]],
+                                        version: int, group_name: str = "everstep") -> None:
+        """Receive the named tensors the trainer broadcasts on the group (it must broadcast them meanwhile)."""
+        self._swap(lambda: self._sgl.update_weights_from_distributed(
+            names=names, dtypes=dtypes, shapes=shapes, group_name=group_name, flush_cache=True), version)
+
+    def _swap(self, update, version: int) -> None:
+        entries = list(self._live.values())
+        self._abort(entries)
+        _check(update(), "weight update")
+        self.version = version
+        for e in entries:
+            if e.finish == FinishReason.ABORTED or e.finish is None:
+                if self._remaining(e) > 0:
+                    self._submit(e)  # continues from prompt + output so far, under the new weights
+                    continue
+                e.finish = FinishReason.LENGTH
+            self._finished_on_add.append(self._result(e, e.finish))
+
+    # -- the step ---------------------------------------------------------------------------------------
+
+    def step(self) -> list[SequenceResult]:
+        """Let sglang run for a moment; return the sequences that finished meanwhile."""
+        start = time.perf_counter()
+        finished, self._finished_on_add = self._finished_on_add, []
+        before = sum(len(e.output_ids) for e in self._live.values())
+        tasks = [e.task for e in self._live.values() if e.task is not None]
+        if tasks:
+            self._loop.run_until_complete(asyncio.wait(tasks, timeout=_POLL_SECONDS,
+                                                       return_when=asyncio.FIRST_COMPLETED))
+        generated = sum(len(e.output_ids) for e in self._live.values()) - before
+        reasons: dict[FinishReason, int] = {}
+        for e in [e for e in self._live.values() if e.task is not None and e.task.done()]:
+            del self._live[e.key]
+            reason = e.finish or FinishReason.ABORTED
+            if reason == FinishReason.ABORTED:
+                log.warning("sglang request %s (%s) ended without finishing: %s", e.rid, e.request.id,
+                            e.error or "aborted")
+            finished.append(self._result(e, reason))
+            reasons[reason] = reasons.get(reason, 0) + 1
+        seconds = time.perf_counter() - start
+        self.last_step = StepStats(num_decoded=generated, num_prefilled=0, decode_seconds=seconds,
+                                   step_seconds=seconds, finished=reasons)
+        return finished
+
+    def _result(self, e: _Request, reason: FinishReason) -> SequenceResult:
+        r = e.request
+        return SequenceResult(
+            id=r.id, stream=r.stream, prompt_ids=list(r.prompt_ids), output_ids=e.output_ids,
+            output_logprobs=e.output_logprobs, output_versions=e.output_versions, finish_reason=reason,
+            output_text=self.tokenizer.decode(e.output_ids, skip_special_tokens=True),
+        )
+
+    def shutdown(self) -> None:
+        self._sgl.shutdown()
+
+
+def _check(result, what: str) -> None:
+    """sglang's update calls answer (success, message) (older versions: a dict or None)."""
+    if isinstance(result, tuple) and result and result[0] is False:
+        raise RuntimeError(f"sglang {what} failed: {result[1] if len(result) > 1 else ''}")
+    if isinstance(result, Mapping) and result.get("success") is False:
+        raise RuntimeError(f"sglang {what} failed: {result.get('message', '')}")
+
+
+def _count_parameters(model_dir: Path) -> int:
+    """Parameters in the checkpoint's safetensors headers (no tensor is loaded)."""
+    from safetensors import safe_open
+
+    total = 0
+    for f in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            for name in st.keys():  # noqa: SIM118 - safe_open is not iterable
+                total += int(torch.Size(st.get_slice(name).get_shape()).numel())
+    return total

@@ -1,0 +1,254 @@
+"""Turns one `Rollout.UpdateWeights` stream into named tensors for `Engine.update_weights`.
+
+The buckets of an update carry the bytes themselves (gRPC: whole tensors, or chunks of one tensor
+larger than a message, reassembled here) or only where the bytes are: a /dev/shm segment the
+trainer wrote (mapped here and viewed with torch.frombuffer: the engine then copies straight from
+the mapping into its parameters, no other copy), a broadcast of the trainer's weight group, or
+CUDA IPC handles. One update uses one carrier. Nothing reaches the engine before the last bucket,
+so a stream that fails halfway changes nothing.
+
+Shared memory: the engine only opens segments named `everstep-weights-*` directly under /dev/shm,
+for reading, and unmaps them when the update is done; it never creates or removes a segment (the
+trainer owns them), so an engine that dies leaks nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from everstep.v1 import rollout_pb2
+from everstep_rollout.proto_convert import tensor_from_proto
+from everstep_rollout.weight_group import WeightGroupMember, cuda_device_uuid, rebuild_cuda_ipc_tensor
+
+__all__ = ["SHM_DIR", "WeightUpdate", "receiver_info", "shm_domain"]
+
+SHM_DIR = Path("/dev/shm")
+_SEGMENT_NAME = re.compile(r"everstep-weights-[A-Za-z0-9_-]+")
+_MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14+; Python names it from 3.13
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def shm_domain(directory: Path = SHM_DIR) -> str:
+    """Identifies the /dev/shm this process sees (kernel boot id, device, inode); the trainer computes the
+    same, and equal values mean a segment it creates is visible here."""
+    boot_id = _boot_id()
+    try:
+        st = os.stat(directory)
+    except OSError:
+        return ""
+    return f"{boot_id}:{st.st_dev}:{st.st_ino}" if boot_id else ""
+
+
+def receiver_info(device: str) -> rollout_pb2.WeightReceiverInfo:
+    """What the trainer needs to pick a transport for an engine on `device`."""
+    gpu_uuid = ""
+    if device.startswith("cuda") and torch.cuda.is_available():
+        gpu_uuid = cuda_device_uuid(torch.device(device).index or 0)
+    return rollout_pb2.WeightReceiverInfo(shm_domain=shm_domain(), boot_id=_boot_id(), device=device,
+                                          gpu_uuid=gpu_uuid)
+
+
+def _dtype(name: str, dtype: str) -> torch.dtype:
+    value = getattr(torch, dtype, None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"tensor {name!r}: unknown dtype {dtype!r}")
+    return value
+
+
+def _num_bytes(name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> int:
+    if any(d < 0 for d in shape):
+        raise ValueError(f"tensor {name!r}: negative dimension in shape {list(shape)}")
+    return torch.Size(shape).numel() * dtype.itemsize
+
+
+def _view(buffer: torch.Tensor, slot: rollout_pb2.TensorSlot, where: str) -> torch.Tensor:
+    """The slot's tensor as a view into the flat uint8 `buffer`, after checking it lies inside."""
+    dtype, shape = _dtype(slot.name, slot.dtype), tuple(slot.shape)
+    num_bytes = _num_bytes(slot.name, dtype, shape)
+    if slot.offset < 0 or slot.offset + num_bytes > buffer.numel() or slot.offset % dtype.itemsize:
+        raise ValueError(f"tensor {slot.name!r}: offset {slot.offset} (+{num_bytes} bytes) is not an aligned range "
+                         f"of the {buffer.numel()}-byte {where}")
+    if num_bytes == 0:
+        return torch.empty(shape, dtype=dtype)
+    return buffer[slot.offset : slot.offset + num_bytes].view(dtype).view(shape)
+
+
+@dataclass
+class _PartialTensor:
+    """A chunked tensor being reassembled."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    data: np.ndarray
+    received: int = 0
+
+
+class _MappedSegment:
+    """A trainer's segment, mapped privately; `buffer` views it.
+
+    Private and writable only so that torch takes it as an ordinary buffer: nothing here writes to
+    it, reads see the trainer's pages, and a stray write would copy one page for this process
+    instead of touching the trainer's data. The page tables are filled at once (MADV_POPULATE_READ,
+    which reads and never copies, or a read of every page) when the first bucket names the segment,
+    while the trainer is still writing later buckets, so that the copy into the parameters after the
+    last bucket does not stop at every page.
+    """
+
+    def __init__(self, message: rollout_pb2.SharedMemoryWeights, directory: Path) -> None:
+        if not _SEGMENT_NAME.fullmatch(message.segment):
+            raise ValueError(f"shared_memory.segment: {message.segment!r} is not an everstep weight segment name")
+        self.name = message.segment
+        path = directory / message.segment
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise ValueError(f"shared_memory.segment: {path} does not exist (is the trainer on this host, "
+                             f"with the same /dev/shm?)") from None
+        try:
+            size = os.fstat(fd).st_size
+            if size != message.segment_bytes or size == 0:
+                raise ValueError(f"shared_memory.segment_bytes: {message.segment_bytes}, but {path} has {size} bytes")
+            self._mapping = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        self.buffer = torch.frombuffer(self._mapping, dtype=torch.uint8)
+        try:
+            self._mapping.madvise(_MADV_POPULATE_READ)
+        except (OSError, ValueError):  # kernels before 5.14
+            self.buffer[::mmap.PAGESIZE].sum()
+
+    def close(self) -> None:
+        self.buffer = torch.empty(0, dtype=torch.uint8)
+        with contextlib.suppress(BufferError):  # a view still alive: unmapped when the last one goes
+            self._mapping.close()
+
+
+class WeightUpdate:
+    """Collects the buckets of one update; `tensors` is complete once a bucket with last=True was added.
+
+    Raises ValueError, naming the field, on anything malformed. `close()` releases shared memory
+    mappings and drops the tensors; call it when the update was applied or abandoned.
+    """
+
+    def __init__(self, *, engine_device: str = "cpu", group: WeightGroupMember | None = None,
+                 shm_dir: Path = SHM_DIR) -> None:
+        self.engine_device = engine_device
+        self.group = group
+        self.shm_dir = shm_dir
+        self.version: int | None = None
+        self.transport: str | None = None
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.num_bytes = 0
+        self.complete = False
+        self._partial: _PartialTensor | None = None
+        self._segments: dict[str, _MappedSegment] = {}
+
+    def add(self, bucket: rollout_pb2.WeightBucket) -> None:
+        if self.complete:
+            raise ValueError("bucket after the one with last=true")
+        if self.version is None:
+            self.version = bucket.version
+        elif bucket.version != self.version:
+            raise ValueError(f"version: bucket version {bucket.version} differs from this update's {self.version}")
+        kind = self._carrier(bucket)
+        if self._partial is not None and not bucket.HasField("chunk"):
+            p = self._partial
+            raise ValueError(f"chunk: tensor {p.name!r} stopped at byte {p.received} of {len(p.data)}")
+        if bucket.tensors:
+            for t in bucket.tensors:
+                self._put(t.name, tensor_from_proto(t))
+        if bucket.HasField("chunk"):
+            self._add_chunk(bucket.chunk)
+        if bucket.HasField("shared_memory"):
+            self._add_shared_memory(bucket.shared_memory)
+        if bucket.HasField("collective"):
+            self._add_collective(bucket.collective)
+        for message in bucket.cuda_ipc:
+            self._put(message.name, rebuild_cuda_ipc_tensor(message))
+        if kind is not None:
+            self.transport = kind
+        if bucket.last:
+            self.complete = True
+            self.transport = self.transport or "grpc"
+
+    def close(self) -> None:
+        self.tensors = {}
+        self._partial = None
+        for segment in self._segments.values():
+            segment.close()
+        self._segments.clear()
+
+    # -- carriers ---------------------------------------------------------------------------------------
+
+    def _carrier(self, bucket: rollout_pb2.WeightBucket) -> str | None:
+        kinds = [kind for kind, present in (
+            ("grpc", bool(bucket.tensors) or bucket.HasField("chunk")),
+            ("shm", bucket.HasField("shared_memory")),
+            (self.group.backend if self.group else "collective", bucket.HasField("collective")),
+            ("cuda_ipc", bool(bucket.cuda_ipc)),
+        ) if present]
+        if len(kinds) > 1:
+            raise ValueError(f"bucket: carries data in several ways at once ({', '.join(kinds)})")
+        kind = kinds[0] if kinds else None
+        if kind is not None and self.transport is not None and kind != self.transport:
+            raise ValueError(f"bucket: {kind} data in an update that started as {self.transport}")
+        return kind
+
+    def _put(self, name: str, tensor: torch.Tensor) -> None:
+        if name in self.tensors:
+            raise ValueError(f"tensor {name!r}: sent twice in one update")
+        self.tensors[name] = tensor
+        self.num_bytes += tensor.numel() * tensor.element_size()
+
+    def _add_chunk(self, chunk: rollout_pb2.TensorChunk) -> None:
+        if self._partial is None:
+            if chunk.offset != 0:
+                raise ValueError(f"chunk: tensor {chunk.name!r} starts at byte {chunk.offset}, not 0")
+            dtype, shape = _dtype(chunk.name, chunk.dtype), tuple(chunk.shape)
+            self._partial = _PartialTensor(chunk.name, dtype, shape,
+                                           np.empty(_num_bytes(chunk.name, dtype, shape), dtype=np.uint8))
+        p = self._partial
+        if (chunk.name, chunk.dtype, tuple(chunk.shape)) != (p.name, str(p.dtype).removeprefix("torch."), p.shape):
+            raise ValueError(f"chunk: {chunk.name!r} arrived before tensor {p.name!r} was complete")
+        end = chunk.offset + len(chunk.data)
+        if chunk.offset != p.received or not chunk.data or end > len(p.data):
+            raise ValueError(f"chunk: tensor {p.name!r} got bytes [{chunk.offset}, {end}) after {p.received} "
+                             f"of {len(p.data)}")
+        p.data[chunk.offset : end] = np.frombuffer(chunk.data, dtype=np.uint8)
+        p.received = end
+        if p.received == len(p.data):
+            self._partial = None
+            self._put(p.name, torch.from_numpy(p.data).view(p.dtype).reshape(p.shape))
+
+    def _add_shared_memory(self, message: rollout_pb2.SharedMemoryWeights) -> None:
+        segment = self._segments.get(message.segment)
+        if segment is None:
+            segment = _MappedSegment(message, self.shm_dir)
+            self._segments[message.segment] = segment
+        for slot in message.tensors:
+            self._put(slot.name, _view(segment.buffer, slot, f"segment {message.segment}"))
+
+    def _add_collective(self, message: rollout_pb2.CollectiveWeights) -> None:
+        if self.group is None or message.group != self.group.name:
+            joined = self.group.name if self.group else "none"
+            raise ValueError(f"collective.group: {message.group!r} is not the group this engine joined ({joined})")
+        if message.num_bytes < 0:
+            raise ValueError(f"collective.num_bytes: must be >= 0, got {message.num_bytes}")
+        flat = self.group.receive(message.num_bytes, self.engine_device)
+        for slot in message.tensors:
+            self._put(slot.name, _view(flat, slot, "broadcast buffer"))

@@ -1,0 +1,208 @@
+"""What every weight transport shares: the interface, the result and error types, the flat-buffer
+layout, and the per-endpoint `Rollout.UpdateWeights` stream that carries data or metadata.
+
+Every transport talks to an engine through one UpdateWeights call: the buckets carry the tensors
+themselves (gRPC) or only their metadata while the bytes travel beside them (shared memory, a
+collective broadcast, CUDA IPC handles). The engine swaps the weights in after the last bucket.
+"""
+
+from __future__ import annotations
+
+import abc
+import queue
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import grpc
+from torch import Tensor
+
+from everstep.v1 import rollout_pb2, rollout_pb2_grpc
+
+__all__ = [
+    "DEFAULT_BUCKET_BYTES",
+    "GRPC_MAX_MESSAGE_BYTES",
+    "EndpointStream",
+    "PushResult",
+    "TensorPlacement",
+    "WeightPushError",
+    "WeightTransport",
+    "dtype_name",
+    "grpc_channel_options",
+    "layout_tensors",
+    "raise_for_failures",
+    "run_endpoint_streams",
+    "tensor_num_bytes",
+]
+
+DEFAULT_BUCKET_BYTES = 32 * 1024 * 1024
+GRPC_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+LAYOUT_ALIGNMENT = 64  # bytes: every dtype view is aligned, and rows start on a cache line
+_QUEUE_DEPTH = 2  # buckets buffered per endpoint
+
+
+class WeightPushError(RuntimeError):
+    """A push failed at one or more endpoints; `failures` maps endpoint -> error message."""
+
+    def __init__(self, failures: dict[str, str]) -> None:
+        self.failures = failures
+        super().__init__("weight push failed: " + "; ".join(f"{e}: {m}" for e, m in failures.items()))
+
+
+@dataclass(frozen=True)
+class PushResult:
+    version: int
+    num_bytes: int
+    """Tensor bytes delivered, summed over endpoints."""
+    seconds: float
+    num_endpoints: int
+    transport: str = "grpc"
+
+
+class WeightTransport(abc.ABC):
+    """Moves one version of named weights to a set of inference endpoints.
+
+    A transport may keep state between pushes (a warm shared memory segment, a joined broadcast
+    group); `close` releases it. Not thread-safe: one push at a time.
+    """
+
+    kind: str = ""
+
+    @abc.abstractmethod
+    def push(self, named_tensors: Iterable[tuple[str, Tensor]], *, version: int,
+             endpoints: Sequence[str]) -> PushResult:
+        """Send every tensor to every endpoint; raises WeightPushError if any endpoint failed."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook, most transports hold nothing
+        """Release connections and buffers."""
+
+
+def dtype_name(tensor: Tensor) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
+
+
+def tensor_num_bytes(tensor: Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+@dataclass(frozen=True)
+class TensorPlacement:
+    """One tensor's place in a flat byte buffer."""
+
+    name: str
+    tensor: Tensor
+    offset: int
+    num_bytes: int
+
+    def slot(self) -> rollout_pb2.TensorSlot:
+        return rollout_pb2.TensorSlot(name=self.name, dtype=dtype_name(self.tensor), shape=list(self.tensor.shape),
+                                      offset=self.offset)
+
+
+def layout_tensors(named_tensors: Iterable[tuple[str, Tensor]], *,
+                   alignment: int = LAYOUT_ALIGNMENT) -> tuple[list[TensorPlacement], int]:
+    """Place tensors one after another at aligned offsets; returns the placements and the total size."""
+    placements, offset = [], 0
+    for name, tensor in named_tensors:
+        num_bytes = tensor_num_bytes(tensor)
+        placements.append(TensorPlacement(name, tensor, offset, num_bytes))
+        offset += -(-num_bytes // alignment) * alignment
+    return placements, offset
+
+
+_END = object()
+_ABORT = object()  # the producer failed: cancel the call so no half update is applied
+
+
+class _AbortedPush(Exception):
+    pass
+
+
+def grpc_channel_options(max_message_bytes: int = GRPC_MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
+    return [("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max_message_bytes)]
+
+
+class EndpointStream:
+    """Feeds one endpoint's UpdateWeights call from a bounded queue, in its own thread.
+
+    `done` is set when the call ends (success or failure); from then on `offer` drops items, so a
+    dead endpoint never blocks the producer, and the request iterator stops waiting.
+    """
+
+    def __init__(self, endpoint: str, timeout_seconds: float,
+                 max_message_bytes: int = GRPC_MAX_MESSAGE_BYTES) -> None:
+        self.endpoint = endpoint
+        self.timeout_seconds = timeout_seconds
+        self.max_message_bytes = max_message_bytes
+        self.queue: queue.Queue = queue.Queue(maxsize=_QUEUE_DEPTH)
+        self.done = threading.Event()
+        self.error: str | None = None
+        self.response: rollout_pb2.UpdateWeightsResponse | None = None
+        self.thread = threading.Thread(target=self._run, name=f"weight-push-{endpoint}", daemon=True)
+
+    def offer(self, item: object) -> None:
+        while not self.done.is_set():
+            try:
+                self.queue.put(item, timeout=0.05)
+                return
+            except queue.Full:
+                continue
+
+    def _requests(self) -> Iterator[rollout_pb2.WeightBucket]:
+        while not self.done.is_set():
+            try:
+                item = self.queue.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            if item is _END:
+                return
+            if item is _ABORT:
+                raise _AbortedPush  # grpc cancels the call when the request iterator raises
+            yield item
+
+    def _run(self) -> None:
+        try:
+            with grpc.insecure_channel(self.endpoint, options=grpc_channel_options(self.max_message_bytes)) as channel:
+                stub = rollout_pb2_grpc.RolloutStub(channel)
+                self.response = stub.UpdateWeights(self._requests(), timeout=self.timeout_seconds)
+        except grpc.RpcError as e:
+            self.error = f"{e.code().name}: {e.details()}"
+        except Exception as e:  # a thread must report, not die silently
+            self.error = repr(e)
+        finally:
+            self.done.set()
+
+
+def run_endpoint_streams(buckets: Iterable[rollout_pb2.WeightBucket], endpoints: Sequence[str], *,
+                         timeout_seconds: float, max_message_bytes: int = GRPC_MAX_MESSAGE_BYTES,
+                         streams_out: list[EndpointStream] | None = None) -> list[EndpointStream]:
+    """Send the same buckets to every endpoint concurrently; returns the finished streams.
+
+    If `buckets` raises, every call is cancelled (nothing is applied) and the error propagates.
+    The caller reads `error` and `response` of each stream; `streams_out`, if given, receives the
+    streams as soon as they start (for a producer that watches them).
+    """
+    streams = [EndpointStream(endpoint, timeout_seconds, max_message_bytes) for endpoint in endpoints]
+    if streams_out is not None:
+        streams_out.extend(streams)
+    for stream in streams:
+        stream.thread.start()
+    finished = False
+    try:
+        for bucket in buckets:
+            for stream in streams:
+                stream.offer(bucket)
+        finished = True
+    finally:
+        for stream in streams:
+            stream.offer(_END if finished else _ABORT)
+        for stream in streams:
+            stream.thread.join()
+    return streams
+
+
+def raise_for_failures(streams: Sequence[EndpointStream]) -> None:
+    failures = {s.endpoint: s.error for s in streams if s.error is not None}
+    if failures:
+        raise WeightPushError(failures)

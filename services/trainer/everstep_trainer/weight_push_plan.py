@@ -1,0 +1,126 @@
+"""Which transport carries the weights to each engine: pure rules over what both sides report.
+
+An engine reports a `WeightReceiverInfo` in `Rollout.GetStatus`; the trainer builds the same facts
+about itself (`local_peer`). `choose_transport` then applies, for the setting "auto":
+
+1. cuda_ipc  the trainer's weights and the engine are on the same GPU (same host, same GPU UUID);
+2. nccl      both are on GPUs (a broadcast group over the network or NVLink);
+3. shm       both see the same /dev/shm (same kernel, same tmpfs instance);
+4. grpc      anything else, including an engine whose status does not say (older engines, test doubles).
+
+gloo is never picked by auto (gRPC is the CPU default between hosts); it is there to ask for by
+name. An explicit setting that cannot work for an engine is an error naming `transport`, never a
+silent fallback.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from everstep.v1 import rollout_pb2, rollout_pb2_grpc
+
+__all__ = ["SETTINGS", "TRANSPORTS", "PeerInfo", "choose_transport", "local_peer", "probe_peer", "shm_domain",
+           "validate_setting"]
+
+log = logging.getLogger(__name__)
+
+TRANSPORTS = ("grpc", "shm", "nccl", "gloo", "cuda_ipc")
+SETTINGS = ("auto", *TRANSPORTS)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PeerInfo:
+    """Where one side of a push lives; "" means unknown, which rules out every transport but grpc and gloo."""
+
+    boot_id: str = ""
+    shm_domain: str = ""
+    device: str = ""
+    """torch device of the weights (trainer) or of the engine: "cpu", "cuda:0", ..."""
+    gpu_uuid: str = ""
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.startswith("cuda")
+
+    @classmethod
+    def from_proto(cls, info: rollout_pb2.WeightReceiverInfo) -> PeerInfo:
+        return cls(boot_id=info.boot_id, shm_domain=info.shm_domain, device=info.device, gpu_uuid=info.gpu_uuid)
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def shm_domain(directory: Path = Path("/dev/shm")) -> str:
+    """Equal on two processes iff a file one creates in `directory` is visible to the other (same kernel,
+    same tmpfs mount); "" when there is no such directory. The rollout service computes it the same way."""
+    boot_id = _boot_id()
+    try:
+        st = os.stat(directory)
+    except OSError:
+        return ""
+    return f"{boot_id}:{st.st_dev}:{st.st_ino}" if boot_id else ""
+
+
+def local_peer(device: str) -> PeerInfo:
+    """This process, holding its weights on `device`."""
+    gpu_uuid = ""
+    if device.startswith("cuda"):
+        from everstep_trainer.weight_push_cuda_ipc import cuda_device_uuid
+
+        gpu_uuid = cuda_device_uuid(device)
+    return PeerInfo(boot_id=_boot_id(), shm_domain=shm_domain(), device=device, gpu_uuid=gpu_uuid)
+
+
+def probe_peer(endpoint: str, timeout_seconds: float = 10.0) -> PeerInfo:
+    """What the engine at `endpoint` reports; an empty PeerInfo if it does not say (or cannot be asked:
+    the push itself then reports the endpoint's error)."""
+    try:
+        with grpc.insecure_channel(endpoint) as channel:
+            status = rollout_pb2_grpc.RolloutStub(channel).GetStatus(rollout_pb2.GetStatusRequest(),
+                                                                     timeout=timeout_seconds)
+    except grpc.RpcError as e:
+        log.info("endpoint %s: no status (%s); weights go over grpc", endpoint, e.code().name)
+        return PeerInfo()
+    return PeerInfo.from_proto(status.weight_receiver)
+
+
+def validate_setting(setting: str) -> str:
+    if setting not in SETTINGS:
+        raise ValueError(f"transport: must be one of {list(SETTINGS)}, got {setting!r}")
+    return setting
+
+
+def _impossible(setting: str, trainer: PeerInfo, engine: PeerInfo) -> str | None:
+    """Why `setting` cannot carry weights from trainer to engine, or None if it can."""
+    if setting == "shm" and not (trainer.shm_domain and trainer.shm_domain == engine.shm_domain):
+        return "the engine does not share this trainer's /dev/shm (another host or IPC namespace)"
+    if setting == "nccl" and not (trainer.on_gpu and engine.on_gpu):
+        return f"nccl needs the weights and the engine on GPUs (trainer {trainer.device or '?'}, " \
+               f"engine {engine.device or '?'})"
+    if setting == "cuda_ipc" and not (trainer.on_gpu and engine.on_gpu and trainer.gpu_uuid
+                                      and trainer.gpu_uuid == engine.gpu_uuid and trainer.boot_id == engine.boot_id):
+        return "cuda_ipc needs the engine on the GPU that holds the trainer's weights"
+    return None
+
+
+def choose_transport(setting: str, trainer: PeerInfo, engine: PeerInfo) -> str:
+    """The transport for one engine; raises ValueError naming `transport` if an explicit one cannot work."""
+    validate_setting(setting)
+    if setting == "auto":
+        for candidate in ("cuda_ipc", "nccl", "shm"):
+            if _impossible(candidate, trainer, engine) is None:
+                return candidate
+        return "grpc"
+    reason = _impossible(setting, trainer, engine)
+    if reason is not None:
+        raise ValueError(f"transport: {setting!r} cannot reach this engine: {reason}")
+    return setting

@@ -1,0 +1,45 @@
+"""benchmarks.rollout_throughput at a tiny size: both systems run and the last line is the JSON report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_tiny_run_reports_both_systems(tiny_model_dir: Path, tmp_path: Path) -> None:
+    model_dir = tiny_model_dir
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"{i} + {i + 1} ="}) + "\n" for i in range(10)))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    process = subprocess.run(
+        [sys.executable, "-m", "benchmarks.rollout_throughput", "--model", str(model_dir), "--prompts", str(prompts),
+         "--num-prompts", "6", "--max-new-tokens", "6", "--batch-size", "4", "--max-running", "4", "--repeats", "2"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
+    )
+    assert process.returncode == 0, process.stderr[-4000:]
+    lines = process.stdout.strip().splitlines()
+    report = json.loads(lines[-1])
+    assert report["ours_tokens_per_s"] > 0 and report["hf_tokens_per_s"] > 0
+    assert report["ratio"] == pytest.approx(report["ours_tokens_per_s"] / report["hf_tokens_per_s"], rel=1e-3)
+    runs = report["runs"]
+    assert [r["system"] for r in runs] == ["hf", "ours", "hf", "ours"]
+    # Each run generated at least one token per prompt and at most max_new_tokens each.
+    assert all(6 <= r["num_tokens"] <= 36 and r["seconds"] > 0 for r in runs)
+    assert report["num_prompts"] == 6 and report["executor"] == "LlamaExecutor"
+    assert any("tokens/s" in line for line in lines[:-1])
+
+
+def test_missing_model_says_how_to_build_it(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    process = subprocess.run(
+        [sys.executable, "-m", "benchmarks.rollout_throughput", "--model", str(tmp_path / "none")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert process.returncode == 2 and "everstep_trainer.demo" in process.stderr

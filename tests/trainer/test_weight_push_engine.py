@@ -1,0 +1,221 @@
+"""Weight pushes into real rollout server processes, over shm, chunked gRPC and a gloo broadcast group.
+
+Each push sends perturbed weights; the engine must then generate exactly as a Hugging Face model
+holding those weights (per-token log-probs compared), tagged with the pushed version.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from safetensors.torch import load_file
+
+from everstep.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
+from everstep_trainer.weight_push import WeightPusher, WeightPushError, make_transport
+from everstep_trainer.weight_push_shm import SEGMENT_PREFIX, SHM_DIR
+
+PROMPTS = [[1, 5, 4, 7, 6], [1, 20, 5, 30, 6]]
+
+
+@dataclass
+class RolloutProcess:
+    process: subprocess.Popen
+    address: str
+    metrics_url: str
+    log_path: Path
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(model_dir: Path, log_path: Path) -> RolloutProcess:
+    http_port, grpc_port = _free_port(), _free_port()
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "everstep_rollout", "--host", "127.0.0.1", "--port", str(http_port),
+             "--grpc-port", str(grpc_port), "--model", str(model_dir), "--max-running", "4", "--num-threads", "1"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return RolloutProcess(process, f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{http_port}/metrics", log_path)
+
+
+def _wait_serving(engine: RolloutProcess, timeout_seconds: float = 120) -> None:
+    deadline = time.monotonic() + timeout_seconds
+    while time.monotonic() < deadline:
+        if engine.process.poll() is not None:
+            raise RuntimeError(f"rollout exited:\n{engine.log_path.read_text()}")
+        try:
+            with grpc.insecure_channel(engine.address) as channel:
+                reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+        except grpc.RpcError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"rollout at {engine.address} not serving:\n{engine.log_path.read_text()}")
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RolloutProcess]]:
+    """Two rollout servers with the tiny model, started together and shared by this module's tests."""
+    log_dir = tmp_path_factory.mktemp("engines")
+    started = [_launch(tiny_model_dir, log_dir / f"rollout-{i}.log") for i in range(2)]
+    try:
+        for engine in started:
+            _wait_serving(engine)
+        yield started
+    finally:
+        for engine in started:
+            engine.stop()
+
+
+def perturbed_weights(model_dir: Path, seed: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return {k: v + 0.05 * torch.randn(v.shape, generator=generator)
+            for k, v in load_file(str(model_dir / "model.safetensors")).items()}
+
+
+@functools.cache
+def hf_model(model_dir: Path) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+@torch.inference_mode()
+def assert_engine_runs(address: str, model_dir: Path, weights: dict[str, torch.Tensor], version: int) -> None:
+    """Greedy outputs of the engine carry `version` and the log-probs of a HF model holding `weights`."""
+    request = rollout_pb2.GenerateRequest(
+        sequences=[common_pb2.Sequence(id=f"p{i}", prompt_ids=p) for i, p in enumerate(PROMPTS)],
+        sampling=common_pb2.SamplingParams(temperature=0.0, max_new_tokens=6))
+    with grpc.insecure_channel(address) as channel:
+        stub = rollout_pb2_grpc.RolloutStub(channel)
+        results = [s for r in stub.Generate(iter([request]), timeout=60) for s in r.sequences]
+        assert stub.GetStatus(rollout_pb2.GetStatusRequest()).version == version
+    model = hf_model(model_dir)
+    model.load_state_dict(weights)
+    for sequence in results:
+        assert set(sequence.output_versions) == {version}
+        ids = torch.tensor([list(sequence.prompt_ids) + list(sequence.output_ids)])
+        logits = model(ids).logits[0, len(sequence.prompt_ids) - 1 : -1]
+        expected = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(sequence.output_ids)[:, None]).squeeze(1)
+        torch.testing.assert_close(torch.tensor(list(sequence.output_logprobs)), expected, atol=2e-4, rtol=0)
+
+
+def segments_of_this_process() -> list[str]:
+    return sorted(n for n in os.listdir(SHM_DIR) if n.startswith(f"{SEGMENT_PREFIX}{os.getpid()}-"))
+
+
+def test_shm_push_reaches_the_engine_and_keeps_one_warm_segment(engines, tiny_model_dir) -> None:
+    engine = engines[0]
+    pusher = WeightPusher()  # auto: the engine reports this host's /dev/shm
+    try:
+        weights = perturbed_weights(tiny_model_dir, seed=1)
+        report = pusher.push(weights.items(), version=11, endpoints=[engine.address])
+        assert report.transports == {engine.address: "shm"}
+        assert report.num_bytes == sum(t.numel() * t.element_size() for t in weights.values())
+        assert_engine_runs(engine.address, tiny_model_dir, weights, 11)
+        (kept,) = segments_of_this_process()
+
+        weights = perturbed_weights(tiny_model_dir, seed=2)
+        pusher.push(weights.items(), version=12, endpoints=[engine.address])
+        assert_engine_runs(engine.address, tiny_model_dir, weights, 12)
+        assert segments_of_this_process() == [kept]  # reused, warm
+    finally:
+        pusher.close()
+    assert segments_of_this_process() == []
+    metrics = urllib.request.urlopen(engine.metrics_url, timeout=10).read().decode()
+    assert 'everstep_rollout_weight_update_bytes_total{transport="shm"}' in metrics
+    assert 'everstep_rollout_weight_update_seconds_count{transport="shm"}' in metrics
+
+
+def test_a_tensor_over_the_message_limit_is_chunked_and_reassembled_by_the_engine(engines, tiny_model_dir) -> None:
+    engine = engines[0]
+    weights = perturbed_weights(tiny_model_dir, seed=3)
+    largest = max(t.numel() * t.element_size() for t in weights.values())
+    limit = 8 * 1024
+    assert largest > 2 * limit  # several tensors travel in chunks
+    transport = make_transport("grpc", max_message_bytes=limit, bucket_bytes=4096)
+    result = transport.push(weights.items(), version=21, endpoints=[engine.address])
+    assert result.transport == "grpc"
+    assert_engine_runs(engine.address, tiny_model_dir, weights, 21)
+
+
+def test_gloo_group_broadcasts_to_every_engine_and_reforms_after_a_failure(engines, tiny_model_dir,
+                                                                           free_port) -> None:
+    addresses = [e.address for e in engines]
+    pusher = WeightPusher(setting="gloo", group_host="127.0.0.1", bucket_bytes=16 * 1024, timeout_seconds=60)
+    try:
+        weights = perturbed_weights(tiny_model_dir, seed=4)
+        report = pusher.push(weights.items(), version=31, endpoints=addresses)
+        assert report.transports == dict.fromkeys(addresses, "gloo")
+        for address in addresses:
+            assert_engine_runs(address, tiny_model_dir, weights, 31)
+        transport = pusher.transport("gloo")
+        group = transport._group
+        weights = perturbed_weights(tiny_model_dir, seed=5)
+        pusher.push(weights.items(), version=32, endpoints=addresses)
+        assert transport._group is group  # the group stays while the endpoints do
+        assert_engine_runs(addresses[1], tiny_model_dir, weights, 32)
+
+        dead = f"127.0.0.1:{free_port}"
+        with pytest.raises(WeightPushError) as failure:
+            pusher.push(weights.items(), version=33, endpoints=[addresses[0], dead])
+        assert dead in failure.value.failures and transport._group is None
+        weights = perturbed_weights(tiny_model_dir, seed=6)
+        pusher.push(weights.items(), version=34, endpoints=[addresses[0]])  # a new group of two
+        assert_engine_runs(addresses[0], tiny_model_dir, weights, 34)
+    finally:
+        pusher.close()
+
+
+def test_an_engine_that_dies_around_a_push_leaves_no_segment(service_process, engines, tiny_model_dir) -> None:
+    doomed = service_process("rollout", "--model", str(tiny_model_dir), "--num-threads", "1")
+    survivor = engines[0].address
+    transport = make_transport("shm", bucket_bytes=4096)
+    weights = perturbed_weights(tiny_model_dir, seed=7)
+    killer = threading.Timer(0.05, lambda: os.killpg(doomed.process.pid, signal.SIGKILL))
+    killer.start()
+    try:
+        # The kill lands before, during or (rarely) after the first push; the second finds the engine dead.
+        for version in (41, 42):
+            try:
+                transport.push(weights.items(), version=version, endpoints=[survivor, doomed.grpc_address])
+            except WeightPushError as e:
+                assert list(e.failures) == [doomed.grpc_address]
+                break
+            killer.join()
+        else:
+            pytest.fail("no push failed although the engine was killed")
+        assert segments_of_this_process() == []  # a failed push frees its segment at once
+        assert_engine_runs(survivor, tiny_model_dir, weights, version)  # the live engine got it all
+    finally:
+        killer.join()
+        transport.close()
+    assert segments_of_this_process() == []

@@ -1,0 +1,90 @@
+"""Transport selection (pure rules, no GPU needed) and the encodings both sides must agree on.
+
+The CUDA IPC and NCCL paths themselves cannot run here (no GPU); these tests cover the choice of
+transport and the CUDA IPC message encoding, whose decoding lives in the rollout package.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from everstep_rollout import weight_group, weight_receiver
+from everstep_trainer import weight_push_plan
+from everstep_trainer.weight_push import WeightPusher, make_transport
+from everstep_trainer.weight_push_cuda_ipc import encode_cuda_ipc_args
+from everstep_trainer.weight_push_plan import PeerInfo, choose_transport
+
+HOST_A = dict(boot_id="boot-a", shm_domain="boot-a:25:1")
+HOST_B = dict(boot_id="boot-b", shm_domain="boot-b:25:1")
+
+
+def peer(host: dict, device: str = "cpu", gpu_uuid: str = "") -> PeerInfo:
+    return PeerInfo(device=device, gpu_uuid=gpu_uuid, **host)
+
+
+@pytest.mark.parametrize(("trainer", "engine", "expected"), [
+    (peer(HOST_A), peer(HOST_A), "shm"),                                               # one host, CPUs
+    (peer(HOST_A), peer(HOST_B), "grpc"),                                              # two hosts, CPUs
+    (peer(HOST_A), PeerInfo(), "grpc"),                                                # engine does not say
+    (peer(HOST_A, "cuda:0", "GPU-1"), peer(HOST_A, "cuda:1", "GPU-1"), "cuda_ipc"),    # same GPU, other index
+    (peer(HOST_A, "cuda:0", "GPU-1"), peer(HOST_A, "cuda:0", "GPU-2"), "nccl"),        # other GPU, same host
+    (peer(HOST_A, "cuda:0", "GPU-1"), peer(HOST_B, "cuda:0", "GPU-1"), "nccl"),        # same UUID string elsewhere
+    (peer(HOST_A, "cuda:0", "GPU-1"), peer(HOST_A), "shm"),                            # GPU trainer, CPU engine
+    (peer(HOST_A, "cuda:0", "GPU-1"), peer(HOST_B), "grpc"),
+])
+def test_auto_picks_the_fastest_transport_that_can_reach_the_engine(trainer, engine, expected) -> None:
+    assert choose_transport("auto", trainer, engine) == expected
+
+
+def test_an_explicit_transport_that_cannot_work_is_an_error_naming_the_setting() -> None:
+    with pytest.raises(ValueError, match=r"transport: 'shm' cannot reach .*/dev/shm"):
+        choose_transport("shm", peer(HOST_A), peer(HOST_B))
+    with pytest.raises(ValueError, match=r"transport: 'nccl' .* GPUs"):
+        choose_transport("nccl", peer(HOST_A), peer(HOST_A))
+    with pytest.raises(ValueError, match=r"transport: 'cuda_ipc'"):
+        choose_transport("cuda_ipc", peer(HOST_A, "cuda:0", "GPU-1"), peer(HOST_A, "cuda:0", "GPU-2"))
+    with pytest.raises(ValueError, match=r"transport: must be one of"):
+        choose_transport("pigeon", peer(HOST_A), peer(HOST_A))
+    # The ones that work anywhere are taken as asked.
+    assert choose_transport("grpc", peer(HOST_A), peer(HOST_A)) == "grpc"
+    assert choose_transport("gloo", peer(HOST_A), peer(HOST_B)) == "gloo"
+    with pytest.raises(ValueError, match="transport"):
+        WeightPusher(setting="carrier-pigeon")
+
+
+def test_trainer_and_engine_describe_this_host_identically() -> None:
+    """The two packages compute the shared-memory domain separately; on one host they must agree."""
+    trainer = weight_push_plan.local_peer("cpu")
+    engine = PeerInfo.from_proto(weight_receiver.receiver_info("cpu"))
+    assert trainer.shm_domain and trainer.shm_domain == engine.shm_domain
+    assert trainer.boot_id and trainer.boot_id == engine.boot_id
+    assert choose_transport("auto", trainer, engine) == "shm"
+    assert weight_push_plan.shm_domain() != weight_push_plan.shm_domain(Path("/proc"))
+
+
+def test_cuda_ipc_encoding_round_trips_to_the_arguments_of_rebuild_cuda_tensor() -> None:
+    """reduce_tensor(cuda tensor)[1] -> proto -> rebuild_cuda_tensor arguments on the engine's device index.
+
+    The tuple is written by hand in reduce_tensor's order (there is no CUDA here to produce one)."""
+    sent = (torch.Tensor, torch.Size([4, 3]), (3, 1), 6, torch.storage.TypedStorage, torch.bfloat16, 0,
+            b"\x01ipc-handle", 4096, 512, False, b"/torch_ref_counter", 7, b"\x02event", True)
+    message = encode_cuda_ipc_args("model.norm.weight", sent, "GPU-1234")
+    assert message.dtype == "bfloat16" and message.device_uuid == "GPU-1234"
+    received = weight_group.cuda_ipc_args(message, device_index=2)
+    assert received == sent[:6] + (2,) + sent[7:]
+    no_event = encode_cuda_ipc_args("w", sent[:13] + (None, False), "GPU-1234")
+    assert weight_group.cuda_ipc_args(no_event, 0)[13:] == (None, False)
+    with pytest.raises(ValueError, match="strides"):
+        weight_group.cuda_ipc_args(type(message)(name="w", dtype="float32", shape=[2], stride=[]), 0)
+
+
+def test_factory_builds_every_transport_without_a_gpu_and_names_unknown_ones() -> None:
+    for kind in ("grpc", "shm", "gloo", "nccl", "cuda_ipc"):
+        transport = make_transport(kind)
+        assert transport.kind == kind
+        transport.close()
+    with pytest.raises(ValueError, match="kind"):
+        make_transport("carrier-pigeon")
