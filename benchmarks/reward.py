@@ -22,17 +22,16 @@ import argparse
 import json
 import logging
 import os
-import signal
-import socket
-import subprocess
 import sys
+import tempfile
 import time
 from fractions import Fraction
+from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from everstep.v1 import reward_pb2, reward_pb2_grpc
+from everstep_controller.processes import ManagedProcess, free_port, spawn, stop_processes, wait_grpc_serving
 from everstep_reward.scoring import RewardScorer
 from everstep_reward.verifiers import VerifierRegistry
 from everstep_reward.verifiers.math import MathVerifier, check_math_answer, prepare_math_worker
@@ -127,42 +126,17 @@ def _bench_math(num_items: int, workers: int, depth: int) -> dict[str, float | i
             "math_ratio": round(pool_rate / serial_rate, 2)}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start(module: str, *args: str) -> tuple[subprocess.Popen, str]:
-    http_port, grpc_port = _free_port(), _free_port()
-    process = subprocess.Popen([sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(http_port),
-                                "--grpc-port", str(grpc_port), *args],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    address = f"127.0.0.1:{grpc_port}"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{module} exited with {process.returncode}")
-        try:
-            with grpc.insecure_channel(address) as channel:
-                reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return process, address
-        except grpc.RpcError:
-            pass
-        time.sleep(0.2)
-    _stop(process)
-    raise TimeoutError(f"{module} did not become ready")
-
-
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=15)
+def _start(name: str, log_dir: Path, *args: str) -> ManagedProcess:
+    http_port, grpc_port = free_port(), free_port()
+    process = spawn(name, ["-m", f"everstep_{name}", "--host", "127.0.0.1", "--port", str(http_port),
+                           "--grpc-port", str(grpc_port), *args], log_dir / f"{name}.log",
+                    http_port=http_port, grpc_port=grpc_port)
+    try:
+        wait_grpc_serving(process, 90)
+    except BaseException:
+        stop_processes([process])
+        raise
+    return process
 
 
 def _code_items(count: int, offset: int) -> tuple[list[reward_pb2.RewardItem], dict[str, float]]:
@@ -180,12 +154,12 @@ def _code_items(count: int, offset: int) -> tuple[list[reward_pb2.RewardItem], d
 
 
 def _bench_code(num_samples: int) -> dict[str, float | int]:
-    sandbox, sandbox_address = _start("everstep_sandbox")
+    log_dir = Path(tempfile.mkdtemp(prefix="everstep-bench-reward-"))
+    sandbox = _start("sandbox", log_dir)
     try:
-        reward, reward_address = _start("everstep_reward", "--math-workers", "1",
-                                        "--sandbox-endpoint", sandbox_address)
+        reward = _start("reward", log_dir, "--math-workers", "1", "--sandbox-endpoint", sandbox.grpc_address)
         try:
-            with grpc.insecure_channel(reward_address) as channel:
+            with grpc.insecure_channel(reward.grpc_address) as channel:
                 stub = reward_pb2_grpc.RewardStub(channel)
                 warm_items, _ = _code_items(2, offset=10_000)
                 list(stub.Score(reward_pb2.ScoreRequest(items=warm_items), timeout=120))
@@ -194,9 +168,9 @@ def _bench_code(num_samples: int) -> dict[str, float | int]:
                 results = list(stub.Score(reward_pb2.ScoreRequest(items=items), timeout=600))
                 seconds = time.perf_counter() - start
         finally:
-            _stop(reward)
+            stop_processes([reward])
     finally:
-        _stop(sandbox)
+        stop_processes([sandbox])
     got = {r.id: r.reward for r in results}
     errors = [r.error for r in results if r.error]
     if errors or got != expected:

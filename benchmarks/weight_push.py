@@ -26,33 +26,23 @@ import argparse
 import json
 import os
 import re
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc, trainer_pb2, trainer_pb2_grpc
+from everstep_controller.processes import ManagedProcess, free_port, spawn, stop_processes, wait_grpc_serving
 
 _READY_TIMEOUT_SECONDS = 300
 
 
 def _significant(value: float, digits: int = 4) -> float:
     return float(f"{value:.{digits}g}")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def model_shape(mb: float) -> tuple[int, int, int]:
@@ -86,47 +76,14 @@ def make_model(out: Path, mb: float) -> int:
     return sum(t.numel() * t.element_size() for t in model.state_dict().values())
 
 
-@dataclass
-class Service:
-    process: subprocess.Popen
-    address: str
-    metrics_url: str
-    log_path: Path
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=10)
+def start_service(name: str, log_path: Path, *extra: str) -> ManagedProcess:
+    http_port, grpc_port = free_port(), free_port()
+    return spawn(name, ["-m", f"everstep_{name}", "--host", "127.0.0.1", "--port", str(http_port),
+                        "--grpc-port", str(grpc_port), *extra], log_path, http_port=http_port, grpc_port=grpc_port)
 
 
-def start_service(name: str, log_path: Path, *extra: str) -> Service:
-    http_port, grpc_port = _free_port(), _free_port()
-    with log_path.open("w") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", f"everstep_{name}", "--host", "127.0.0.1", "--port", str(http_port),
-             "--grpc-port", str(grpc_port), *extra],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    return Service(process, f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{http_port}/metrics", log_path)
-
-
-def wait_serving(service: Service) -> None:
-    deadline = time.monotonic() + _READY_TIMEOUT_SECONDS
-    while time.monotonic() < deadline:
-        if service.process.poll() is not None:
-            raise RuntimeError(f"{service.log_path.stem} exited:\n{service.log_path.read_text()[-4000:]}")
-        try:
-            with grpc.insecure_channel(service.address) as channel:
-                reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-        except grpc.RpcError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"{service.log_path.stem} not serving after {_READY_TIMEOUT_SECONDS}s")
+def _metrics_url(service: ManagedProcess) -> str:
+    return f"http://127.0.0.1:{service.http_port}/metrics"
 
 
 class MemcpyBaseline:
@@ -175,22 +132,22 @@ def applied_bytes(metrics_url: str, transport: str) -> float:
     return float(match.group(1)) if match else 0.0
 
 
-def bench_transport(trainer: trainer_pb2_grpc.TrainerStub, rollout: Service, setting: str, repeats: int,
+def bench_transport(trainer: trainer_pb2_grpc.TrainerStub, rollout: ManagedProcess, setting: str, repeats: int,
                     num_bytes: int, baseline: MemcpyBaseline) -> dict:
-    request = trainer_pb2.PushWeightsRequest(endpoints=[rollout.address], transport=setting)
+    request = trainer_pb2.PushWeightsRequest(endpoints=[rollout.grpc_address], transport=setting)
     warm = trainer.PushWeights(request, timeout=600)  # channels, segments, groups: set up once
-    transport = warm.transports[rollout.address]
-    before = applied_bytes(rollout.metrics_url, transport)
+    transport = warm.transports[rollout.grpc_address]
+    before = applied_bytes(_metrics_url(rollout), transport)
     wall, server = [], []
     for _ in range(repeats):
         start = time.perf_counter()
         response = trainer.PushWeights(request, timeout=600)
         wall.append(time.perf_counter() - start)
         server.append(response.seconds)
-        if response.num_bytes != num_bytes or response.transports[rollout.address] != transport:
+        if response.num_bytes != num_bytes or response.transports[rollout.grpc_address] != transport:
             raise RuntimeError(f"{setting}: pushed {response.num_bytes} bytes over {dict(response.transports)}")
         baseline.measure()
-    arrived = applied_bytes(rollout.metrics_url, transport) - before
+    arrived = applied_bytes(_metrics_url(rollout), transport) - before
     if arrived != repeats * num_bytes:
         raise RuntimeError(f"{setting}: the engine applied {arrived} bytes over {transport}, "
                            f"expected {repeats * num_bytes}")
@@ -229,9 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         results: dict[str, dict] = {}
         baseline = MemcpyBaseline(model_dir, args.device)
         try:
-            wait_serving(rollout)
-            wait_serving(trainer_service)
-            with grpc.insecure_channel(trainer_service.address) as channel:
+            wait_grpc_serving(rollout, _READY_TIMEOUT_SECONDS)
+            wait_grpc_serving(trainer_service, _READY_TIMEOUT_SECONDS)
+            with grpc.insecure_channel(trainer_service.grpc_address) as channel:
                 trainer = trainer_pb2_grpc.TrainerStub(channel)
                 trainer.Load(trainer_pb2.TrainerLoadRequest(model_path=str(model_dir), version=1), timeout=600)
                 for setting in settings:
@@ -240,13 +197,12 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{setting:>5} -> {result['transport']:<5} {result['gb_per_s']:7.3f} GB/s "
                           f"(median {result['seconds']:.3f}s of {args.repeats}, trainer-side "
                           f"{result['trainer_seconds']:.3f}s)", flush=True)
-            with grpc.insecure_channel(rollout.address) as channel:
+            with grpc.insecure_channel(rollout.grpc_address) as channel:
                 status = rollout_pb2_grpc.RolloutStub(channel).GetStatus(rollout_pb2.GetStatusRequest(), timeout=30)
                 if status.version != 1:
                     raise RuntimeError(f"the engine reports version {status.version} after pushes of version 1")
         finally:
-            trainer_service.stop()
-            rollout.stop()
+            stop_processes([rollout, trainer_service], grace_seconds=30)
     memcpy = baseline.medians()
     for threads, seconds in memcpy.items():
         print(f"memcpy        {num_bytes / seconds / 1e9:7.3f} GB/s (median {seconds:.3f}s, {threads} torch thread(s))",

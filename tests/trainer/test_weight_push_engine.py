@@ -9,90 +9,46 @@ from __future__ import annotations
 import functools
 import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
-import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
 import torch
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from safetensors.torch import load_file
 
 from everstep.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
+from everstep_controller.processes import ManagedProcess, free_port, spawn, stop_processes, wait_grpc_serving
 from everstep_trainer.weight_push import WeightPusher, WeightPushError, make_transport
 from everstep_trainer.weight_push_shm import SEGMENT_PREFIX, SHM_DIR
 
 PROMPTS = [[1, 5, 4, 7, 6], [1, 20, 5, 30, 6]]
 
 
-@dataclass
-class RolloutProcess:
-    process: subprocess.Popen
-    address: str
-    metrics_url: str
-    log_path: Path
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=10)
+def _launch(model_dir: Path, log_path: Path) -> ManagedProcess:
+    http_port, grpc_port = free_port(), free_port()
+    return spawn("rollout", ["-m", "everstep_rollout", "--host", "127.0.0.1", "--port", str(http_port),
+                             "--grpc-port", str(grpc_port), "--model", str(model_dir), "--max-running", "4",
+                             "--num-threads", "1"], log_path, http_port=http_port, grpc_port=grpc_port)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _launch(model_dir: Path, log_path: Path) -> RolloutProcess:
-    http_port, grpc_port = _free_port(), _free_port()
-    with log_path.open("w") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "everstep_rollout", "--host", "127.0.0.1", "--port", str(http_port),
-             "--grpc-port", str(grpc_port), "--model", str(model_dir), "--max-running", "4", "--num-threads", "1"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    return RolloutProcess(process, f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{http_port}/metrics", log_path)
-
-
-def _wait_serving(engine: RolloutProcess, timeout_seconds: float = 120) -> None:
-    deadline = time.monotonic() + timeout_seconds
-    while time.monotonic() < deadline:
-        if engine.process.poll() is not None:
-            raise RuntimeError(f"rollout exited:\n{engine.log_path.read_text()}")
-        try:
-            with grpc.insecure_channel(engine.address) as channel:
-                reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-        except grpc.RpcError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"rollout at {engine.address} not serving:\n{engine.log_path.read_text()}")
+def _metrics_url(engine: ManagedProcess) -> str:
+    return f"http://127.0.0.1:{engine.http_port}/metrics"
 
 
 @pytest.fixture(scope="module")
-def engines(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RolloutProcess]]:
+def engines(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ManagedProcess]]:
     """Two rollout servers with the tiny model, started together and shared by this module's tests."""
     log_dir = tmp_path_factory.mktemp("engines")
     started = [_launch(tiny_model_dir, log_dir / f"rollout-{i}.log") for i in range(2)]
     try:
         for engine in started:
-            _wait_serving(engine)
+            wait_grpc_serving(engine, 120)
         yield started
     finally:
-        for engine in started:
-            engine.stop()
+        stop_processes(started)
 
 
 def perturbed_weights(model_dir: Path, seed: int) -> dict[str, torch.Tensor]:
@@ -137,20 +93,20 @@ def test_shm_push_reaches_the_engine_and_keeps_one_warm_segment(engines, tiny_mo
     pusher = WeightPusher()  # auto: the engine reports this host's /dev/shm
     try:
         weights = perturbed_weights(tiny_model_dir, seed=1)
-        report = pusher.push(weights.items(), version=11, endpoints=[engine.address])
-        assert report.transports == {engine.address: "shm"}
+        report = pusher.push(weights.items(), version=11, endpoints=[engine.grpc_address])
+        assert report.transports == {engine.grpc_address: "shm"}
         assert report.num_bytes == sum(t.numel() * t.element_size() for t in weights.values())
-        assert_engine_runs(engine.address, tiny_model_dir, weights, 11)
+        assert_engine_runs(engine.grpc_address, tiny_model_dir, weights, 11)
         (kept,) = segments_of_this_process()
 
         weights = perturbed_weights(tiny_model_dir, seed=2)
-        pusher.push(weights.items(), version=12, endpoints=[engine.address])
-        assert_engine_runs(engine.address, tiny_model_dir, weights, 12)
+        pusher.push(weights.items(), version=12, endpoints=[engine.grpc_address])
+        assert_engine_runs(engine.grpc_address, tiny_model_dir, weights, 12)
         assert segments_of_this_process() == [kept]  # reused, warm
     finally:
         pusher.close()
     assert segments_of_this_process() == []
-    metrics = urllib.request.urlopen(engine.metrics_url, timeout=10).read().decode()
+    metrics = urllib.request.urlopen(_metrics_url(engine), timeout=10).read().decode()
     assert 'everstep_rollout_weight_update_bytes_total{transport="shm"}' in metrics
     assert 'everstep_rollout_weight_update_seconds_count{transport="shm"}' in metrics
 
@@ -162,14 +118,14 @@ def test_a_tensor_over_the_message_limit_is_chunked_and_reassembled_by_the_engin
     limit = 8 * 1024
     assert largest > 2 * limit  # several tensors travel in chunks
     transport = make_transport("grpc", max_message_bytes=limit, bucket_bytes=4096)
-    result = transport.push(weights.items(), version=21, endpoints=[engine.address])
+    result = transport.push(weights.items(), version=21, endpoints=[engine.grpc_address])
     assert result.transport == "grpc"
-    assert_engine_runs(engine.address, tiny_model_dir, weights, 21)
+    assert_engine_runs(engine.grpc_address, tiny_model_dir, weights, 21)
 
 
 def test_gloo_group_broadcasts_to_every_engine_and_reforms_after_a_failure(engines, tiny_model_dir,
                                                                            free_port) -> None:
-    addresses = [e.address for e in engines]
+    addresses = [e.grpc_address for e in engines]
     pusher = WeightPusher(setting="gloo", group_host="127.0.0.1", bucket_bytes=16 * 1024, timeout_seconds=60)
     try:
         weights = perturbed_weights(tiny_model_dir, seed=4)
@@ -197,7 +153,7 @@ def test_gloo_group_broadcasts_to_every_engine_and_reforms_after_a_failure(engin
 
 def test_an_engine_that_dies_around_a_push_leaves_no_segment(service_process, engines, tiny_model_dir) -> None:
     doomed = service_process("rollout", "--model", str(tiny_model_dir), "--num-threads", "1")
-    survivor = engines[0].address
+    survivor = engines[0].grpc_address
     transport = make_transport("shm", bucket_bytes=4096)
     weights = perturbed_weights(tiny_model_dir, seed=7)
     killer = threading.Timer(0.05, lambda: os.killpg(doomed.process.pid, signal.SIGKILL))
