@@ -3,6 +3,8 @@
 - `tiny_model_dir`: a randomly initialised Llama of ~100k parameters with a word-level
   tokenizer, saved in Hugging Face format (config.json, model.safetensors, tokenizer.json).
 - `free_port`: a TCP port nobody listens on.
+- `demo_model_dir`: the demo model, built in the background from collection time on;
+  the tests that need it run last, so the build overlaps with the rest of the suite.
 - `service_process`: starts `python -m everstep_<name>` as a real process in its own
   process group, waits until its gRPC health check (or HTTP /healthz) says SERVING,
   and stops that process group, and only it, at teardown.
@@ -11,16 +13,69 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+DEMO_BUILD_ARGS = ("--no-eval", "--sft-steps", "150")
+"""The demo model of the end-to-end tests: `everstep demo`'s build with half the warm start (CI time)."""
+
+
+class DemoModelBuild:
+    """`python -m everstep_trainer.demo` running in its own process group, at a lower CPU priority."""
+
+    def __init__(self) -> None:
+        self.out = Path(tempfile.mkdtemp(prefix="everstep-demo-model-"))
+        self.log_path = self.out.with_suffix(".log")
+        with self.log_path.open("w") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "everstep_trainer.demo", "--out", str(self.out), *DEMO_BUILD_ARGS],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=lambda: os.nice(10))
+
+    def wait(self, timeout_seconds: float = 900) -> Path:
+        returncode = self.process.wait(timeout=timeout_seconds)
+        if returncode != 0:
+            raise RuntimeError(f"the demo model build failed ({returncode}):\n{self.log_path.read_text()[-4000:]}")
+        return self.out
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=30)
+        shutil.rmtree(self.out, ignore_errors=True)
+        self.log_path.unlink(missing_ok=True)
+
+
+DEMO_BUILD = pytest.StashKey[DemoModelBuild]()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests that need the demo model go last, and its build starts now, in the background."""
+    needs_model = [item for item in items if "demo_model_dir" in getattr(item, "fixturenames", ())]
+    if needs_model and DEMO_BUILD not in config.stash:
+        items[:] = [item for item in items if item not in needs_model] + needs_model
+        config.stash[DEMO_BUILD] = DemoModelBuild()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if DEMO_BUILD in config.stash:
+        config.stash[DEMO_BUILD].close()
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir(request: pytest.FixtureRequest) -> Path:
+    """The demo model of `DEMO_BUILD_ARGS`; waits for the build that collection started."""
+    return request.config.stash[DEMO_BUILD].wait()
+
 
 TINY_WORDS = ["<pad>", "<s>", "</s>", "<unk>", "+", "-", "=", ",", "\\boxed{", "}", "\n"] + [
     str(i) for i in range(40)
