@@ -33,3 +33,20 @@ def hf_greedy(model, prompt_ids: list[int], num_tokens: int, eos_token_id: int |
         if token == eos_token_id:
             break
     return out
+
+
+def assert_matches_hf(results: dict, model, prompts: list[list[int]], temperature: float) -> None:
+    """Each result `s{i}` for prompts[i]: log-probs within 1e-3 (mean) / 1e-2 (max) of a float32 HF
+    forward pass, and at temperature 0 the same tokens as HF greedy decoding."""
+    from everstep_rollout.sequence import FinishReason
+
+    diffs = []
+    for i, prompt in enumerate(prompts):
+        r = results[f"s{i}"]
+        assert r.output_ids and r.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+        reference = hf_logprobs(model, prompt, r.output_ids, temperature)
+        diffs += [abs(a - b) for a, b in zip(r.output_logprobs, reference, strict=True)]
+        if temperature == 0:
+            assert r.output_ids == hf_greedy(model, prompt, len(r.output_ids))
+    assert sum(diffs) / len(diffs) < 1e-3
+    assert max(diffs) < 1e-2

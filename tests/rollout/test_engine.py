@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 import torch
-from rollout_reference import hf_greedy, hf_logprobs, hf_model
+from rollout_reference import assert_matches_hf, hf_greedy, hf_logprobs, hf_model
 from safetensors.torch import load_file
 
 from everstep_rollout.engine import Engine, EngineConfig, QueueFullError
@@ -42,17 +42,7 @@ def test_logprobs_match_hf_forward(arch, temperature, tiny_model_dir, tiny_qwen2
     sampling = SamplingOptions(temperature=temperature, top_k=20 if temperature else 0, max_new_tokens=24)
     engine.add(requests(sampling))
     results = run(engine)
-    model = hf_model(model_dir)
-    diffs = []
-    for i, prompt in enumerate(PROMPTS):
-        r = results[f"s{i}"]
-        assert r.output_ids and r.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
-        reference = hf_logprobs(model, prompt, r.output_ids, temperature)
-        diffs += [abs(a - b) for a, b in zip(r.output_logprobs, reference, strict=True)]
-        if temperature == 0:
-            assert r.output_ids == hf_greedy(model, prompt, len(r.output_ids))
-    assert sum(diffs) / len(diffs) < 1e-3
-    assert max(diffs) < 1e-2
+    assert_matches_hf(results, hf_model(model_dir), PROMPTS, temperature)
 
 
 def test_sampling_is_seeded_and_top_k_one_is_greedy(tiny_model_dir):

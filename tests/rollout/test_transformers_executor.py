@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from rollout_reference import hf_greedy, hf_logprobs, hf_model
+from rollout_reference import assert_matches_hf, hf_greedy, hf_model
 from safetensors.torch import load_file
 from test_engine import PROMPTS, requests, run
 
 from everstep_rollout.engine import Engine, EngineConfig
-from everstep_rollout.sequence import FinishReason, GenerationRequest, SamplingOptions
+from everstep_rollout.sequence import GenerationRequest, SamplingOptions
 from everstep_rollout.transformers_executor import TransformersExecutor
 
 
@@ -27,16 +27,7 @@ def test_logprobs_and_greedy_tokens_match_hf_forward(foreign_model_dir):
         assert isinstance(engine.executor, TransformersExecutor)
         engine.add(requests(SamplingOptions(temperature=temperature, top_p=0.9 if temperature else 1.0,
                                             max_new_tokens=20)))
-        results = run(engine)
-        diffs = []
-        for i, prompt in enumerate(PROMPTS):
-            r = results[f"s{i}"]
-            assert r.output_ids and r.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
-            reference = hf_logprobs(model, prompt, r.output_ids, temperature)
-            diffs += [abs(a - b) for a, b in zip(r.output_logprobs, reference, strict=True)]
-            if temperature == 0:
-                assert r.output_ids == hf_greedy(model, prompt, len(r.output_ids))
-        assert sum(diffs) / len(diffs) < 1e-3 and max(diffs) < 1e-2
+        assert_matches_hf(run(engine), model, PROMPTS, temperature)
 
 
 def test_drained_continued_and_updated_in_place(tiny_gpt2_dir):
