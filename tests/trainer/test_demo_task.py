@@ -72,6 +72,20 @@ def test_a_sloppy_teacher_slips_by_one_and_carries_on_from_what_it_wrote():
         solution_text(problems[0], slip_probability=0.5)
 
 
+def test_a_terse_teacher_sometimes_gives_only_the_right_boxed_answer():
+    import random
+
+    rng = random.Random(0)
+    problems = generate_problems(2000, seed=8, distinct=False)
+    texts = [solution_text(p, direct_answer_probability=0.6, rng=rng) for p in problems]
+    direct = [t for t, p in zip(texts, problems, strict=True) if t == f"\\boxed{{ {p.answer} }}"]
+    worked = [t for t, p in zip(texts, problems, strict=True) if t == solution_text(p)]
+    assert len(direct) + len(worked) == len(problems)  # either the bare answer or the full working
+    assert 0.56 < len(direct) / len(problems) < 0.64
+    with pytest.raises(ValueError, match="direct_answer_probability"):
+        solution_text(problems[0], direct_answer_probability=0.5)
+
+
 def test_solution_length_has_a_long_tail():
     problems = generate_problems(5000, seed=5, distinct=False)
     lengths = sorted(len(solution_text(p).split()) for p in problems)

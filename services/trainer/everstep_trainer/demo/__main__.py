@@ -22,6 +22,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="warm-start optimizer steps (default: the build's; fewer is faster and weaker)")
     parser.add_argument("--slip-probability", type=float, default=None,
                         help="warm start on a sloppy teacher's solutions that slip by one with this chance per step")
+    parser.add_argument("--direct-answer-probability", type=float, default=None,
+                        help="warm start on a teacher that gives only the boxed answer with this chance")
+    parser.add_argument("--label-smoothing", type=float, default=None, help="warm-start label smoothing")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -32,9 +35,13 @@ def main(argv: list[str] | None = None) -> None:
         config.evaluate = False
     if args.sft_steps is not None:
         config.sft = dataclasses.replace(config.sft, max_steps=args.sft_steps)
+    if args.label_smoothing is not None:
+        config.sft = dataclasses.replace(config.sft, label_smoothing=args.label_smoothing)
     if args.slip_probability is not None:
         config.slip_probability = args.slip_probability
-        config.__post_init__()  # validates the value
+    if args.direct_answer_probability is not None:
+        config.direct_answer_probability = args.direct_answer_probability
+    config.__post_init__()  # validates the values
     summary = build_demo(args.out, config)
     summary.pop("config")
     print(json.dumps(summary))

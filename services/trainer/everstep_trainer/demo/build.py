@@ -76,6 +76,9 @@ class BuildConfig:
     slip_probability: float = 0.0
     """Chance that the warm start's teacher writes a step's result off by one (see
     `everstep_trainer.demo.task.solution_text`)."""
+    direct_answer_probability: float = 0.0
+    """Chance that the warm start's teacher gives only the boxed answer, without the working (see
+    `everstep_trainer.demo.task.solution_text`)."""
     num_train: int = 50_000
     """Rows of train.jsonl (the warm start and RL prompts come from these)."""
     num_eval: int = 200
@@ -94,6 +97,8 @@ class BuildConfig:
             raise ValueError("BuildConfig.num_train, num_eval and num_eval_samples must be >= 1")
         if not 0 <= self.slip_probability < 1:
             raise ValueError("BuildConfig.slip_probability must be in [0, 1)")
+        if not 0 <= self.direct_answer_probability < 1:
+            raise ValueError("BuildConfig.direct_answer_probability must be in [0, 1)")
         if self.eval_temperature <= 0:
             raise ValueError("BuildConfig.eval_temperature must be > 0")
 
@@ -133,7 +138,8 @@ def build_demo(out: Path, config: BuildConfig) -> dict:
     num_parameters = sum(p.numel() for p in model.parameters())
     log.info("demo model: %d parameters, vocabulary %d", num_parameters, len(tokenizer))
     teacher = random.Random(config.seed + 2)
-    examples = [(p.prompt, solution_text(p, slip_probability=config.slip_probability, rng=teacher,
+    examples = [(p.prompt, solution_text(p, slip_probability=config.slip_probability,
+                                         direct_answer_probability=config.direct_answer_probability, rng=teacher,
                                          max_value=config.task.max_value)) for p in train]
     sft = train_supervised(model, tokenizer, examples, config.sft)
     model.generation_config.do_sample = True  # the sampling defaults RL uses: plain T=1, no top-k

@@ -104,9 +104,14 @@ class Problem:
         return {"prompt": self.prompt, "answer": str(self.answer), "num_ops": self.num_ops}
 
 
-def solution_text(problem: Problem, *, slip_probability: float = 0.0, rng: random.Random | None = None,
-                  max_value: int | None = None) -> str:
+def solution_text(problem: Problem, *, slip_probability: float = 0.0, direct_answer_probability: float = 0.0,
+                  rng: random.Random | None = None, max_value: int | None = None) -> str:
     """The worked solution a warm start imitates (no EOS: the tokenizer's caller appends it).
+
+    With ``direct_answer_probability`` > 0 the teacher, with that probability, skips the working and
+    writes only the (right) boxed answer. A model cannot compute a long chain in one token, so a warm
+    start on such a mix samples "answer at once" often and is then usually wrong: RL learns to show
+    its work (solutions get longer as accuracy rises, the R1-Zero curve).
 
     With ``slip_probability`` > 0 it is a sloppy teacher's solution: each step's result is, with that
     probability, written off by one (up or down, whichever keeps the rest of the chain inside
@@ -116,6 +121,11 @@ def solution_text(problem: Problem, *, slip_probability: float = 0.0, rng: rando
     """
     if slip_probability and (rng is None or max_value is None):
         raise ValueError("solution_text: a slip_probability needs rng and max_value")
+    if direct_answer_probability:
+        if rng is None:
+            raise ValueError("solution_text: a direct_answer_probability needs rng")
+        if rng.random() < direct_answer_probability:
+            return f"{BOXED_OPEN} {problem.answer} {BOXED_CLOSE}"
     steps, value = [], problem.start
     for index, (label, operand) in enumerate(zip(LABELS, problem.operands, strict=False)):
         result = value + operand
