@@ -10,6 +10,10 @@ from pathlib import Path
 from everstep.transport import add_transport_arguments, apply_transport_arguments
 from everstep_controller.request_limits import DEFAULT_MAX_REQUEST_BYTES
 
+_GRACEFUL_SHUTDOWN_SECONDS = 3.0
+"""How long a stopping controller waits for open REST connections: an idle HTTPS keep-alive client
+would otherwise hold it until the TLS close handshake times out (30 s), past the pod's grace period."""
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="everstep_controller", description=__doc__)
@@ -112,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         uvicorn.run(create_app(manager, store, max_request_bytes=args.max_request_bytes), host=args.host,
                     port=args.port, log_level="warning", ssl_certfile=args.rest_tls_cert,
-                    ssl_keyfile=args.rest_tls_key)
+                    ssl_keyfile=args.rest_tls_key, timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_SECONDS)
     finally:
         # local workers go with the controller (`everstep down`); Kubernetes ones stay for the next
         # controller pod to re-attach to

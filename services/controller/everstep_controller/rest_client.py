@@ -51,3 +51,6 @@ class ControllerClient:
 
     def action(self, job_id: str, action: str) -> dict[str, Any]:
         return self._call("POST", f"/v1/jobs/{job_id}/{action}")
+
+    def close(self) -> None:
+        self._http.close()
