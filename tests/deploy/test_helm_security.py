@@ -13,8 +13,9 @@ from deploy_assets import CHART
 from test_helm_chart import KUBERNETES_VERSION, by_kind_name, pod_specs, render
 
 TLS_VALUES = Path(__file__).parent / "values-tls.yaml"
-TLS_ENV = {"EVERSTEP_GRPC_TLS_CERT": "/etc/everstep/tls/tls.crt", "EVERSTEP_GRPC_TLS_KEY": "/etc/everstep/tls/tls.key",
-           "EVERSTEP_GRPC_TLS_CA": "/etc/everstep/tls/ca.crt", "EVERSTEP_GRPC_TLS_SERVER_NAME": "everstep.rl.svc"}
+TLS_DIR = "/var/run/secrets/everstep/tls"  # not under /etc, which the sandbox binds into every run
+TLS_ENV = {"EVERSTEP_GRPC_TLS_CERT": f"{TLS_DIR}/tls.crt", "EVERSTEP_GRPC_TLS_KEY": f"{TLS_DIR}/tls.key",
+           "EVERSTEP_GRPC_TLS_CA": f"{TLS_DIR}/ca.crt", "EVERSTEP_GRPC_TLS_SERVER_NAME": "everstep.rl.svc"}
 GRPC_PORTS = {"reward": 50054, "sandbox": 50055, "rollout": 50051, "trainer": 50052}
 
 
@@ -86,7 +87,7 @@ def test_tls_from_existing_secrets_reaches_every_everstep_pod(tls_objects: list[
         volume = next(v for v in pod["volumes"] if v["name"] == "internal-tls")
         assert volume["secret"] == {"secretName": "everstep-internal-tls", "defaultMode": 0o440}, name
         mount = next(m for m in container["volumeMounts"] if m["name"] == "internal-tls")
-        assert mount == {"name": "internal-tls", "mountPath": "/etc/everstep/tls", "readOnly": True}, name
+        assert mount == {"name": "internal-tls", "mountPath": TLS_DIR, "readOnly": True}, name
         component = name.rsplit("-", 1)[-1]
         if component in GRPC_PORTS:  # the kubelet's grpc probe has no TLS: the container checks itself
             check = ["python", "-m", "everstep.health_check", f"127.0.0.1:{GRPC_PORTS[component]}"]
@@ -95,8 +96,8 @@ def test_tls_from_existing_secrets_reaches_every_everstep_pod(tls_objects: list[
 
     controller = specs["Deployment/rel-everstep-controller"]
     (container,) = controller["containers"]
-    assert {"--rest-tls-cert=/etc/everstep/rest-tls/tls.crt", "--rest-tls-key=/etc/everstep/rest-tls/tls.key"} \
-        <= set(container["args"])
+    rest_dir = "/var/run/secrets/everstep/rest-tls"
+    assert {f"--rest-tls-cert={rest_dir}/tls.crt", f"--rest-tls-key={rest_dir}/tls.key"} <= set(container["args"])
     assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
     assert container["livenessProbe"]["httpGet"]["scheme"] == "HTTPS"
     rest = next(v for v in controller["volumes"] if v["name"] == "rest-tls")

@@ -110,12 +110,13 @@ livenessProbe:
 {{- end -}}
 
 {{/* Mutual TLS between services (tls.internal): env, volume and mount of every everstep container;
-call with the root. The key is readable by the pod's fsGroup only, never by the sandbox's programs. */}}
+call with the root. Mounted outside /etc, which the sandbox binds into every run, and readable by the pod's
+fsGroup only (runs have their own uid and no groups). */}}
 {{- define "everstep.internalTlsEnv" -}}
 {{- if .Values.tls.internal.enabled }}
-- {name: EVERSTEP_GRPC_TLS_CERT, value: /etc/everstep/tls/tls.crt}
-- {name: EVERSTEP_GRPC_TLS_KEY, value: /etc/everstep/tls/tls.key}
-- {name: EVERSTEP_GRPC_TLS_CA, value: /etc/everstep/tls/ca.crt}
+- {name: EVERSTEP_GRPC_TLS_CERT, value: /var/run/secrets/everstep/tls/tls.crt}
+- {name: EVERSTEP_GRPC_TLS_KEY, value: /var/run/secrets/everstep/tls/tls.key}
+- {name: EVERSTEP_GRPC_TLS_CA, value: /var/run/secrets/everstep/tls/ca.crt}
 - {name: EVERSTEP_GRPC_TLS_SERVER_NAME, value: {{ .Values.tls.internal.serverName | quote }}}
 {{- end }}
 {{- end -}}
@@ -131,7 +132,7 @@ call with the root. The key is readable by the pod's fsGroup only, never by the 
 
 {{- define "everstep.internalTlsMount" -}}
 {{- if .Values.tls.internal.enabled }}
-- {name: internal-tls, mountPath: /etc/everstep/tls, readOnly: true}
+- {name: internal-tls, mountPath: /var/run/secrets/everstep/tls, readOnly: true}
 {{- end }}
 {{- end -}}
 
