@@ -19,8 +19,8 @@ from everstep_controller.job_store import JobStore
 from everstep_controller.launchers.shared import SharedLauncher
 from everstep_controller.spec import JobSpec
 
-EXAMPLES_PER_OPERATION = {("POST", "/v1/jobs"): 60}  # the job spec: the one deep schema
-DEFAULT_EXAMPLES = 12
+EXAMPLES_PER_OPERATION = {("POST", "/v1/jobs"): 40}  # the job spec: the one deep schema
+DEFAULT_EXAMPLES = 8
 
 
 def test_fuzzed_requests_never_get_a_server_error(redis_url: str, tmp_path: Path,
