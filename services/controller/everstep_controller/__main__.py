@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from pathlib import Path
+
+from everstep.transport import add_transport_arguments, apply_transport_arguments
+from everstep_controller.request_limits import DEFAULT_MAX_REQUEST_BYTES
+
+_GRACEFUL_SHUTDOWN_SECONDS = 3.0
+"""How long a stopping controller waits for open REST connections: an idle HTTPS keep-alive client
+would otherwise hold it until the TLS close handshake times out (30 s), past the pod's grace period."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -34,7 +42,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data-dir", default=".everstep/data",
                    help="checkpoints of jobs without checkpoint.dir, and local workers' logs")
     p.add_argument("--log-level", default="INFO")
+    rest = p.add_argument_group("REST security",
+                                "the bearer token is read from EVERSTEP_API_TOKEN; see docs/security.md")
+    rest.add_argument("--rest-tls-cert", default=os.environ.get("EVERSTEP_REST_TLS_CERT") or None,
+                      help="PEM certificate (chain) of the REST API; with --rest-tls-key it serves HTTPS only "
+                           "(env EVERSTEP_REST_TLS_CERT)")
+    rest.add_argument("--rest-tls-key", default=os.environ.get("EVERSTEP_REST_TLS_KEY") or None,
+                      help="PEM private key of --rest-tls-cert (env EVERSTEP_REST_TLS_KEY)")
+    rest.add_argument("--max-request-bytes", type=int,
+                      default=int(os.environ.get("EVERSTEP_MAX_REQUEST_BYTES") or DEFAULT_MAX_REQUEST_BYTES),
+                      help="larger REST request bodies get 413 (env EVERSTEP_MAX_REQUEST_BYTES; default "
+                           f"{DEFAULT_MAX_REQUEST_BYTES})")
+    add_transport_arguments(p)  # the controller dials the services: its channels use the same settings
     args = p.parse_args(argv)
+    apply_transport_arguments(p, args)  # local launcher workers inherit the environment
+    if bool(args.rest_tls_cert) != bool(args.rest_tls_key):
+        p.error("--rest-tls-cert and --rest-tls-key go together")
+    for flag in ("rest_tls_cert", "rest_tls_key"):
+        path = getattr(args, flag)
+        if path and not Path(path).is_file():
+            p.error(f"--{flag.replace('_', '-')} {path!r} is not a file")
+    if args.max_request_bytes < 1024:
+        p.error(f"--max-request-bytes must be at least 1024, got {args.max_request_bytes}")
     if args.launcher is None:
         args.launcher = "shared" if args.rollout and args.trainer else "local"
     if args.launcher == "shared" and not (args.rollout and args.trainer):
@@ -85,7 +114,9 @@ def main(argv: list[str] | None = None) -> None:
                          runner_settings=RunnerSettings(num_scorers=args.num_scorers))
     manager.start()
     try:
-        uvicorn.run(create_app(manager, store), host=args.host, port=args.port, log_level="warning")
+        uvicorn.run(create_app(manager, store, max_request_bytes=args.max_request_bytes), host=args.host,
+                    port=args.port, log_level="warning", ssl_certfile=args.rest_tls_cert,
+                    ssl_keyfile=args.rest_tls_key, timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_SECONDS)
     finally:
         # local workers go with the controller (`everstep down`); Kubernetes ones stay for the next
         # controller pod to re-attach to

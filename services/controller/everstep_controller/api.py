@@ -1,4 +1,9 @@
-"""The REST job API (FastAPI). OpenAPI document at /openapi.json."""
+"""The REST job API (FastAPI). OpenAPI document at /openapi.json.
+
+Every /v1 call needs `Authorization: Bearer <EVERSTEP_API_TOKEN>` when that variable is set;
+/healthz and /metrics stay open (probes and Prometheus), and carry no job data. Request bodies
+over `max_request_bytes` get 413. docs/security.md says what is and is not protected.
+"""
 
 from __future__ import annotations
 
@@ -6,28 +11,34 @@ import hmac
 import os
 from typing import Any
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Response
+from fastapi import Depends, FastAPI, HTTPException, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from everstep_controller.job_manager import JobManager
 from everstep_controller.job_store import Action, JobRecord, JobStore
+from everstep_controller.request_limits import DEFAULT_MAX_REQUEST_BYTES, RequestSizeLimit
 from everstep_controller.spec import JobSpec
 
+_bearer = HTTPBearer(auto_error=False, description="EVERSTEP_API_TOKEN of the controller, when it has one")
 
-def _require_token(authorization: str | None = Header(default=None)) -> None:
+
+def _require_token(credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
     """When EVERSTEP_API_TOKEN is set, every /v1 call needs `Authorization: Bearer <token>`."""
     token = os.environ.get("EVERSTEP_API_TOKEN")
     if not token:
         return
-    expected = f"Bearer {token}"
-    if authorization is None or not hmac.compare_digest(authorization.encode(), expected.encode()):
+    given = credentials.credentials if credentials is not None else ""
+    if not hmac.compare_digest(given.encode(), token.encode()):  # constant time: no timing oracle on the token
         raise HTTPException(status_code=401, detail="missing or wrong bearer token",
                             headers={"WWW-Authenticate": "Bearer"})
 
 
-def create_app(manager: JobManager, store: JobStore) -> FastAPI:
+def create_app(manager: JobManager, store: JobStore, *, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> FastAPI:
+    """max_request_bytes: larger request bodies are refused with 413 before they are read."""
     app = FastAPI(title="everstep controller", version="0.1.0",
                   description="Submit and follow RL jobs (GRPO with IcePop, C3PO++ rollouts).")
+    app.add_middleware(RequestSizeLimit, max_bytes=max_request_bytes)
     v1 = [Depends(_require_token)]
 
     def get_job(job_id: str) -> JobRecord:

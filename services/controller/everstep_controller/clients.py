@@ -6,8 +6,7 @@ import queue
 import threading
 from collections.abc import Iterator
 
-import grpc
-
+from everstep import transport
 from everstep.v1 import (
     common_pb2,
     reward_pb2,
@@ -67,7 +66,7 @@ class RolloutClient:
     def __init__(self, address: str, timeout_seconds: float = 120.0) -> None:
         self.address = address
         self.timeout_seconds = timeout_seconds
-        self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        self._channel = transport.channel(address, options=_CHANNEL_OPTIONS)
         self._stub = rollout_pb2_grpc.RolloutStub(self._channel)
 
     def load(self, model_path: str, *, dtype: str, version: int, seed: int,
@@ -94,7 +93,7 @@ class TrainerClient:
     def __init__(self, address: str, timeout_seconds: float = 600.0) -> None:
         self.address = address
         self.timeout_seconds = timeout_seconds
-        self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        self._channel = transport.channel(address, options=_CHANNEL_OPTIONS)
         self._stub = trainer_pb2_grpc.TrainerStub(self._channel)
 
     def load(self, model_path: str, config: trainer_pb2.TrainerConfig, version: int) -> trainer_pb2.TrainerLoadResponse:
@@ -118,7 +117,7 @@ class RewardClient:
     def __init__(self, address: str, timeout_seconds: float = 300.0) -> None:
         self.address = address
         self.timeout_seconds = timeout_seconds
-        self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        self._channel = transport.channel(address, options=_CHANNEL_OPTIONS)
         self._stub = reward_pb2_grpc.RewardStub(self._channel)
 
     def score(self, items: list[reward_pb2.RewardItem]) -> dict[str, reward_pb2.ScoreResult]:

@@ -6,6 +6,11 @@ from __future__ import annotations
 import argparse
 import logging
 
+from everstep.transport import add_transport_arguments, apply_transport_arguments
+
+TRANSPORT_FLAGS = (  # read by everstep.transport from the environment, not by RewardConfig
+    "grpc_tls_cert", "grpc_tls_key", "grpc_tls_ca", "grpc_tls_server_name", "grpc_max_message_bytes")
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="everstep_reward", description="everstep reward service")
@@ -37,17 +42,20 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--reward-model-max-tokens", type=int, default=None)
     parser.add_argument("--reward-model-batch-size", type=int, default=None)
     parser.add_argument("--reward-model-threads", type=int, default=None)
+    add_transport_arguments(parser)
     return parser
 
 
 def main() -> None:
-    args = _parser().parse_args()
+    parser = _parser()
+    args = parser.parse_args()
+    apply_transport_arguments(parser, args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from everstep_reward.config import RewardConfig
     from everstep_reward.server import serve
 
-    given = {k: v for k, v in vars(args).items() if v is not None}
+    given = {k: v for k, v in vars(args).items() if v is not None and k not in TRANSPORT_FLAGS}
     serve(RewardConfig(**given))
 
 

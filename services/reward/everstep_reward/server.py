@@ -12,6 +12,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
 
+from everstep.transport import bind, server_options
 from everstep.v1 import reward_pb2, reward_pb2_grpc
 from everstep_reward.config import RewardConfig
 from everstep_reward.scoring import RewardScorer
@@ -27,6 +28,8 @@ __all__ = ["RewardServicer", "serve"]
 
 log = logging.getLogger(__name__)
 _GRPC_GRACE_SECONDS = 5.0
+GRPC_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+"""Default limit of one gRPC message (a Score batch); EVERSTEP_GRPC_MAX_MESSAGE_BYTES overrides."""
 
 
 class RewardServicer(reward_pb2_grpc.RewardServicer):
@@ -65,7 +68,8 @@ def serve(config: RewardConfig) -> None:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
 
     start_http_server(config.port, addr=config.host)
-    grpc_server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.grpc_threads))
+    grpc_server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.grpc_threads),
+                              options=server_options(GRPC_MAX_MESSAGE_BYTES))
     health_servicer = health.HealthServicer()
     # HealthServicer starts out SERVING for "": hold that back until the math workers are warm.
     health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -91,7 +95,7 @@ def serve(config: RewardConfig) -> None:
     ])
     scorer = RewardScorer(registry, max_concurrent_items=config.max_concurrent_items)
     reward_pb2_grpc.add_RewardServicer_to_server(RewardServicer(scorer), grpc_server)
-    grpc_server.add_insecure_port(f"{config.host}:{config.grpc_port}")
+    bind(grpc_server, f"{config.host}:{config.grpc_port}")
     grpc_server.start()
     try:
         pool.start()

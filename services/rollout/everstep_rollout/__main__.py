@@ -8,6 +8,8 @@ import signal
 import sys
 import threading
 
+from everstep.transport import add_transport_arguments, apply_transport_arguments
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="everstep_rollout", description=__doc__)
@@ -26,7 +28,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-seq-len", type=int, default=2048, help="prompt + output tokens per sequence")
     p.add_argument("--seed", type=int, default=0, help="engine sampling seed")
     p.add_argument("--num-threads", type=int, default=0, help="torch CPU threads; 0: all cores but one")
-    return p.parse_args(argv)
+    add_transport_arguments(p)
+    args = p.parse_args(argv)
+    apply_transport_arguments(p, args)
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from everstep.transport import bind, server_options
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc
 from everstep_rollout import metrics
 from everstep_rollout.config import EngineConfig
@@ -251,11 +252,9 @@ def build_server(servicer: RolloutServicer, host: str, grpc_port: int, *, max_wo
     """A started gRPC server with the Rollout and health services (health not yet SERVING)."""
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
-        options=[("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                 # gRPC binds with SO_REUSEPORT by default: a second server on a taken port would start
-                 # and share its traffic with the first instead of failing.
-                 ("grpc.so_reuseport", 0)],
+        # gRPC binds with SO_REUSEPORT by default: a second server on a taken port would start
+        # and share its traffic with the first instead of failing.
+        options=server_options(MAX_MESSAGE_BYTES, [("grpc.so_reuseport", 0)]),
     )
     rollout_pb2_grpc.add_RolloutServicer_to_server(servicer, server)
     health_servicer = health.HealthServicer()
@@ -263,8 +262,7 @@ def build_server(servicer: RolloutServicer, host: str, grpc_port: int, *, max_wo
     for service in ("", "everstep.v1.Rollout"):
         health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    if server.add_insecure_port(f"{host}:{grpc_port}") == 0:
-        raise OSError(f"cannot bind gRPC port {host}:{grpc_port}")
+    bind(server, f"{host}:{grpc_port}")
     server.start()
     return server, health_servicer
 

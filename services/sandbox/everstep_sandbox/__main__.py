@@ -12,6 +12,8 @@ import tempfile
 import threading
 import time
 
+from everstep.transport import add_transport_arguments, apply_transport_arguments
+
 
 def _exit_with_parent(parent_pid: int) -> None:
     """A worker process stops (gracefully) when the process that started it is gone."""
@@ -36,7 +38,9 @@ def main() -> None:
                         help="auto: bubblewrap when it works here, else a logged fallback")
     parser.add_argument("--default-memory-limit-mb", type=int, default=None,
                         help="memory limit of a run when a request gives none (default 1024)")
+    add_transport_arguments(parser)
     args = parser.parse_args()
+    apply_transport_arguments(parser, args)  # before starting worker processes: they inherit the environment
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # The sandbox forks while gRPC threads are busy; grpc's fork handlers would only log a warning.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")

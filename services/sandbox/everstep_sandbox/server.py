@@ -20,6 +20,7 @@ import grpc
 import uvicorn
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from everstep.transport import bind, server_options
 from everstep.v1 import sandbox_pb2_grpc
 from everstep_sandbox.config import SandboxConfig
 from everstep_sandbox.grpc_service import SandboxServicer
@@ -30,6 +31,8 @@ __all__ = ["serve"]
 
 log = logging.getLogger(__name__)
 _GRPC_GRACE_SECONDS = 5.0
+GRPC_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+"""Default limit of one gRPC message (a RunTests batch and its outputs); EVERSTEP_GRPC_MAX_MESSAGE_BYTES overrides."""
 
 
 def _reuseport_socket(host: str, port: int) -> socket.socket:
@@ -61,13 +64,13 @@ def serve(config: SandboxConfig, argv: list[str] | None = None) -> None:
     workers: list[subprocess.Popen] = []
 
     grpc_server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.grpc_threads),
-                              options=[("grpc.so_reuseport", 1)])
+                              options=server_options(GRPC_MAX_MESSAGE_BYTES, [("grpc.so_reuseport", 1)]))
     sandbox_pb2_grpc.add_SandboxServicer_to_server(SandboxServicer(runner, pod_name), grpc_server)
     health_servicer = health.HealthServicer()
     # HealthServicer starts out SERVING for "": hold that back until both APIs are up.
     health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, grpc_server)
-    grpc_server.add_insecure_port(f"{config.host}:{config.grpc_port}")
+    bind(grpc_server, f"{config.host}:{config.grpc_port}")
     grpc_server.start()
 
     http_socket = _reuseport_socket(config.host, config.port)

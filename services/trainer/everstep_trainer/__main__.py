@@ -15,6 +15,8 @@ import logging
 import os
 import sys
 
+from everstep.transport import add_transport_arguments, apply_transport_arguments
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="everstep_trainer", description="everstep policy trainer (gRPC).")
@@ -31,7 +33,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--weight-group-host", default="",
                         help="address engines reach this trainer at for a nccl/gloo weight group "
                              "(default: --host if specific, else what the host name resolves to)")
+    add_transport_arguments(parser)
     args = parser.parse_args(argv)
+    apply_transport_arguments(parser, args)  # torchrun's ranks inherit the environment
     if args.nproc_per_node < 1:
         parser.error(f"--nproc-per-node: must be >= 1, got {args.nproc_per_node}")
     return args

@@ -16,6 +16,7 @@ import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
 
+from everstep.transport import bind, server_options
 from everstep.v1 import trainer_pb2, trainer_pb2_grpc
 from everstep_trainer import metrics
 from everstep_trainer.batching import TrainSample, validate_samples
@@ -205,13 +206,12 @@ def _serve_grpc(runner: CommandRunner, *, host: str, port: int, grpc_port: int, 
         weight_group_host = host
     service = TrainerService(runner, WeightPusher(setting=weight_transport, group_host=weight_group_host))
     start_http_server(port, addr=host)
-    options = [("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
-               ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES)]
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=options)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
+                         options=server_options(GRPC_MAX_MESSAGE_BYTES))
     trainer_pb2_grpc.add_TrainerServicer_to_server(service, server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    server.add_insecure_port(f"{host}:{grpc_port}")
+    bind(server, f"{host}:{grpc_port}")
     server.start()
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     health_servicer.set("everstep.v1.Trainer", health_pb2.HealthCheckResponse.SERVING)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import grpc
 from torch import Tensor
 
+from everstep import transport
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc
 
 __all__ = [
@@ -163,7 +164,7 @@ class EndpointStream:
 
     def _run(self) -> None:
         try:
-            with grpc.insecure_channel(self.endpoint, options=grpc_channel_options(self.max_message_bytes)) as channel:
+            with transport.channel(self.endpoint, options=grpc_channel_options(self.max_message_bytes)) as channel:
                 stub = rollout_pb2_grpc.RolloutStub(channel)
                 self.response = stub.UpdateWeights(self._requests(), timeout=self.timeout_seconds)
         except grpc.RpcError as e:

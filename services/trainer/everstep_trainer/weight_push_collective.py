@@ -28,10 +28,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
 import torch
 from torch import Tensor
 
+from everstep import transport
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc
 from everstep_trainer.weight_push_base import (
     DEFAULT_BUCKET_BYTES,
@@ -135,7 +135,7 @@ class CollectiveWeightTransport(WeightTransport):
         store = dist.TCPStore(host, 0, world_size, True, timeout=timeout, wait_for_workers=False)
         name = f"everstep-weights-{uuid.uuid4().hex[:12]}"
         errors: dict[str, str] = {}
-        channels = [grpc.insecure_channel(endpoint) for endpoint in endpoints]
+        channels = [transport.channel(endpoint) for endpoint in endpoints]
         joins = {
             endpoint: rollout_pb2_grpc.RolloutStub(channel).JoinWeightGroup.future(
                 rollout_pb2.JoinWeightGroupRequest(

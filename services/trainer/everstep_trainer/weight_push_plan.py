@@ -22,6 +22,7 @@ from pathlib import Path
 
 import grpc
 
+from everstep import transport
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc
 
 __all__ = ["SETTINGS", "TRANSPORTS", "PeerInfo", "choose_transport", "local_peer", "probe_peer", "shm_domain",
@@ -84,7 +85,7 @@ def probe_peer(endpoint: str, timeout_seconds: float = 10.0) -> PeerInfo:
     """What the engine at `endpoint` reports; an empty PeerInfo if it does not say (or cannot be asked:
     the push itself then reports the endpoint's error)."""
     try:
-        with grpc.insecure_channel(endpoint) as channel:
+        with transport.channel(endpoint) as channel:
             status = rollout_pb2_grpc.RolloutStub(channel).GetStatus(rollout_pb2.GetStatusRequest(),
                                                                      timeout=timeout_seconds)
     except grpc.RpcError as e:

@@ -79,21 +79,61 @@ affinity:
 {{- end }}
 {{- end -}}
 
-{{/* Probes of a gRPC service (standard health service); call with the port number */}}
+{{/* How a gRPC health check is made; call with (dict "root" $ "port" N). The kubelet's grpc probe
+speaks plaintext only: under mutual TLS the container checks itself with everstep.health_check. */}}
+{{- define "everstep.grpcProbe" -}}
+{{- if .root.Values.tls.internal.enabled -}}
+exec:
+  command: [python, -m, everstep.health_check, "127.0.0.1:{{ .port }}"]
+{{- else -}}
+grpc: {port: {{ .port }}}
+{{- end -}}
+{{- end -}}
+
+{{/* Probes of a gRPC service (standard health service); call with (dict "root" $ "port" N) */}}
 {{- define "everstep.grpcProbes" -}}
 startupProbe:
-  grpc: {port: {{ . }}}
+  {{- include "everstep.grpcProbe" . | nindent 2 }}
   periodSeconds: 5
+  timeoutSeconds: 5
   failureThreshold: 120
 readinessProbe:
-  grpc: {port: {{ . }}}
+  {{- include "everstep.grpcProbe" . | nindent 2 }}
   periodSeconds: 5
+  timeoutSeconds: 5
   failureThreshold: 3
 livenessProbe:
-  grpc: {port: {{ . }}}
+  {{- include "everstep.grpcProbe" . | nindent 2 }}
   periodSeconds: 10
   timeoutSeconds: 5
   failureThreshold: 6
+{{- end -}}
+
+{{/* Mutual TLS between services (tls.internal): env, volume and mount of every everstep container;
+call with the root. Mounted outside /etc, which the sandbox binds into every run, and readable by the pod's
+fsGroup only (runs have their own uid and no groups). */}}
+{{- define "everstep.internalTlsEnv" -}}
+{{- if .Values.tls.internal.enabled }}
+- {name: EVERSTEP_GRPC_TLS_CERT, value: /var/run/secrets/everstep/tls/tls.crt}
+- {name: EVERSTEP_GRPC_TLS_KEY, value: /var/run/secrets/everstep/tls/tls.key}
+- {name: EVERSTEP_GRPC_TLS_CA, value: /var/run/secrets/everstep/tls/ca.crt}
+- {name: EVERSTEP_GRPC_TLS_SERVER_NAME, value: {{ .Values.tls.internal.serverName | quote }}}
+{{- end }}
+{{- end -}}
+
+{{- define "everstep.internalTlsVolume" -}}
+{{- if .Values.tls.internal.enabled }}
+- name: internal-tls
+  secret:
+    secretName: {{ required "tls.internal.existingSecret is required when tls.internal.enabled is true" .Values.tls.internal.existingSecret }}
+    defaultMode: 0440
+{{- end }}
+{{- end -}}
+
+{{- define "everstep.internalTlsMount" -}}
+{{- if .Values.tls.internal.enabled }}
+- {name: internal-tls, mountPath: /var/run/secrets/everstep/tls, readOnly: true}
+{{- end }}
 {{- end -}}
 
 {{/* Container resources with N GPUs added to the limits; call with (dict "root" $ "values" .Values.X) */}}
@@ -107,12 +147,13 @@ livenessProbe:
 {{- toYaml $resources -}}
 {{- end -}}
 
-{{/* env of the GPU workloads: NCCL settings, then the user's extras */}}
+{{/* env of the GPU workloads: NCCL settings, mutual TLS, then the user's extras */}}
 {{- define "everstep.gpuEnv" -}}
 {{- range $name, $value := .root.Values.gpu.ncclEnv }}
 - name: {{ $name }}
   value: {{ $value | quote }}
 {{- end }}
+{{- include "everstep.internalTlsEnv" .root }}
 {{- with .values.extraEnv }}
 {{ toYaml . }}
 {{- end }}
@@ -131,6 +172,7 @@ livenessProbe:
   persistentVolumeClaim:
     claimName: {{ default (printf "%s-shared" (include "everstep.fullname" .root)) .root.Values.sharedStorage.existingClaim }}
 {{- end }}
+{{- include "everstep.internalTlsVolume" .root }}
 {{- end -}}
 
 {{- define "everstep.gpuVolumeMounts" -}}
@@ -139,6 +181,7 @@ livenessProbe:
 {{- if .root.Values.sharedStorage.enabled }}
 - {name: shared, mountPath: {{ .root.Values.sharedStorage.mountPath }}}
 {{- end }}
+{{- include "everstep.internalTlsMount" .root }}
 {{- end -}}
 
 {{/* Pod spec of a rollout engine: used by the PodTemplate and the standing Deployment */}}
@@ -166,7 +209,7 @@ containers:
     ports:
       - {name: metrics, containerPort: {{ $v.port }}}
       - {name: grpc, containerPort: {{ $v.grpcPort }}}
-    {{- include "everstep.grpcProbes" $v.grpcPort | nindent 4 }}
+    {{- include "everstep.grpcProbes" (dict "root" . "port" $v.grpcPort) | nindent 4 }}
     resources:
       {{- include "everstep.gpuResources" (dict "root" . "values" $v) | nindent 6 }}
     securityContext:
@@ -198,7 +241,7 @@ containers:
     ports:
       - {name: metrics, containerPort: {{ $v.port }}}
       - {name: grpc, containerPort: {{ $v.grpcPort }}}
-    {{- include "everstep.grpcProbes" $v.grpcPort | nindent 4 }}
+    {{- include "everstep.grpcProbes" (dict "root" . "port" $v.grpcPort) | nindent 4 }}
     resources:
       {{- include "everstep.gpuResources" (dict "root" . "values" $v) | nindent 6 }}
     securityContext:
