@@ -25,6 +25,7 @@ def test_quick_build_writes_a_loadable_model_directory(tmp_path):
     for name in ("config.json", "model.safetensors", "tokenizer.json", "train.jsonl", "eval.jsonl", "warm_start.json"):
         assert (out / name).is_file(), name
     assert json.loads((out / "warm_start.json").read_text())["sft_steps"] == summary["sft_steps"]
+    assert summary["terse_sft_steps"] == 2  # the quick build keeps a (tiny) terse phase
 
     tokenizer = AutoTokenizer.from_pretrained(out)
     model = AutoModelForCausalLM.from_pretrained(out)

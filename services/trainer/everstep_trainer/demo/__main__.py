@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--slip-probability", type=float, default=None,
                         help="warm start on a sloppy teacher's solutions that slip by one with this chance per step")
     parser.add_argument("--direct-answer-probability", type=float, default=None,
-                        help="warm start on a teacher that gives only the boxed answer with this chance")
+                        help="the terse phase's chance of a bare boxed answer (0: no terse phase)")
     parser.add_argument("--label-smoothing", type=float, default=None, help="warm-start label smoothing")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

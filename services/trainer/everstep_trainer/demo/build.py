@@ -6,9 +6,12 @@ Output directory (Hugging Face format plus the task's data)::
     train.jsonl  eval.jsonl      rows {"prompt", "answer", "num_ops"}; no prompt is in both
     warm_start.json              settings, SFT timing, and held-out greedy / sampled (T=1, avg@k) accuracy
 
-The defaults leave the model knowing the procedure (decent greedy accuracy) with a noisy sampling
-distribution, so sampled accuracy at temperature 1 sits in the middle and RL has groups with mixed
-rewards to learn from.
+The warm start has two phases. The first teaches the worked procedure (label smoothing keeps its
+sampling noisy). The second, short one continues on a terse teacher's mix, where most solutions are
+the bare boxed answer: the model then answers at once more often than it works the chain out, and a
+bare answer to a long chain is a guess. Sampled accuracy starts low (about 0.1), greedy decoding takes
+the bare-answer branch, and RL has a clear lesson with mixed-reward groups from the first step: show
+the working. Accuracy and solution length rise together, the curve R1-Zero made familiar.
 """
 
 from __future__ import annotations
@@ -76,9 +79,12 @@ class BuildConfig:
     slip_probability: float = 0.0
     """Chance that the warm start's teacher writes a step's result off by one (see
     `everstep_trainer.demo.task.solution_text`)."""
-    direct_answer_probability: float = 0.0
-    """Chance that the warm start's teacher gives only the boxed answer, without the working (see
-    `everstep_trainer.demo.task.solution_text`)."""
+    direct_answer_probability: float = 0.6
+    """In the terse phase, the chance that the teacher gives only the boxed answer, without the
+    working (see `everstep_trainer.demo.task.solution_text`); 0 leaves the terse phase out."""
+    terse_sft: SFTConfig = field(default_factory=lambda: SFTConfig(
+        max_steps=60, batch_size=256, learning_rate=1e-3, warmup_steps=5, label_smoothing=0.05))
+    """The warm start's second phase, on the terse teacher's mix."""
     num_train: int = 50_000
     """Rows of train.jsonl (the warm start and RL prompts come from these)."""
     num_eval: int = 200
@@ -109,6 +115,7 @@ def quick_build_config(seed: int = 0) -> BuildConfig:
         seed=seed, task=TaskConfig(max_ops=8),
         model=ModelShape(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1),
         sft=SFTConfig(max_steps=5, batch_size=16, warmup_steps=1, log_every=1, seed=seed),
+        terse_sft=SFTConfig(max_steps=2, batch_size=16, warmup_steps=1, log_every=1, seed=seed),
         num_train=200, num_eval=8, num_eval_samples=2, eval_max_new_tokens=16,
     )
 
@@ -138,10 +145,15 @@ def build_demo(out: Path, config: BuildConfig) -> dict:
     num_parameters = sum(p.numel() for p in model.parameters())
     log.info("demo model: %d parameters, vocabulary %d", num_parameters, len(tokenizer))
     teacher = random.Random(config.seed + 2)
-    examples = [(p.prompt, solution_text(p, slip_probability=config.slip_probability,
-                                         direct_answer_probability=config.direct_answer_probability, rng=teacher,
+    examples = [(p.prompt, solution_text(p, slip_probability=config.slip_probability, rng=teacher,
                                          max_value=config.task.max_value)) for p in train]
     sft = train_supervised(model, tokenizer, examples, config.sft)
+    terse = None
+    if config.direct_answer_probability:
+        terse_examples = [(p.prompt, solution_text(p, slip_probability=config.slip_probability,
+                                                   direct_answer_probability=config.direct_answer_probability,
+                                                   rng=teacher, max_value=config.task.max_value)) for p in train]
+        terse = train_supervised(model, tokenizer, terse_examples, config.terse_sft)
     model.generation_config.do_sample = True  # the sampling defaults RL uses: plain T=1, no top-k
     model.generation_config.temperature = 1.0
     model.generation_config.top_k = 0
@@ -151,6 +163,7 @@ def build_demo(out: Path, config: BuildConfig) -> dict:
     summary: dict = {
         "num_parameters": num_parameters,
         "sft_steps": sft.steps, "sft_seconds": round(sft.seconds, 1), "sft_final_loss": round(sft.final_loss, 4),
+        "terse_sft_steps": terse.steps if terse else 0, "terse_sft_seconds": round(terse.seconds, 1) if terse else 0.0,
         "config": asdict(config),
     }
     if config.evaluate:
