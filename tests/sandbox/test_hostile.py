@@ -80,6 +80,16 @@ def test_fork_bomb_is_contained(client: httpx.Client, isolation: dict) -> None:
     assert sandbox_processes_on_host() == []
 
 
+def test_runs_are_inside_their_slots_cgroup(client: httpx.Client, isolation: dict) -> None:
+    require(isolation, "cgroups", "bubblewrap")
+    code = "import os\nos.system('cat /proc/self/cgroup')\nprint(open('/proc/self/cgroup').read())"
+    body = run(client, code)  # a process the run started, then the run itself
+    hierarchies = (":memory:", ":pids:", ":cpu:") if isolation["cgroups"] == "v1" else ("0::",)
+    lines = [line for line in body["run_result"]["stdout"].splitlines() if any(h in line for h in hierarchies)]
+    assert len(lines) == 2 * len(hierarchies), body
+    assert all("/everstep-sandbox-" in line and "/slot-" in line for line in lines), body
+
+
 def test_memory_bomb_is_killed_at_the_limit(client: httpx.Client, isolation: dict) -> None:
     require(isolation, "cgroups")
     code = "chunks = []\nwhile True:\n    chunks.append(bytearray(16 << 20))"
