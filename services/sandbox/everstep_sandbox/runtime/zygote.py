@@ -350,7 +350,8 @@ def _install_seccomp(program: bytes) -> None:
 
 
 def _signal(pid: int, signum: int) -> None:
-    """Sends a signal to a process (or, with a negative pid, its process group)."""
+    """Sends a signal to a process (with a negative pid, its process group; with -1, every process this
+    one may signal but itself and the PID namespace's init)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, signum)
 
