@@ -100,6 +100,20 @@ def test_memory_bomb_is_killed_at_the_limit(client: httpx.Client, isolation: dic
     assert "memory limit" in result["stderr"] or "MemoryError" in result["stderr"]
 
 
+def test_many_small_processes_over_the_memory_limit_get_the_memory_verdict(client: httpx.Client,
+                                                                          isolation: dict) -> None:
+    # Each process is smaller than the slot's zygote, which shares their cgroup: the out-of-memory
+    # killer may pick the zygote first. The run still gets its verdict, and nothing survives.
+    require(isolation, "cgroups", "distinct_uid")
+    code = "for i in $(seq 8); do head -c 6000000 /dev/zero | tail > /dev/null & done; wait; echo done"
+    body = run(client, code, "bash", memory_limit_MB=16, run_timeout=10)
+    assert body["status"] == "Failed", body
+    result = body["run_result"]
+    assert result["status"] == "Finished" and result["return_code"] != 0, body
+    assert "memory limit of 16 MB exceeded" in result["stderr"], body
+    assert sandbox_processes_on_host() == []
+
+
 def test_memory_limit_does_not_break_the_jvm_or_go(client: httpx.Client) -> None:
     java = 'public class Main { public static void main(String[] a) { System.out.println("jvm ok"); } }'
     body = run(client, java, "java", memory_limit_MB=256)
