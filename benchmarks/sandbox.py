@@ -1,9 +1,11 @@
-"""Sandbox throughput and latency: `python -m benchmarks.sandbox [--requests N] [--quick]`.
+"""Sandbox throughput and latency: `python -m benchmarks.sandbox [--requests N] [--rounds R]`.
 
 Python and C++ programs that read stdin and print, at concurrency 1, 4 and 16, through the
 sandbox service's HTTP API (`POST /run_code`, isolation on, a real service process on this
 machine), against a baseline that starts one plain subprocess per request with no isolation
 (`python3 solution.py`, or the pre-compiled C++ binary), on the same machine in the same run.
+The two are measured in alternating rounds (service, baseline, service, ...; each round at least
+8 requests per client thread) so that both see the same load from whatever else the machine runs.
 The last line of output is one JSON object: `<lang>_c<C>_p50_ms`, `<lang>_c<C>_rps`,
 `<lang>_c<C>_baseline_rps`, `<lang>_c<C>_ratio` (rps / baseline rps) for each language and
 concurrency, plus what isolation was on.
@@ -24,6 +26,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 PROGRAMS = {
@@ -60,9 +63,24 @@ def _start_service(workers: int) -> tuple[subprocess.Popen, int]:
     raise TimeoutError("sandbox did not start")
 
 
-def _measure(concurrency: int, num_requests: int, make_call: Callable[[], Callable[[int], None]]
-             ) -> tuple[float, float]:
-    """Runs `num_requests` calls on `concurrency` threads; returns (p50 latency in ms, requests/s)."""
+@dataclass
+class _Sample:
+    latencies: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def p50_ms(self) -> float:
+        return statistics.median(self.latencies) * 1000
+
+    @property
+    def rps(self) -> float:
+        return len(self.latencies) / self.seconds
+
+
+def _measure(concurrency: int, num_requests: int, make_call: Callable[[], Callable[[int], None]],
+             sample: _Sample | None = None) -> _Sample:
+    """Runs `num_requests` calls on `concurrency` threads, adding their latencies and wall time to `sample`."""
+    sample = _Sample() if sample is None else sample
     latencies: list[float] = []
     lock = threading.Lock()
     counter = iter(range(num_requests))
@@ -86,8 +104,21 @@ def _measure(concurrency: int, num_requests: int, make_call: Callable[[], Callab
         thread.start()
     for thread in threads:
         thread.join()
-    wall = time.perf_counter() - start
-    return statistics.median(latencies) * 1000, num_requests / wall
+    sample.seconds += time.perf_counter() - start
+    sample.latencies += latencies
+    return sample
+
+
+def _compare(concurrency: int, num_requests: int, service: Callable[[], Callable[[int], None]],
+             baseline: Callable[[], Callable[[int], None]], max_rounds: int) -> tuple[_Sample, _Sample]:
+    """`num_requests` through each, in alternating rounds of at least 8 requests per thread."""
+    rounds = max(1, min(max_rounds, num_requests // (8 * concurrency)))
+    service_sample, baseline_sample = _Sample(), _Sample()
+    for round_index in range(rounds):
+        share = num_requests // rounds + (round_index < num_requests % rounds)
+        _measure(concurrency, share, service, service_sample)
+        _measure(concurrency, share, baseline, baseline_sample)
+    return service_sample, baseline_sample
 
 
 def _service_call(port: int, language: str) -> Callable[[], Callable[[int], None]]:
@@ -132,6 +163,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="benchmarks.sandbox", description=__doc__)
     parser.add_argument("--requests", type=int, default=160, help="requests per measurement (c >= 4)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="sandbox slots")
+    parser.add_argument("--rounds", type=int, default=4, help="alternating service/baseline rounds (at most)")
     args = parser.parse_args()
     process, port = _start_service(args.workers)
     summary: dict[str, float | int | str | bool] = {}
@@ -148,8 +180,9 @@ def main() -> None:
                 _measure(1, 4, _service_call(port, language))  # warm-up: compile cache, slots
                 for concurrency in CONCURRENCY:
                     num_requests = args.requests // 2 if concurrency == 1 else args.requests
-                    p50, rps = _measure(concurrency, num_requests, _service_call(port, language))
-                    base_p50, base_rps = _measure(concurrency, num_requests, _baseline_call(baseline_argv, work))
+                    service, baseline = _compare(concurrency, num_requests, _service_call(port, language),
+                                                 _baseline_call(baseline_argv, work), args.rounds)
+                    p50, rps, base_p50, base_rps = service.p50_ms, service.rps, baseline.p50_ms, baseline.rps
                     key = f"{language}_c{concurrency}"
                     summary.update({f"{key}_p50_ms": round(p50, 2), f"{key}_rps": round(rps, 1),
                                     f"{key}_baseline_p50_ms": round(base_p50, 2),

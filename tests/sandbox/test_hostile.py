@@ -80,6 +80,16 @@ def test_fork_bomb_is_contained(client: httpx.Client, isolation: dict) -> None:
     assert sandbox_processes_on_host() == []
 
 
+def test_runs_are_inside_their_slots_cgroup(client: httpx.Client, isolation: dict) -> None:
+    require(isolation, "cgroups", "bubblewrap")
+    code = "import os\nos.system('cat /proc/self/cgroup')\nprint(open('/proc/self/cgroup').read())"
+    body = run(client, code)  # a process the run started, then the run itself
+    hierarchies = (":memory:", ":pids:", ":cpu:") if isolation["cgroups"] == "v1" else ("0::",)
+    lines = [line for line in body["run_result"]["stdout"].splitlines() if any(h in line for h in hierarchies)]
+    assert len(lines) == 2 * len(hierarchies), body
+    assert all("/everstep-sandbox-" in line and "/slot-" in line for line in lines), body
+
+
 def test_memory_bomb_is_killed_at_the_limit(client: httpx.Client, isolation: dict) -> None:
     require(isolation, "cgroups")
     code = "chunks = []\nwhile True:\n    chunks.append(bytearray(16 << 20))"
@@ -88,6 +98,20 @@ def test_memory_bomb_is_killed_at_the_limit(client: httpx.Client, isolation: dic
     result = body["run_result"]
     assert result["status"] == "Finished" and result["return_code"] != 0
     assert "memory limit" in result["stderr"] or "MemoryError" in result["stderr"]
+
+
+def test_many_small_processes_over_the_memory_limit_get_the_memory_verdict(client: httpx.Client,
+                                                                          isolation: dict) -> None:
+    # Each process is smaller than the slot's zygote, which shares their cgroup: the out-of-memory
+    # killer may pick the zygote first. The run still gets its verdict, and nothing survives.
+    require(isolation, "cgroups", "distinct_uid")
+    code = "for i in $(seq 8); do head -c 6000000 /dev/zero | tail > /dev/null & done; wait; echo done"
+    body = run(client, code, "bash", memory_limit_MB=16, run_timeout=10)
+    assert body["status"] == "Failed", body
+    result = body["run_result"]
+    assert result["status"] == "Finished" and result["return_code"] != 0, body
+    assert "memory limit of 16 MB exceeded" in result["stderr"], body
+    assert sandbox_processes_on_host() == []
 
 
 def test_memory_limit_does_not_break_the_jvm_or_go(client: httpx.Client) -> None:

@@ -83,10 +83,12 @@ def test_slots_are_reset_between_requests(runner: SandboxRunner) -> None:
 
 
 def test_python_state_does_not_leak_between_runs(runner: SandboxRunner) -> None:
-    code = "import sys, random\nprint(hasattr(sys, 'marker'), random.random())\nsys.marker = 1"
-    outputs = [runner.run_code(ProgramSpec(code=code, language="python")).run_result.stdout for _ in range(3)]
-    assert all(o.startswith("False ") for o in outputs)
-    assert len(set(outputs)) == 3, "every run must reseed random"
+    code = ("import os, sys, random\nprint(hasattr(sys, 'marker'), os.environ.get('MARKER'), sys.path[0], "
+            "random.random())\nsys.marker = 1\nos.environ['MARKER'] = '1'\nsys.path.insert(0, '/x')\n"
+            "sys.stdout.write('unflushed')\nsys.stdout.close()")
+    outputs = [runner.run_code(ProgramSpec(code=code, language="python")).run_result.stdout for _ in range(4)]
+    assert all(o.startswith("False None /work ") and o.endswith("unflushed") for o in outputs), outputs
+    assert len(set(outputs)) == 4, "every run must reseed random"
 
 
 def test_timeout_reports_time_limit_exceeded(runner: SandboxRunner) -> None:

@@ -3,16 +3,21 @@ count limit, a CPU quota, out-of-memory detection, and a list of every process a
 (to kill the stragglers).
 
 cgroup v1 (one hierarchy per controller: memory, pids, cpu) and v2 (one unified hierarchy) are
-both handled. The tree is `<own cgroup>/everstep-sandbox-<pid>/slot-<i>`; only a run's process
-joins its slot's cgroup (the zygote writes "0" to `cgroup.procs` through a file descriptor the
-server opened), so the cgroup holds exactly that run's processes. Where no usable hierarchy is
-found (no write access, v2 controllers not delegable) `CgroupTree.create` returns None and the
-runner falls back to rlimits, with a warning.
+both handled. The tree is `<own cgroup>/everstep-sandbox-<pid>[-<k>]/slot-<i>` (k counts the
+process's later trees, e.g. a second runner in a test process). The slot's zygote joins
+its cgroup once, when it starts (it writes "0" to `cgroup.procs` through a file descriptor the
+server opened), and every run it forks starts inside it: moving a process between cgroups waits
+for an RCU grace period (about 10 ms on cgroup v1), too slow to pay per run. So the cgroup holds
+the zygote (the "resident", which `kill_all` spares and whose memory and process the limits
+leave room for) plus exactly the current run's processes. Where no usable hierarchy is found (no
+write access, v2 controllers not delegable) `CgroupTree.create` returns None and the runner falls
+back to rlimits, with a warning.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import signal
@@ -25,7 +30,9 @@ __all__ = ["CgroupTree", "SlotCgroup"]
 log = logging.getLogger(__name__)
 _CONTROLLERS = ("memory", "pids", "cpu")
 _CPU_PERIOD_US = 100_000
+_DEFAULT_CPU_SHARES, _DEFAULT_CPU_WEIGHT, _MAX_CPU_WEIGHT = 1024, 100, 10_000  # v1 cpu.shares, v2 cpu.weight
 _KILL_ROUNDS = 100
+_trees_created = itertools.count()
 
 
 @dataclass
@@ -38,13 +45,26 @@ class SlotCgroup:
     _memory_limit: int | None = field(default=None, repr=False)
     _other_limits: tuple[int, int] | None = field(default=None, repr=False)
     _oom_seen: int = field(default=0, repr=False)
+    _resident_pid: int | None = field(default=None, repr=False)
+    _resident_bytes: int = field(default=0, repr=False)
 
     @property
     def procs_files(self) -> list[Path]:
         return sorted({d / "cgroup.procs" for d in self.dirs.values()})
 
+    def adopt_resident(self, pid: int, resident_bytes: int) -> None:
+        """Records the slot's zygote, which lives in the cgroup: `kill_all` spares it, and the limits
+        add `resident_bytes` and one process for it."""
+        self._resident_pid, self._resident_bytes = pid, resident_bytes
+
+    def release_resident(self) -> None:
+        """The zygote is going away: `kill_all` kills it too."""
+        self._resident_pid, self._resident_bytes = None, 0
+
     def configure(self, *, memory_bytes: int, max_processes: int, cpu_cores: float) -> None:
-        """Sets the limits for the next command (the cgroup is empty between commands)."""
+        """Sets the limits of the next command: its memory and processes, plus the resident's."""
+        memory_bytes += self._resident_bytes
+        max_processes += self._resident_pid is not None
         if memory_bytes != self._memory_limit:
             self._set_memory(memory_bytes)
             self._memory_limit = memory_bytes
@@ -92,7 +112,7 @@ class SlotCgroup:
         return new
 
     def pids(self) -> list[int]:
-        """Processes in the cgroup (a run joins every hierarchy, so one is enough)."""
+        """Processes in the cgroup, the resident included (all join every hierarchy: one is enough)."""
         directory = self.dirs.get("pids") or next(iter(self.dirs.values()))
         try:
             return [int(p) for p in (directory / "cgroup.procs").read_text().split()]
@@ -100,10 +120,10 @@ class SlotCgroup:
             return []
 
     def kill_all(self) -> int:
-        """SIGKILLs every process in the cgroup until it is empty; returns how many were found."""
+        """SIGKILLs every process in the cgroup but the resident until none is left; returns how many."""
         killed: set[int] = set()
         for _ in range(_KILL_ROUNDS):
-            pids = self.pids()
+            pids = [pid for pid in self.pids() if pid != self._resident_pid]
             if not pids:
                 break
             for pid in pids:
@@ -114,6 +134,7 @@ class SlotCgroup:
         return len(killed)
 
     def remove(self) -> None:
+        self.release_resident()
         self.kill_all()
         for directory in set(self.dirs.values()):
             with contextlib.suppress(OSError):
@@ -130,7 +151,10 @@ class CgroupTree:
 
     @classmethod
     def create(cls, name: str | None = None) -> CgroupTree | None:
-        name = name or f"everstep-sandbox-{os.getpid()}"
+        """A new tree (named after this process unless `name` is given), or None without cgroups."""
+        if name is None:
+            k = next(_trees_created)
+            name = f"everstep-sandbox-{os.getpid()}" + (f"-{k}" if k else "")
         try:
             tree = cls._create_v1(name) or cls._create_v2(name)
         except OSError as e:
@@ -177,6 +201,18 @@ class CgroupTree:
         root = _make_dir(own / name)
         _write(root / "cgroup.subtree_control", enable)
         return cls(2, {c: root for c in _CONTROLLERS})
+
+    def weigh_as_processes(self, num_processes: int) -> None:
+        """Gives the tree the CPU weight of `num_processes` ordinary processes (one per slot). Grouped
+        in a cgroup, the runs of every slot together would otherwise weigh as much as one process
+        against the host's others, and wait for a CPU far longer than they run on it."""
+        try:
+            if self.version == 1:
+                _write(self.roots["cpu"] / "cpu.shares", str(_DEFAULT_CPU_SHARES * num_processes))
+            else:
+                _write(self.roots["cpu"] / "cpu.weight", str(min(_MAX_CPU_WEIGHT, _DEFAULT_CPU_WEIGHT * num_processes)))
+        except OSError as e:
+            log.warning("could not set the sandbox's CPU weight (%s): its runs share one process's weight", e)
 
     def slot(self, index: int) -> SlotCgroup:
         dirs = {controller: _make_dir(root / f"slot-{index}") for controller, root in self.roots.items()}
@@ -226,7 +262,7 @@ def _remove_stale(roots: object) -> None:
     """Removes trees left by sandboxes that died without cleaning up (their pid is gone)."""
     for root in roots:  # type: ignore[attr-defined]
         for sibling in root.parent.glob("everstep-sandbox-*"):
-            pid = sibling.name.rsplit("-", 1)[-1]
+            pid = sibling.name.split("-")[2]  # everstep-sandbox-<pid>[-<k> or -server]
             if not pid.isdigit() or Path(f"/proc/{pid}").exists():
                 continue
             for slot in sibling.glob("slot-*"):

@@ -6,6 +6,8 @@ so SandboxFusion clients work unchanged. Differences: an unsupported language is
 supported ones (SandboxFusion's schema also answers 422), `args` (pytest arguments) is accepted and
 ignored with a warning, and `c` is an extra language. `POST /run_tests` is the batch endpoint:
 compile once, run every test case. `GET /v1/isolation` says what isolation this host gives.
+The two run endpoints are served through `hot_path.HotPathApp` (same models, same handlers,
+less CPU per request); FastAPI answers everything else.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from fastapi import FastAPI, HTTPException, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
 from pydantic import BaseModel, Field
 
+from everstep_sandbox.hot_path import HotPathApp, HotRoute
 from everstep_sandbox.process import CommandResult
 from everstep_sandbox.runner import InvalidRequest, ProgramSpec, SandboxRunner, TestCase
 
@@ -127,7 +130,8 @@ def _json_response(model: BaseModel) -> Response:
     return Response(model.model_dump_json(), media_type="application/json")
 
 
-def create_app(runner: SandboxRunner) -> FastAPI:
+def create_app(runner: SandboxRunner) -> HotPathApp:
+    """The ASGI app: FastAPI (`.app`) behind the fast path for `/run_code` and `/run_tests`."""
     app = FastAPI(title="everstep sandbox")
     pod_name = os.environ.get("MY_POD_NAME") or socket.gethostname()
 
@@ -136,7 +140,8 @@ def create_app(runner: SandboxRunner) -> FastAPI:
             raise _unprocessable(("body", "language"),
                                  f"unsupported language {language!r}; supported: {', '.join(runner.languages)}")
 
-    # Plain `def` handlers: FastAPI runs them in its thread pool, so a long run never blocks the loop.
+    # Plain `def` handlers: FastAPI (and the fast path) run them in a thread pool, so a long run never
+    # blocks the loop.
     @app.post("/run_code", response_model=RunCodeResponse, tags=["sandbox"])
     def run_code(request: RunCodeRequest) -> Response:
         check_language(request.language)
@@ -198,4 +203,5 @@ def create_app(runner: SandboxRunner) -> FastAPI:
             return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
-    return app
+    return HotPathApp(app, {"/run_code": HotRoute(RunCodeRequest, run_code),
+                            "/run_tests": HotRoute(RunTestsRequest, run_tests)})

@@ -16,7 +16,6 @@ from __future__ import annotations
 import glob
 import logging
 import math
-import os
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -135,7 +134,9 @@ class SandboxRunner:
     def start(cls, config: SandboxConfig, languages: Mapping[str, Language] | None = None) -> SandboxRunner:
         """Probes the isolation this host allows, then starts (pre-forks) every slot."""
         languages = available_languages(config.python_executable) if languages is None else languages
-        cgroups = CgroupTree.create(f"everstep-sandbox-{os.getpid()}")
+        cgroups = CgroupTree.create()
+        if cgroups is not None:
+            cgroups.weigh_as_processes(config.workers)
         seccomp = build_filter()
         report = probe(config, f"v{cgroups.version}" if cgroups else "none", seccomp is not None)
         host_root = Path(tempfile.mkdtemp(prefix="everstep-sandbox-slots-", dir=config.work_root))

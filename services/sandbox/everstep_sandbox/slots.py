@@ -72,6 +72,7 @@ class Slot:
         self._process: subprocess.Popen | None = None
         self._cgroup_fds: list[int] = []
         self._pending: list[dict] = []
+        self._replies_owed = 0
         self.num_requests = 0
         self.broken = False
         """Set when the zygote failed: the pool replaces the slot before it is used again."""
@@ -90,11 +91,21 @@ class Slot:
                                          env=env, pass_fds=self._cgroup_fds, start_new_session=True)
         self.num_requests = 0
         self._pending = []
+        self._replies_owed = 0
         self.broken = False
         self._call({"op": "init", "seccomp_hex": (self._seccomp or b"").hex(), "run_uid": self.uid,
                     "cgroup_fds": self._cgroup_fds, "work_dir": self.layout.work_dir,
                     "tmp_dir": self.layout.tmp_dir, "extra_wipe": self.layout.extra_wipe,
                     "pid_namespace": self.layout.pid_namespace}, _START_TIMEOUT_SECONDS)
+        self._close_cgroup_fds()  # the zygote has joined the cgroup; its runs are born inside
+        if self._cgroup is not None:
+            pids = self._cgroup.pids()
+            if len(pids) != 1:
+                self.broken = True
+                raise SlotError(f"slot {self.index}: expected its zygote alone in its cgroup, found {pids}")
+            # The zygote's own pages may come to be charged to the cgroup (copied on write after a
+            # fork): a run's memory limit leaves room for at most all of them.
+            self._cgroup.adopt_resident(pids[0], _resident_memory_bytes(pids[0]))
 
     def stop(self) -> None:
         process, self._process = self._process, None
@@ -106,12 +117,16 @@ class Slot:
             for stream in (process.stdin, process.stdout):
                 with contextlib.suppress(OSError):
                     stream.close()  # type: ignore[union-attr]
+        self._close_cgroup_fds()
+        if self._cgroup is not None:
+            self._cgroup.release_resident()
+            self._cgroup.kill_all()
+
+    def _close_cgroup_fds(self) -> None:
         for fd in self._cgroup_fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._cgroup_fds = []
-        if self._cgroup is not None:
-            self._cgroup.kill_all()
 
     def restart(self) -> None:
         self.stop()
@@ -135,14 +150,21 @@ class Slot:
         return {f["path"]: (base64.b64decode(f["content"]), f["mode"]) for f in reply["files"]}
 
     def reset(self) -> None:
-        """Queues a full reset (kill every process, wipe /work, /tmp, /dev/shm) before the next command.
+        """Starts a full reset (kill every process, wipe /work, /tmp, /dev/shm) and returns at once.
 
         Every process of a run is already dead when its command returns (the zygote kills the PID
-        namespace, the server the cgroup); the reset only has to wipe files, and riding along with
-        the next request's first command saves a round trip.
+        namespace, the server the cgroup), so the reset only wipes files: the zygote does it while
+        the response is on its way, and the slot's next command waits for it (`settle`).
         """
-        self._pending = [{"op": "reset"}]
         self.num_requests += 1
+        self._pending = []
+        with contextlib.suppress(SlotError):  # the slot is then broken: the pool replaces it
+            self._write({"op": "reset"})
+
+    def settle(self) -> None:
+        """Waits for the replies still owed (the reset), so a failed reset is seen before the next use."""
+        while self._replies_owed:
+            self._read_reply("reset", _REPLY_GRACE_SECONDS * 4)
 
     def execute(self, request: ExecRequest) -> CommandResult:
         config = self._config
@@ -154,19 +176,28 @@ class Slot:
                   "file_size_bytes": max(config.max_file_size_bytes, config.max_output_bytes + 1),
                   "address_space_bytes": request.memory_bytes if limit_memory_by_rlimit else None,
                   "max_processes": config.max_processes}
-        reply = self._send({"op": "exec", "argv": list(request.argv), "env": dict(request.env),
-                            "stdin": base64.b64encode(request.stdin).decode(),
-                            "timeout_seconds": request.timeout_seconds, "limits": limits,
-                            "max_output_bytes": config.max_output_bytes,
-                            "python_inline": request.python_inline},
-                           request.timeout_seconds + _REPLY_GRACE_SECONDS)
+        memory_note = f"memory limit of {request.memory_bytes >> 20} MB exceeded"
+        try:
+            reply = self._send({"op": "exec", "argv": list(request.argv), "env": dict(request.env),
+                                "stdin": base64.b64encode(request.stdin).decode(),
+                                "timeout_seconds": request.timeout_seconds, "limits": limits,
+                                "max_output_bytes": config.max_output_bytes,
+                                "python_inline": request.python_inline},
+                               request.timeout_seconds + _REPLY_GRACE_SECONDS)
+        except SlotError:
+            if self._cgroup is None or not self._cgroup.new_oom_kills():
+                raise
+            # The out-of-memory killer chose the zygote, which shares the run's cgroup (many
+            # small processes): the run still gets its verdict, and the pool replaces the slot
+            # (killing everything in it) before the response is sent.
+            return CommandResult(CommandStatus.FINISHED, None, -signal.SIGKILL, "", f"[sandbox: {memory_note}]")
         stragglers = self._cgroup.kill_all() if self._cgroup is not None else 0
         stdout, stdout_cut = _output(reply["stdout"])
         stderr, stderr_cut = _output(reply["stderr"])
         exit_code = reply["exit_code"]
         notes = []
         if self._cgroup is not None and self._cgroup.new_oom_kills():
-            notes.append(f"memory limit of {request.memory_bytes >> 20} MB exceeded")
+            notes.append(memory_note)
         if exit_code == _SIGXFSZ_EXIT or stdout_cut or stderr_cut:
             notes.append("output or file size limit exceeded")
         if stragglers:
@@ -184,6 +215,11 @@ class Slot:
         return self._call({"op": "batch", "steps": steps}, timeout_seconds + _REPLY_GRACE_SECONDS)["results"][-1]
 
     def _call(self, request: dict, timeout_seconds: float) -> dict:
+        self.settle()
+        self._write(request)
+        return self._read_reply(request["op"], timeout_seconds)
+
+    def _write(self, request: dict) -> None:
         process = self._process
         if process is None or process.poll() is not None:
             self.broken = True
@@ -192,14 +228,26 @@ class Slot:
         try:
             process.stdin.write(_HEADER.pack(len(data)) + data)  # type: ignore[union-attr]
             process.stdin.flush()  # type: ignore[union-attr]
+        except OSError as e:
+            self.broken = True
+            raise SlotError(f"slot {self.index}: zygote channel failed: {e}") from e
+        self._replies_owed += 1
+
+    def _read_reply(self, op: str, timeout_seconds: float) -> dict:
+        process = self._process
+        if process is None:
+            self.broken = True
+            raise SlotError(f"slot {self.index}: zygote is not running")
+        try:
             header = self._read_exact(process, _HEADER.size, timeout_seconds)
             reply = json.loads(self._read_exact(process, _HEADER.unpack(header)[0], _REPLY_GRACE_SECONDS))
         except (OSError, ValueError) as e:
             self.broken = True
             raise SlotError(f"slot {self.index}: zygote channel failed: {e}") from e
+        self._replies_owed -= 1
         if "error" in reply:
             self.broken = True
-            raise SlotError(f"slot {self.index}: {request['op']} failed: {reply['error']}\n{reply.get('trace', '')}")
+            raise SlotError(f"slot {self.index}: {op} failed: {reply['error']}\n{reply.get('trace', '')}")
         return reply
 
     @staticmethod
@@ -219,6 +267,18 @@ class Slot:
             chunks.append(chunk)
             remaining -= len(chunk)
         return b"".join(chunks)
+
+
+def _resident_memory_bytes(pid: int) -> int:
+    """Anonymous memory and page tables of a process (an upper bound of what it can have charged to
+    its memory cgroup), rounded up to a MiB."""
+    fields = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            name, _, value = line.partition(":")
+            fields[name] = value
+    kib = sum(int(fields[name].split()[0]) for name in ("RssAnon", "VmPTE") if name in fields)
+    return -(-kib // 1024) << 20
 
 
 def _output(captured: dict) -> tuple[str, bool]:
@@ -264,19 +324,34 @@ class SlotPool:
                 self._waiting -= 1
                 metrics.QUEUE_DEPTH.set(self._waiting)
         try:
+            self._ready(slot)
             yield slot
         finally:
             self._release(slot)
 
-    def _release(self, slot: Slot) -> None:
-        slot.reset()
-        if slot.broken or slot.num_requests >= self._config.max_requests_per_slot:
+    def _ready(self, slot: Slot) -> None:
+        """Waits for the slot's reset; replaces the slot if the reset (or an earlier restart) failed."""
+        if not slot.broken:
+            with contextlib.suppress(SlotError):
+                slot.settle()
+        if slot.broken:
+            self._restart(slot)
             if slot.broken:
-                metrics.SLOT_RESTARTS.inc()
-                log.warning("slot %d failed: starting a fresh one", slot.index)
-            try:
-                slot.restart()
-            except (SlotError, OSError):
-                log.exception("slot %d could not be restarted; retrying on next use", slot.index)
-                slot.broken = True
+                raise SlotError(f"slot {slot.index} is broken and could not be restarted")
+
+    def _release(self, slot: Slot) -> None:
+        if not slot.broken:
+            slot.reset()
+        if slot.broken or slot.num_requests >= self._config.max_requests_per_slot:
+            self._restart(slot)
         self._idle.put(slot)
+
+    def _restart(self, slot: Slot) -> None:
+        if slot.broken:
+            metrics.SLOT_RESTARTS.inc()
+            log.warning("slot %d failed: starting a fresh one", slot.index)
+        try:
+            slot.restart()
+        except (SlotError, OSError):
+            log.exception("slot %d could not be restarted; retrying on next use", slot.index)
+            slot.broken = True

@@ -5,12 +5,14 @@ It is started once per slot by the server (inside bubblewrap when available), im
 Python programs commonly import, then serves length-prefixed JSON frames on stdin/stdout:
 
 - `init`: seccomp filter (hex), uid to drop to, cgroup `cgroup.procs` fds, work and tmp dirs.
+  The zygote joins the slot's cgroups and takes no_new_privs and the seccomp filter itself, once:
+  every child inherits all three at fork, which is far cheaper than a cgroup migration and a
+  filter compilation per run (the filter denies nothing the zygote needs).
 - `write`: files into the work dir (base64, with mode bits).
-- `exec`: fork; the child joins the run cgroups, takes rlimits, memfds as stdin/stdout/stderr,
-  drops to the run uid, sets no_new_privs and the seccomp filter, then execs the command, or for
-  `python_inline` runs the program in this pre-initialised interpreter (the warm pool: no
-  interpreter start-up per run). The parent waits with a wall-clock timeout, then kills every
-  process of the run.
+- `exec`: fork; the child takes rlimits, memfds as stdin/stdout/stderr and drops to the run uid,
+  then execs the command, or for `python_inline` runs the program in this pre-initialised
+  interpreter (the warm pool: no interpreter start-up per run). The parent waits with a
+  wall-clock timeout, then kills every process of the run.
 - `collect`: files of the work dir matching glob patterns (compile artifacts, fetch_files).
 - `reset`: kill every leftover process and wipe the work and tmp dirs.
 - `batch`: several of the above in one round trip.
@@ -21,7 +23,12 @@ It trusts the server (its only peer) and never the program it runs.
 
 from __future__ import annotations
 
-# Preloaded for Python programs (forked children find them already imported).
+# Preloaded for Python programs (forked children find them already imported). Never `random`,
+# `threading` or `logging` (nor `statistics`, `tempfile`, which import random): each registers an
+# at-fork hook that runs Python code in every child, and those hooks touched (copied on write) more
+# pages than the run itself: about 1.7 ms of CPU per run on a 2-core VM. A run that imports them
+# gets a fresh module (random then seeds itself from os.urandom). tests/sandbox/test_zygote.py
+# checks this.
 import array  # noqa: F401
 import base64
 import bisect  # noqa: F401
@@ -43,18 +50,15 @@ import json
 import math  # noqa: F401
 import operator  # noqa: F401
 import os
-import random
 import re  # noqa: F401
 import resource
 import select
 import shutil
 import signal
 import stat
-import statistics  # noqa: F401
 import string  # noqa: F401
 import struct
 import sys
-import threading
 import time
 import traceback
 import types
@@ -62,9 +66,10 @@ import typing  # noqa: F401
 
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_SET_SECCOMP = 22
+_PR_SET_CHILD_SUBREAPER = 36
 _SECCOMP_MODE_FILTER = 2
-_KILL_ROUNDS = 200
 _HEADER = struct.Struct("!I")
+_DIAGNOSTICS: io.TextIOWrapper | None = None
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -77,13 +82,14 @@ class Zygote:
     def __init__(self, channel_in: io.BufferedReader, channel_out: io.BufferedWriter) -> None:
         self._in = channel_in
         self._out = channel_out
-        self._seccomp: bytes = b""
         self._run_uid: int | None = None
-        self._cgroup_fds: list[int] = []
         self._work_dir = "/work"
         self._tmp_dir = "/tmp"
         self._extra_wipe: list[str] = []
         self._pid_namespace = True
+        self._python_env: dict | None = None
+        """The environment of Python runs, kept in this process's os.environ (see _op_exec)."""
+        self._python_streams = _python_streams()
 
     # -- protocol -----------------------------------------------------------------------------
     def serve(self) -> None:
@@ -102,9 +108,7 @@ class Zygote:
             self._out.flush()
 
     def _op_init(self, request: dict) -> dict:
-        self._seccomp = bytes.fromhex(request["seccomp_hex"])
         self._run_uid = request["run_uid"]
-        self._cgroup_fds = list(request["cgroup_fds"])
         self._work_dir = request["work_dir"]
         self._tmp_dir = request["tmp_dir"]
         self._extra_wipe = list(request["extra_wipe"])
@@ -114,6 +118,16 @@ class Zygote:
             if self._run_uid is not None:
                 os.chown(path, self._run_uid, self._run_uid)
             os.chmod(path, 0o700)
+        if self._pid_namespace and _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")  # see _kill_all
+        for fd in request["cgroup_fds"]:
+            os.write(fd, b"0")  # this process joins the slot's cgroup; its children start inside it
+            os.close(fd)  # no child inherits the fd
+        if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+        seccomp = bytes.fromhex(request["seccomp_hex"])
+        if seccomp:
+            _install_seccomp(seccomp)
         return {"ok": True, "pid": os.getpid()}
 
     def _op_batch(self, request: dict) -> dict:
@@ -156,6 +170,14 @@ class Zygote:
         return {"ok": True}
 
     def _op_exec(self, request: dict) -> dict:
+        # Everything the child needs is computed here, before the fork: a page the child writes is a
+        # page copied (a fault of several microseconds on a VM), one it only reads is free.
+        rlimits = self._rlimits(request["limits"])
+        if request["python_inline"] and request["env"] != self._python_env:
+            # Python runs of a slot share one environment: set it here once, not in every child.
+            os.environ.clear()
+            os.environ.update(request["env"])
+            self._python_env = dict(request["env"])
         stdin_fd = os.memfd_create("stdin", 0)
         os.write(stdin_fd, base64.b64decode(request["stdin"]))
         os.lseek(stdin_fd, 0, os.SEEK_SET)
@@ -164,7 +186,7 @@ class Zygote:
         start = time.monotonic()
         pid = os.fork()
         if pid == 0:  # child: never returns
-            self._child(request, stdin_fd, stdout_fd, stderr_fd)
+            self._child(request, rlimits, stdin_fd, stdout_fd, stderr_fd)
         for fd in (stdin_fd,):
             os.close(fd)
         timed_out = False
@@ -194,46 +216,53 @@ class Zygote:
         return reply
 
     # -- the child ----------------------------------------------------------------------------
-    def _child(self, request: dict, stdin_fd: int, stdout_fd: int, stderr_fd: int) -> None:
+    def _child(self, request: dict, rlimits: list[tuple[int, tuple[int, int]]], stdin_fd: int, stdout_fd: int,
+               stderr_fd: int) -> None:
         code = 127
         try:
             os.setsid()
-            for fd in self._cgroup_fds:
-                os.write(fd, b"0")
-            for fd, target in ((stdin_fd, 0), (stdout_fd, 1), (stderr_fd, 2)):
-                os.dup2(fd, target)
+            os.dup2(stdin_fd, 0)
+            os.dup2(stdout_fd, 1)
+            os.dup2(stderr_fd, 2)
             os.closerange(3, 65536)
             os.chdir(self._work_dir)
-            limits = request["limits"]
-            _setrlimit(resource.RLIMIT_CPU, limits["cpu_seconds"], limits["cpu_seconds"] + 1)
-            _setrlimit(resource.RLIMIT_FSIZE, limits["file_size_bytes"])
-            _setrlimit(resource.RLIMIT_CORE, 0)
-            if limits.get("address_space_bytes"):
-                _setrlimit(resource.RLIMIT_AS, limits["address_space_bytes"])
-            if limits.get("max_processes") and self._run_uid is not None:
-                _setrlimit(resource.RLIMIT_NPROC, limits["max_processes"])
+            for which, limit in rlimits:
+                resource.setrlimit(which, limit)
             if self._run_uid is not None:
                 os.setgroups([])
                 os.setresgid(self._run_uid, self._run_uid, self._run_uid)
                 os.setresuid(self._run_uid, self._run_uid, self._run_uid)
-            if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-                raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
-            if self._seccomp:
-                _install_seccomp(self._seccomp)
-            env = request["env"]
-            if request.get("python_inline"):
-                code = _run_python(request["argv"][-1], env)
+            # The cgroups, no_new_privs and the seccomp filter came with the fork (see _op_init).
+            if request["python_inline"]:
+                code = _run_python(request["argv"][-1], self._work_dir, self._python_streams)
             else:
                 for signum in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD, signal.SIGINT, signal.SIGTERM):
                     signal.signal(signum, signal.SIG_DFL)
                 argv = request["argv"]
-                os.execvpe(argv[0], argv, env)
+                os.execvpe(argv[0], argv, request["env"])
         except BaseException as e:  # noqa: BLE001 - report anything on the program's stderr
             with contextlib.suppress(OSError):
                 os.write(2, f"sandbox: could not start the program: {e}\n".encode())
         os._exit(code)
 
     # -- helpers ------------------------------------------------------------------------------
+    def _rlimits(self, limits: dict) -> list[tuple[int, tuple[int, int]]]:
+        """The rlimits of a run as (resource, (soft, hard)), within this process's hard limits."""
+        wanted = [(resource.RLIMIT_CPU, limits["cpu_seconds"], limits["cpu_seconds"] + 1),
+                  (resource.RLIMIT_FSIZE, limits["file_size_bytes"], limits["file_size_bytes"]),
+                  (resource.RLIMIT_CORE, 0, 0)]
+        if limits.get("address_space_bytes"):
+            wanted.append((resource.RLIMIT_AS, limits["address_space_bytes"], limits["address_space_bytes"]))
+        if limits.get("max_processes") and self._run_uid is not None:
+            wanted.append((resource.RLIMIT_NPROC, limits["max_processes"], limits["max_processes"]))
+        result = []
+        for which, soft, hard in wanted:
+            _, current_hard = resource.getrlimit(which)
+            if current_hard != resource.RLIM_INFINITY:  # cannot raise a hard limit (no CAP_SYS_RESOURCE)
+                soft, hard = min(soft, current_hard), min(hard, current_hard)
+            result.append((which, (soft, hard)))
+        return result
+
     def _inside(self, relative_path: str) -> str:
         root = os.path.realpath(self._work_dir)
         target = os.path.realpath(os.path.join(root, relative_path))
@@ -250,31 +279,37 @@ class Zygote:
         return chain
 
     def _kill_all(self) -> None:
-        """SIGKILLs every process of the slot but this one (and the namespace's init)."""
+        """SIGKILLs every process of the slot but this one and the namespace's init, and waits until all
+        are gone. kill(-1) reaches exactly those in a PID namespace; as the child subreaper this
+        process inherits every orphan, so once it has no child left no process of a run is left."""
         if not self._pid_namespace:
             return  # without a PID namespace the server kills the run's cgroup or process group
-        me = os.getpid()
-        for _ in range(_KILL_ROUNDS):
-            others = [int(name) for name in os.listdir("/proc") if name.isdigit() and int(name) not in (1, me)]
-            if not others:
+        _signal(-1, signal.SIGKILL)
+        while True:
+            try:
+                os.waitpid(-1, 0)  # SIGKILL cannot be caught: this returns once each is dead
+            except ChildProcessError:
                 return
-            for pid in others:
-                _signal(pid, signal.SIGKILL)
-            _reap()
-            time.sleep(0.001)
 
 
-def _run_python(path: str, env: dict) -> int:
-    """Runs a Python program in this (forked) interpreter, as `python path` would."""
-    os.environ.clear()
-    os.environ.update(env)
-    random.seed()  # the fork copied the zygote's random state: reseed from os.urandom
+def _python_streams() -> tuple[io.TextIOWrapper, io.TextIOWrapper, io.TextIOWrapper]:
+    """sys.stdin, sys.stdout and sys.stderr of Python runs, made once and never used here: each forked
+    run gets them as new (on its own fds 0, 1 and 2, memfds like the /dev/null they see here: both
+    seekable, neither a terminal), for far fewer copied pages than opening them in every run."""
+    return (open(0, encoding="utf-8", errors="surrogateescape", closefd=False),  # noqa: SIM115
+            open(1, "w", encoding="utf-8", errors="surrogateescape", closefd=False),  # noqa: SIM115
+            open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1))  # noqa: SIM115
+
+
+def _run_python(path: str, work_dir: str,
+                streams: tuple[io.TextIOWrapper, io.TextIOWrapper, io.TextIOWrapper]) -> int:
+    """Runs a Python program (`path`, relative to the work dir, the current directory) in this (forked)
+    interpreter, as `python path` would; os.environ is already the run's."""
+    if "random" in sys.modules:  # never preloaded (see the imports); reseed should that change
+        sys.modules["random"].seed()
     sys.argv = [path]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
-    sys.stdin = open(0, encoding="utf-8", errors="surrogateescape", closefd=False)  # noqa: SIM115
-    sys.stdout = open(1, "w", encoding="utf-8", errors="surrogateescape", closefd=False)  # noqa: SIM115
-    sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False,  # noqa: SIM115
-                      buffering=1)
+    sys.path.insert(0, os.path.dirname(os.path.join(work_dir, path)))
+    sys.stdin, sys.stdout, sys.stderr = streams
     code = 0
     try:
         # What `python path` does, minus runpy's per-call imports: a fresh __main__ module.
@@ -297,7 +332,8 @@ def _run_python(path: str, env: dict) -> int:
         traceback.print_exc()
         code = 1
     with contextlib.suppress(BaseException):
-        threading._shutdown()  # type: ignore[attr-defined]  # join non-daemon threads, as at exit
+        if "threading" in sys.modules:  # the program imported it: join non-daemon threads, as at exit
+            sys.modules["threading"]._shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -313,28 +349,11 @@ def _install_seccomp(program: bytes) -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
 
 
-def _setrlimit(which: int, soft: int, hard: int | None = None) -> None:
-    hard = soft if hard is None else hard
-    _, current_hard = resource.getrlimit(which)
-    if current_hard != resource.RLIM_INFINITY:  # cannot raise a hard limit (no CAP_SYS_RESOURCE)
-        soft, hard = min(soft, current_hard), min(hard, current_hard)
-    resource.setrlimit(which, (soft, hard))
-
-
 def _signal(pid: int, signum: int) -> None:
-    """Sends a signal to a process (or, with a negative pid, its process group)."""
+    """Sends a signal to a process (with a negative pid, its process group; with -1, every process this
+    one may signal but itself and the PID namespace's init)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, signum)
-
-
-def _reap() -> None:
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
 
 
 def _read_capped(fd: int, max_bytes: int) -> dict:
@@ -360,12 +379,17 @@ def _wipe(directory: str) -> None:
 
 
 def main() -> None:
-    # The channel is stdin/stdout; fd 0/1 are re-pointed to /dev/null so nothing else writes there.
+    # The channel is stdin/stdout; fds 0, 1 and 2 are re-pointed to /dev/null so nothing else writes
+    # there (and the runs' std streams are made on them, see _python_streams); this process's own
+    # tracebacks still reach the server's stderr through a copy of fd 2, closed in every run.
     channel_in = os.fdopen(os.dup(0), "rb")
     channel_out = os.fdopen(os.dup(1), "wb")
+    global _DIAGNOSTICS
+    # A module-level reference, so replacing sys.stderr in a run never finalises it (copying pages).
+    _DIAGNOSTICS = sys.stderr = open(os.dup(2), "w", buffering=1)  # noqa: SIM115
     null = os.open(os.devnull, os.O_RDWR)
-    os.dup2(null, 0)
-    os.dup2(null, 1)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
     os.close(null)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     # Forked runs share this interpreter's pages copy-on-write; a garbage collection in a run would
