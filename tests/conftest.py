@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-DEMO_BUILD_ARGS = ("--no-eval", "--sft-steps", "150")
-"""The demo model of the end-to-end tests: `everstep demo`'s build with half the warm start (CI time)."""
+DEMO_BUILD_ARGS = ("--no-eval", "--sft-steps", "120")
+"""The demo model of the end-to-end tests: `everstep demo`'s build with 40% of the first warm-start phase (CI time)."""
 
 
 class DemoModelBuild:

@@ -50,9 +50,9 @@ def test_rl_job_through_all_services(tmp_path: Path, demo_model_dir: Path) -> No
             "dataset": {"train_path": str(demo_model_dir / "train.jsonl")},
             "algorithm": {"group_size": 8},
             "sampling": {"temperature": 1.0, "max_new_tokens": 200},
-            "scheduler": {"mode": "c3po", "token_budget": 16384, "pool_capacity": 256, "retention": 3},
+            "scheduler": {"mode": "c3po", "token_budget": 8192, "pool_capacity": 256, "retention": 3},
             "trainer": {"learning_rate": 3e-4},
-            "steps": 12,
+            "steps": 10,
             "seed": 1,
         }
         api = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
@@ -65,11 +65,11 @@ def test_rl_job_through_all_services(tmp_path: Path, demo_model_dir: Path) -> No
             time.sleep(1)
         assert job["state"] == "SUCCEEDED", job["error"]
         history = api.get(f"/v1/jobs/{job_id}/metrics").json()
-        assert [m["step"] for m in history] == list(range(1, 13))
+        assert [m["step"] for m in history] == list(range(1, 11))
 
         # the policy version reached the rollout engine
         trained_steps = sum(1 for m in history if m["num_samples_trained"] > 0)
-        assert trained_steps >= 10 and history[-1]["policy_version"] == trained_steps
+        assert trained_steps >= 8 and history[-1]["policy_version"] == trained_steps
         rollout_address = next(f"127.0.0.1:{p['grpc_port']}" for p in state["processes"] if p["name"] == "rollout")
         with grpc.insecure_channel(rollout_address) as channel:
             status = rollout_pb2_grpc.RolloutStub(channel).GetStatus(rollout_pb2.GetStatusRequest(), timeout=10)

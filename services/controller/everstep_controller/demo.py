@@ -63,6 +63,8 @@ def run_demo(spec_path: Path, out: Path, *, port: int = 0) -> dict[str, Any]:
         "steps": record["step"],
         "reward_first_steps": _mean([m["reward_mean"] for m in history[: max(1, len(history) // 5)]]),
         "reward_last_steps": _mean([m["reward_mean"] for m in history[-max(1, len(history) // 5):]]),
+        "response_tokens_first_steps": _mean([_response_tokens(m) for m in history[: max(1, len(history) // 5)]]),
+        "response_tokens_last_steps": _mean([_response_tokens(m) for m in history[-max(1, len(history) // 5):]]),
         "job_seconds": round(job_seconds, 1),
         "wall_seconds": round(time.monotonic() - started, 1),
         "plot": str(out / "demo.png"),
@@ -88,8 +90,15 @@ def plot_demo(history: list[dict[str, Any]], evaluation: dict[str, Any], path: P
         ax.plot(steps, [evaluation[str(s)]["greedy_accuracy"] for s in steps], "s--", label="held-out greedy")
     ax.set_xlabel("step")
     ax.set_ylim(0, 1)
+    lengths = ax.twinx()  # RL on the demo model learns to show its work: solutions get longer
+    lengths.plot([m["step"] for m in history], [_response_tokens(m) for m in history], ":", color="gray",
+                 label="response tokens (mean)")
+    lengths.set_ylabel("response tokens")
+    lengths.set_ylim(bottom=0)
     ax.set_title("everstep demo: GRPO + IcePop with C3PO++ rollouts")
-    ax.legend(loc="lower right")
+    handles, labels = ax.get_legend_handles_labels()
+    more_handles, more_labels = lengths.get_legend_handles_labels()
+    ax.legend(handles + more_handles, labels + more_labels, loc="lower right")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -98,3 +107,8 @@ def plot_demo(history: list[dict[str, Any]], evaluation: dict[str, Any], path: P
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
+
+
+def _response_tokens(metrics: dict[str, Any]) -> float:
+    """Mean length of the rollouts that finished in a step."""
+    return metrics["finished_tokens"] / max(1, metrics["num_finished_rollouts"])
