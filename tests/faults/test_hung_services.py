@@ -48,17 +48,23 @@ def reward_address(reward: Service) -> str:
 def test_a_hung_engine_is_replaced_and_a_hung_reward_service_fails_the_job_with_a_clear_error(
         controllers: Controllers, reward: Service, tiny_model_dir: Path, tmp_path: Path) -> None:
     controller = controllers.start("--generate-deadline-seconds", str(GENERATE_DEADLINE),
-                      "--reward-deadline-seconds", str(REWARD_DEADLINE),
-                      "--scoring-timeout-seconds", str(SCORING_TIMEOUT), "--retry-max-seconds", "1")
+                                   "--reward-deadline-seconds", str(REWARD_DEADLINE),
+                                   "--scoring-timeout-seconds", str(SCORING_TIMEOUT), "--retry-max-seconds", "1")
     client = redis.Redis.from_url(controllers.redis_url)
     api = controllers.api
     train = write_rows(tmp_path / "train.jsonl", arithmetic_rows(8))
-    engine_hangs = api.post("/v1/jobs", json=tiny_job("engine-hangs", tiny_model_dir, train, steps=12)).json()["id"]
+    # up to 32 tokens, most ended early by the stop string "1": rollouts finish one after another
+    spec = tiny_job("engine-hangs", tiny_model_dir, train, steps=12, sampling={"max_new_tokens": 32, "stop": ["1"]})
+    engine_hangs = api.post("/v1/jobs", json=spec).json()["id"]
     reward_hangs = api.post("/v1/jobs", json=tiny_job("reward-hangs", tiny_model_dir, train, steps=500)).json()["id"]
 
     wait_job(api, engine_hangs, lambda j: j["step"] >= 2)
     key = f"everstep:job:{engine_hangs}"
-    freeze_while(controller, lambda: client.hlen(f"{key}:scored") > 0 and not client.exists(f"{key}:training"))
+
+    def finished() -> int:  # of the step's 8 rollouts, those that came back from the engine
+        return client.hlen(f"{key}:scored") + client.xlen(f"{key}:rollouts")
+
+    freeze_while(controller, lambda: 0 < finished() < 8)
     os.kill(job_workers(client, engine_hangs)["rollout"].pid, signal.SIGSTOP)  # in the middle of its Generate
     thaw(controller)
     wait_job(api, reward_hangs, lambda j: j["step"] >= 1)

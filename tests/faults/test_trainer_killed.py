@@ -31,7 +31,7 @@ from everstep_controller.processes import kill_processes
 
 pytestmark = pytest.mark.faults
 
-STEPS, CHECKPOINT_INTERVAL = 8, 2
+STEPS, CHECKPOINT_INTERVAL = 10, 2
 
 
 def test_a_killed_trainer_resumes_its_checkpoint_and_trains_like_an_uninterrupted_run(
@@ -44,9 +44,11 @@ def test_a_killed_trainer_resumes_its_checkpoint_and_trains_like_an_uninterrupte
     spec = {"deterministic": True, "checkpoint": {"interval": CHECKPOINT_INTERVAL}}
     job_a = api.post("/v1/jobs", json=tiny_job("a", tiny_model_dir, train, steps=STEPS, **spec)).json()["id"]
     job_b = api.post("/v1/jobs", json=tiny_job("b", tiny_model_dir, train, steps=STEPS, **spec)).json()["id"]
+    wait_until(lambda: client.exists(f"everstep:job:{job_a}:workers"), "A's workers")
+    trainer_a = job_workers(client, job_a)["trainer"]  # read while A runs: its record goes when it ends
 
     wait_job(api, job_b, lambda j: j["step"] >= CHECKPOINT_INTERVAL)
-    trainer_a, trainer_b = job_workers(client, job_a)["trainer"], job_workers(client, job_b)["trainer"]
+    trainer_b = job_workers(client, job_b)["trainer"]
     wait_until(lambda: client.exists(f"everstep:job:{job_b}:checkpoint"), "B's first checkpoint")
     kill_processes([trainer_b])
     assert api.get(f"/v1/jobs/{job_b}").json()["step"] < STEPS, "killed mid-job"

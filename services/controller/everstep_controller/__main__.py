@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 from pathlib import Path
 
 
@@ -100,6 +101,11 @@ def runner_settings(args: argparse.Namespace):  # noqa: ANN201 (imports stay laz
                                                                max_seconds=args.retry_max_seconds))
 
 
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    logging.getLogger("everstep_controller").info("signal %d: stopping", signum)
+    raise SystemExit(0)
+
+
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
@@ -121,6 +127,9 @@ def main(argv: list[str] | None = None) -> None:
     manager = JobManager(store, launcher, args.reward, Path(args.data_dir), max_jobs=args.max_jobs,
                          lease_seconds=args.lease_seconds, runner_settings=settings)
     manager.start()
+    # uvicorn serves until SIGTERM/SIGINT, then raises the signal again under the handler it found: with
+    # Python's default for SIGTERM the process would die there, before the clean-up below
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         uvicorn.run(create_app(manager, store), host=args.host, port=args.port, log_level="warning")
     finally:

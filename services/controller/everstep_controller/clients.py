@@ -34,9 +34,9 @@ _CHANNEL_OPTIONS = [
 ]
 
 
-# UNAVAILABLE: down, restarting or unreachable; DEADLINE_EXCEEDED: no answer in time (hung or overloaded);
-# ABORTED: the server dropped the call (e.g. its engine was reset or failed); UNKNOWN with a closed
-# connection is how a server killed in the middle of a stream often shows.
+# UNAVAILABLE: down, restarting or unreachable (a server killed in the middle of a stream shows so);
+# DEADLINE_EXCEEDED: no answer in time (hung or overloaded); ABORTED: the server dropped the call (e.g.
+# its engine was reset or failed).
 _RECOVERABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED})
 
 
@@ -72,18 +72,13 @@ class ServiceUnavailable(RuntimeError):
         super().__init__(f"{service} at {address} {cause}")
 
 
-def _recoverable(error: grpc.RpcError) -> bool:
-    code = error.code()
-    return code in _RECOVERABLE or (code == grpc.StatusCode.UNKNOWN and "closed" in (error.details() or "").lower())
-
-
 @contextlib.contextmanager
 def _calling(service: str, address: str, method: str, deadline_seconds: float,
              role: str | None) -> Iterator[None]:
     try:
         yield
     except grpc.RpcError as e:
-        if _recoverable(e):
+        if e.code() in _RECOVERABLE:
             raise ServiceUnavailable(service, address, method, e, deadline_seconds=deadline_seconds,
                                      role=role) from e
         raise

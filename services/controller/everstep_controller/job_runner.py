@@ -317,8 +317,7 @@ class JobRunner:
         score of the abandoned step is stored after the job went back to its last completed step."""
         if self.scorers is None:
             return
-        self.reward.close()
-        self.scorers.stop()
+        self.scorers.stop(cancel=self.reward.close)
         self.scorers = None
         self.reward = RewardClient(self.reward_address, timeout_seconds=self.settings.deadlines.reward_seconds)
 

@@ -91,8 +91,11 @@ class ScorerPool:
             thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, cancel: Callable[[], None] | None = None) -> None:
+        """Stops the threads; `cancel()`, called once they are told to stop, may end the calls they wait on."""
         self._stop.set()
+        if cancel is not None:
+            cancel()
         for thread in self._threads:
             if thread.is_alive():
                 thread.join(timeout=10)
@@ -115,6 +118,8 @@ class ScorerPool:
                     self.handle(entries)
                 failures = 0
             except Exception as e:  # the reward service or Redis failed: keep the entries, retry them
+                if self._stop.is_set():  # a call cancelled by `stop`
+                    return
                 self.last_error = f"{type(e).__name__}: {e}"
                 failures += 1
                 pause = self.backoff.seconds(failures)
