@@ -7,7 +7,7 @@ SERVICES := controller rollout trainer reward sandbox
 # torch is pinned and installed first so that no loose requirement pulls a CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install install-dev test lint demo proto clean
+.PHONY: install install-dev test test-faults lint demo proto clean
 
 $(VENV)/.installed: proto/pyproject.toml proto/setup.py $(wildcard proto/everstep/*.py proto/everstep/v1/*.proto) $(foreach s,$(SERVICES),services/$(s)/pyproject.toml)
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -44,7 +44,11 @@ lint: install-dev
 
 test: install-dev $(VENV)/.installed-deploy $(VENV)/.installed-toolchains
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest -q --timeout=900 --durations=30
+	$(VENV)/bin/pytest -q --timeout=900 --durations=30 -m "not faults"
+
+# Fault tests (tests/faults/, docs/reliability.md): real processes killed, hung and restarted.
+test-faults: install-dev $(VENV)/.installed-toolchains
+	$(VENV)/bin/pytest -q --timeout=600 --durations=10 -m faults tests/faults
 
 demo: install
 	$(VENV)/bin/everstep demo

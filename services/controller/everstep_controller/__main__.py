@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 from pathlib import Path
 
 from everstep.transport import add_transport_arguments, apply_transport_arguments
@@ -33,6 +34,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lease-seconds", type=float, default=30.0,
                    help="a job whose controller has not renewed its lease this long is taken over")
     p.add_argument("--num-scorers", type=int, default=2, help="threads per job sending rollouts to the reward service")
+    p.add_argument("--rollout-deadline-seconds", type=float, default=120.0,
+                   help="deadline of a unary call to a rollout engine (Load, GetStatus, Drain)")
+    p.add_argument("--generate-deadline-seconds", type=float, default=3600.0,
+                   help="deadline of one Generate stream: one iteration's rollouts, or one evaluation")
+    p.add_argument("--trainer-deadline-seconds", type=float, default=600.0,
+                   help="deadline of a call to a trainer (Load, TrainStep, PushWeights, checkpoints)")
+    p.add_argument("--reward-deadline-seconds", type=float, default=300.0,
+                   help="deadline of one Score call to the reward service")
+    p.add_argument("--worker-restarts", type=int, default=3,
+                   help="restarts of a job's failed workers (killed, hung past a deadline) allowed without a "
+                        "completed step in between; then the job fails with the last error")
+    p.add_argument("--score-attempts", type=int, default=8,
+                   help="reward calls per sample while its reward has a transient error (sandbox down, timeout)")
+    p.add_argument("--scoring-timeout-seconds", type=float, default=600.0,
+                   help="how long a step waits for its rewards (reward service down or hung); then the job fails")
+    p.add_argument("--retry-initial-seconds", type=float, default=0.5,
+                   help="pause before the first retry of a reward call or worker restart; it doubles per failure")
+    p.add_argument("--retry-max-seconds", type=float, default=30.0, help="longest pause between retries")
+    p.add_argument("--redis-retry-seconds", type=float, default=30.0,
+                   help="how long a Redis command is retried while Redis is unreachable (e.g. restarting)")
     p.add_argument("--threads-per-worker", type=int, default=0,
                    help="local launcher: torch threads of each worker process (0: their default)")
     p.add_argument("--k8s-namespace", default=None,
@@ -94,25 +115,50 @@ def build_launcher(args: argparse.Namespace):  # noqa: ANN201 (imports stay lazy
                          max_jobs=args.max_jobs or 16)
 
 
+def runner_settings(args: argparse.Namespace):  # noqa: ANN201 (imports stay lazy)
+    """Every job runner's settings; ValueError naming the option that is out of range."""
+    from everstep_controller.backoff import Backoff
+    from everstep_controller.clients import Deadlines
+    from everstep_controller.runner_settings import RunnerSettings
+
+    deadlines = Deadlines(rollout_seconds=args.rollout_deadline_seconds,
+                          generate_seconds=args.generate_deadline_seconds,
+                          trainer_seconds=args.trainer_deadline_seconds, reward_seconds=args.reward_deadline_seconds)
+    return RunnerSettings(num_scorers=args.num_scorers, score_attempts=args.score_attempts,
+                          scoring_timeout_seconds=args.scoring_timeout_seconds, worker_restarts=args.worker_restarts,
+                          deadlines=deadlines, backoff=Backoff(initial_seconds=args.retry_initial_seconds,
+                                                               max_seconds=args.retry_max_seconds))
+
+
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    logging.getLogger("everstep_controller").info("signal %d: stopping", signum)
+    raise SystemExit(0)
+
+
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
     logging.getLogger().setLevel(args.log_level)
-    import redis
     import uvicorn
 
     from everstep_controller.api import create_app
     from everstep_controller.job_manager import JobManager
-    from everstep_controller.job_runner import RunnerSettings
     from everstep_controller.job_store import JobStore
+    from everstep_controller.redis_client import connect
 
-    store = JobStore(redis.Redis.from_url(args.redis_url))
+    try:
+        settings = runner_settings(args)
+    except ValueError as e:
+        raise SystemExit(f"everstep_controller: error: {e}") from e
+    store = JobStore(connect(args.redis_url, retry_seconds=args.redis_retry_seconds))
     store.redis.ping()
     launcher = build_launcher(args)
     manager = JobManager(store, launcher, args.reward, Path(args.data_dir), max_jobs=args.max_jobs,
-                         lease_seconds=args.lease_seconds,
-                         runner_settings=RunnerSettings(num_scorers=args.num_scorers))
+                         lease_seconds=args.lease_seconds, runner_settings=settings)
     manager.start()
+    # uvicorn serves until SIGTERM/SIGINT, then raises the signal again under the handler it found: with
+    # Python's default for SIGTERM the process would die there, before the clean-up below
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         uvicorn.run(create_app(manager, store, max_request_bytes=args.max_request_bytes), host=args.host,
                     port=args.port, log_level="warning", ssl_certfile=args.rest_tls_cert,

@@ -1,10 +1,19 @@
-"""Thin gRPC clients for the services the controller drives, with deadlines on every unary call."""
+"""Thin gRPC clients for the services the controller drives, with a deadline on every call.
+
+A call that fails for a cause a retry or a restarted service may fix raises `ServiceUnavailable`
+(which names the service, its address and the call); the job runner then restarts the worker or
+retries. Any other gRPC error (a bad request, a server bug) is raised as it is.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
+
+import grpc
 
 from everstep import transport
 from everstep.v1 import (
@@ -17,11 +26,63 @@ from everstep.v1 import (
     trainer_pb2_grpc,
 )
 
+__all__ = ["Deadlines", "GenerateStream", "RewardClient", "RolloutClient", "ServiceUnavailable", "TrainerClient"]
+
 _MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 _CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
 ]
+
+
+# UNAVAILABLE: down, restarting or unreachable (a server killed in the middle of a stream shows so);
+# DEADLINE_EXCEEDED: no answer in time (hung or overloaded); ABORTED: the server dropped the call (e.g.
+# its engine was reset or failed).
+_RECOVERABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Deadlines:
+    """How long the controller waits for each kind of call before it gives up (DEADLINE_EXCEEDED)."""
+
+    rollout_seconds: float = 120.0  # one unary call to a rollout engine: Load, GetStatus, Drain
+    generate_seconds: float = 3600.0  # one Generate stream: the rollouts of one iteration, or one evaluation
+    trainer_seconds: float = 600.0  # one call to a trainer: Load, TrainStep, PushWeights, checkpoints
+    reward_seconds: float = 300.0  # one Score call to the reward service
+
+    def __post_init__(self) -> None:
+        for name, value in vars(self).items():
+            if value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+
+
+class ServiceUnavailable(RuntimeError):
+    """A call failed for a cause a retry or a restarted service may fix (see `_RECOVERABLE`).
+
+    `role`: the job worker to restart ('rollout' or 'trainer'), None for the shared reward pool or
+    when the call does not tell which of two workers failed (a weight push).
+    """
+
+    def __init__(self, service: str, address: str, method: str, error: grpc.RpcError, *, deadline_seconds: float,
+                 role: str | None) -> None:
+        self.service, self.address, self.method, self.code, self.role = service, address, method, error.code(), role
+        if self.code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            cause = f"did not answer {method} within {deadline_seconds:g}s (DEADLINE_EXCEEDED)"
+        else:
+            cause = f"failed {method}: {self.code.name}: {error.details()}"
+        super().__init__(f"{service} at {address} {cause}")
+
+
+@contextlib.contextmanager
+def _calling(service: str, address: str, method: str, deadline_seconds: float,
+             role: str | None) -> Iterator[None]:
+    try:
+        yield
+    except grpc.RpcError as e:
+        if e.code() in _RECOVERABLE:
+            raise ServiceUnavailable(service, address, method, e, deadline_seconds=deadline_seconds,
+                                     role=role) from e
+        raise
 
 
 class GenerateStream:
@@ -32,10 +93,11 @@ class GenerateStream:
 
     _END = object()
 
-    def __init__(self, stub: rollout_pb2_grpc.RolloutStub, timeout_seconds: float) -> None:
+    def __init__(self, stub: rollout_pb2_grpc.RolloutStub, address: str, timeout_seconds: float) -> None:
         self._requests: queue.Queue = queue.Queue()
         self._closed = False
         self._lock = threading.Lock()
+        self._address, self._timeout_seconds = address, timeout_seconds
         self._call = stub.Generate(iter(self._requests.get, self._END), timeout=timeout_seconds)
 
     def send(self, sequences: list[common_pb2.Sequence], sampling: common_pb2.SamplingParams) -> None:
@@ -55,59 +117,75 @@ class GenerateStream:
         self._requests.put(self._END)
 
     def results(self) -> Iterator[common_pb2.Sequence]:
-        for response in self._call:
-            yield from response.sequences
+        with _calling("rollout", self._address, "Generate", self._timeout_seconds, "rollout"):
+            for response in self._call:
+                yield from response.sequences
 
     def cancel(self) -> None:
         self._call.cancel()
 
 
 class RolloutClient:
-    def __init__(self, address: str, timeout_seconds: float = 120.0) -> None:
+    def __init__(self, address: str, deadlines: Deadlines | None = None) -> None:
         self.address = address
-        self.timeout_seconds = timeout_seconds
+        self.deadlines = deadlines or Deadlines()
         self._channel = transport.channel(address, options=_CHANNEL_OPTIONS)
         self._stub = rollout_pb2_grpc.RolloutStub(self._channel)
+
+    def _calling(self, method: str) -> contextlib.AbstractContextManager[None]:
+        return _calling("rollout", self.address, method, self.deadlines.rollout_seconds, "rollout")
 
     def load(self, model_path: str, *, dtype: str, version: int, seed: int,
              max_running: int) -> rollout_pb2.LoadModelResponse:
         request = rollout_pb2.LoadModelRequest(model_path=model_path, dtype=dtype, version=version, seed=seed,
                                                max_running=max_running)
-        return self._stub.Load(request, timeout=self.timeout_seconds)
+        with self._calling("Load"):
+            return self._stub.Load(request, timeout=self.deadlines.rollout_seconds)
 
-    def generate(self, stream_timeout_seconds: float) -> GenerateStream:
-        return GenerateStream(self._stub, stream_timeout_seconds)
+    def generate(self) -> GenerateStream:
+        return GenerateStream(self._stub, self.address, self.deadlines.generate_seconds)
 
     def status(self) -> rollout_pb2.RolloutStatus:
-        return self._stub.GetStatus(rollout_pb2.GetStatusRequest(), timeout=self.timeout_seconds)
+        with self._calling("GetStatus"):
+            return self._stub.GetStatus(rollout_pb2.GetStatusRequest(), timeout=self.deadlines.rollout_seconds)
 
     def drain(self) -> list[common_pb2.Sequence]:
         """Stops every running and queued sequence of every stream (e.g. those of a dead controller)."""
-        return list(self._stub.Drain(rollout_pb2.DrainRequest(), timeout=self.timeout_seconds).partials)
+        with self._calling("Drain"):
+            return list(self._stub.Drain(rollout_pb2.DrainRequest(), timeout=self.deadlines.rollout_seconds).partials)
 
     def close(self) -> None:
         self._channel.close()
 
 
 class TrainerClient:
-    def __init__(self, address: str, timeout_seconds: float = 600.0) -> None:
+    def __init__(self, address: str, deadlines: Deadlines | None = None) -> None:
         self.address = address
-        self.timeout_seconds = timeout_seconds
+        self.deadlines = deadlines or Deadlines()
         self._channel = transport.channel(address, options=_CHANNEL_OPTIONS)
         self._stub = trainer_pb2_grpc.TrainerStub(self._channel)
 
+    def _call(self, method: str, request: object, *, role: str | None = "trainer") -> object:
+        timeout = self.deadlines.trainer_seconds
+        with _calling("trainer", self.address, method, timeout, role):
+            return getattr(self._stub, method)(request, timeout=timeout)
+
     def load(self, model_path: str, config: trainer_pb2.TrainerConfig, version: int) -> trainer_pb2.TrainerLoadResponse:
-        request = trainer_pb2.TrainerLoadRequest(model_path=model_path, config=config, version=version)
-        return self._stub.Load(request, timeout=self.timeout_seconds)
+        return self._call("Load", trainer_pb2.TrainerLoadRequest(model_path=model_path, config=config, version=version))
+
+    def load_checkpoint(self, path: str) -> trainer_pb2.LoadCheckpointResponse:
+        """Resumes from a SaveCheckpoint directory with its own settings: weights, optimizer, RNG, step."""
+        return self._call("LoadCheckpoint", trainer_pb2.LoadCheckpointRequest(path=path))
 
     def train_step(self, samples: list[trainer_pb2.TrainSample]) -> trainer_pb2.TrainStepResponse:
-        return self._stub.TrainStep(trainer_pb2.TrainStepRequest(samples=samples), timeout=self.timeout_seconds)
+        return self._call("TrainStep", trainer_pb2.TrainStepRequest(samples=samples))
 
     def push_weights(self, endpoints: list[str]) -> trainer_pb2.PushWeightsResponse:
-        return self._stub.PushWeights(trainer_pb2.PushWeightsRequest(endpoints=endpoints), timeout=self.timeout_seconds)
+        # a failed push does not say whether the trainer or an engine failed: role None
+        return self._call("PushWeights", trainer_pb2.PushWeightsRequest(endpoints=endpoints), role=None)
 
-    def save_checkpoint(self, path: str) -> trainer_pb2.SaveCheckpointResponse:
-        return self._stub.SaveCheckpoint(trainer_pb2.SaveCheckpointRequest(path=path), timeout=self.timeout_seconds)
+    def save_checkpoint(self, path: str, data_position: str = "") -> trainer_pb2.SaveCheckpointResponse:
+        return self._call("SaveCheckpoint", trainer_pb2.SaveCheckpointRequest(path=path, data_position=data_position))
 
     def close(self) -> None:
         self._channel.close()
@@ -124,8 +202,9 @@ class RewardClient:
         """Scores a batch; returns every result by item id, or raises if any is missing."""
         if not items:
             return {}
-        results = {r.id: r for r in self._stub.Score(reward_pb2.ScoreRequest(items=items),
-                                                     timeout=self.timeout_seconds)}
+        with _calling("reward service", self.address, "Score", self.timeout_seconds, None):
+            results = {r.id: r for r in self._stub.Score(reward_pb2.ScoreRequest(items=items),
+                                                         timeout=self.timeout_seconds)}
         missing = {item.id for item in items} - set(results)
         if missing:
             raise RuntimeError(f"reward service returned no result for {len(missing)} items, e.g. {min(missing)}")

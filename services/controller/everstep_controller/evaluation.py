@@ -26,7 +26,7 @@ def evaluate(rollout: RolloutClient, reward: RewardClient, rows: list[PromptRow]
              sampling: common_pb2.SamplingParams, greedy_sampling: common_pb2.SamplingParams,
              make_item: ItemForRow, step: int) -> dict[str, Any]:
     """Generates k samples (and one greedy answer) per held-out row and scores them."""
-    stream = rollout.generate(stream_timeout_seconds=3600)
+    stream = rollout.generate()
     sampled = {f"eval-s{i}-{k}": row for i, row in enumerate(rows) for k in range(spec.samples_per_prompt)}
     greedy = {f"eval-g{i}": row for i, row in enumerate(rows)} if spec.greedy else {}
     stream.send([common_pb2.Sequence(id=i, prompt_ids=r.prompt_ids) for i, r in sampled.items()], sampling)

@@ -23,10 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from everstep_controller import metrics
-from everstep_controller.job_runner import JobRunner, RunnerSettings, RunOutcome
+from everstep_controller.job_runner import JobRunner, RunOutcome
 from everstep_controller.job_store import PREFIX, TERMINAL_STATES, Action, JobRecord, JobState, JobStore
 from everstep_controller.launchers import Launcher, Workers
 from everstep_controller.progress_store import ProgressStore
+from everstep_controller.runner_settings import RunnerSettings
 from everstep_controller.spec import JobSpec
 from everstep_controller.streams import StreamEntry, WorkStream
 
@@ -87,8 +88,9 @@ class JobManager:
             job.runner.interrupt.set()
         if stop_workers:
             for job in running:
-                if job.runner.workers is not None and job.runner.workers.dedicated:
-                    self.launcher.stop(job.runner.workers)
+                workers = job.runner.workers
+                if workers is not None and workers.record.dedicated:
+                    self.launcher.stop(workers.record)
         for job in running:
             if job.thread is not None:
                 job.thread.join(timeout=timeout_seconds)

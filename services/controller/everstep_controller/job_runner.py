@@ -5,17 +5,24 @@ iteration ends, what carries over and which groups train. Finished rollouts are 
 the engine keeps decoding (`scoring.ScorerPool`).
 
 Each step ends with one Redis transaction (`ProgressStore.commit_step`) holding everything needed
-to continue after it. A runner that takes over a job (its controller restarted) continues:
-- from the last completed step, on the job's own workers, when they are still running and no
-  train step was in flight (the trainer then holds exactly the committed weights and optimizer);
-- else from the latest checkpoint, reloaded as the model of new (or reloaded) workers. The
-  Trainer contract has no call to restore optimizer state, so AdamW's moments start afresh and
-  the learning-rate schedule restarts over the remaining steps;
+to continue after it. A runner that takes over a job (its controller restarted), or whose worker
+failed (`clients.ServiceUnavailable`: killed, hung past its deadline) and was started anew by the
+launcher, continues:
+- from the last completed step when the job's own trainer is the same process and no train step
+  was in flight: the trainer then holds exactly the committed weights and optimizer, and a rollout
+  engine that restarted (or lags) gets them pushed. The step that was cut short is redone from its
+  start, with the same prompts and sample ids: its rollouts are generated again;
+- else from the latest checkpoint: the trainer resumes it whole (LoadCheckpoint: weights, AdamW
+  state, RNG streams, step count), the engine loads its weights, and the job's progress, partial
+  rollouts and scores go back to that step;
 - else, without a checkpoint, from step 0.
+A job whose workers fail `worker_restarts` times without a step completed in between fails with
+the last error; the pause before each restart grows exponentially.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -23,29 +30,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import redis
+
 from everstep.v1 import common_pb2
 from everstep_controller import metrics
-from everstep_controller.clients import RewardClient, RolloutClient, TrainerClient
-from everstep_controller.dataset import LoadedDataset, PromptRow, RowFields, load_prompt_rows, load_tokenizer
+from everstep_controller.clients import RewardClient, ServiceUnavailable
+from everstep_controller.dataset import PromptRow
 from everstep_controller.evaluation import evaluate
-from everstep_controller.job_store import (
-    Action,
-    DatasetReport,
-    JobState,
-    JobStore,
-    LostOwnership,
-    ResumeEvent,
-    WorkerAddresses,
-)
+from everstep_controller.job_data import load_job_data
+from everstep_controller.job_store import Action, JobState, JobStore, LostOwnership, ResumeEvent, WorkerAddresses
+from everstep_controller.job_workers import JobWorkers
 from everstep_controller.launchers import Launcher, WorkerRequest, Workers
 from everstep_controller.progress_store import JobProgress, ProgressStore
 from everstep_controller.prompt_order import PromptOrder
 from everstep_controller.reward_items import RewardItemBuilder
+from everstep_controller.runner_settings import RunnerSettings
 from everstep_controller.scheduler import C3POScheduler, Mode, SchedulerConfig
 from everstep_controller.scoring import ScorerPool
 from everstep_controller.spec import JobSpec
-from everstep_controller.training_batch import build_batch, trainer_config
+from everstep_controller.step_record import StepTimes, step_record
+from everstep_controller.training_batch import build_batch
 from everstep_controller.unscorable_rows import UnscorableRows
+
+__all__ = ["JobCancelled", "JobRunner", "RunOutcome", "RunnerInterrupted", "RunnerSettings", "WorkersFailed",
+           "sample_seed", "scheduler_config"]
 
 log = logging.getLogger(__name__)
 
@@ -60,14 +68,8 @@ class RunnerInterrupted(Exception):
     """The controller is shutting down: leave the job as it is, to be resumed."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class RunnerSettings:
-    """Controller-wide settings of every job's runner."""
-
-    num_scorers: int = 2  # scorer threads per job (concurrent reward calls)
-    reclaim_idle_seconds: float = 60.0  # a finished rollout pending this long on a scorer is taken over
-    scoring_timeout_seconds: float = 600.0  # waiting for the scores of one step
-    score_attempts: int = 3  # reward calls per sample while its result has a transient error (timeout, sandbox down)
+class WorkersFailed(RuntimeError):
+    """The job's workers kept failing without a step completed in between: the job fails with this."""
 
 
 @dataclass
@@ -85,6 +87,13 @@ class RunOutcome:
     reason: str = ""
 
 
+def sample_seed(job_seed: int, sample_id: str) -> int:
+    """Deterministic mode: the sampling seed of one sample, from the job's seed and the sample's id
+    (non-zero: 0 means "no seed of its own" to the engine)."""
+    digest = hashlib.sha256(f"{job_seed}/{sample_id}".encode()).digest()
+    return (int.from_bytes(digest[:8], "little") >> 1) or 1
+
+
 def scheduler_config(spec: JobSpec) -> SchedulerConfig:
     s = spec.scheduler
     return SchedulerConfig(mode=Mode(s.mode.value), group_size=spec.algorithm.group_size,
@@ -100,11 +109,10 @@ class JobRunner:
         self.job_id, self.spec, self.store, self.progress_store = job_id, spec, store, progress
         self.launcher, self.data_dir, self.owner, self.resumed = launcher, data_dir, owner, resumed
         self.settings = settings or RunnerSettings()
-        self.reward = RewardClient(reward_address)
+        self.reward_address = reward_address
+        self.reward = RewardClient(reward_address, timeout_seconds=self.settings.deadlines.reward_seconds)
         self.make_item = RewardItemBuilder(spec.reward.verifiers)
-        self.rollout: RolloutClient | None = None
-        self.trainer: TrainerClient | None = None
-        self.workers: Workers | None = None
+        self.workers: JobWorkers | None = None
         self.scorers: ScorerPool | None = None
         self.interrupt = threading.Event()  # set by the controller when it shuts down
         self.scheduler = C3POScheduler(scheduler_config(spec))
@@ -120,6 +128,7 @@ class JobRunner:
         self.eval_rows: list[PromptRow] = []
         self.order: PromptOrder | None = None
         self.unscorable: UnscorableRows | None = None
+        self.num_failures = 0  # worker failures since the last completed step
 
     # -- lifecycle ---------------------------------------------------------------------------
     def run(self) -> RunOutcome:
@@ -128,21 +137,12 @@ class JobRunner:
             self.store.update(self.job_id, fence=self.owner, state=JobState.RUNNING, error=None)
             metrics.JOBS_STARTED.inc()
             self._load_data()
-            self._attach_workers()
-            self.scorers = ScorerPool(
-                self.job_id, self.progress_store, self.reward,
-                lambda sample_id, index, sequence: self.make_item(sample_id, self.rows_by_index[index], sequence),
-                consumer_prefix=f"{self.owner}-{self.job_id}", num_workers=self.settings.num_scorers,
-                reclaim_idle_seconds=self.settings.reclaim_idle_seconds, score_attempts=self.settings.score_attempts,
-            ).start()
-            self._after_step()
-            while self.step < self.spec.steps and not self._enough_samples():
-                self._honour_requests()
-                self._train_iteration(self.step + 1)
-                self._after_step()
-            self._evaluate_once(self.step)
-            if self.last_checkpoint_step != self.step:
-                self._checkpoint()
+            failure = None
+            try:
+                self._attach_workers()
+            except ServiceUnavailable as e:
+                failure = e
+            self._drive(failure)
             self.store.update(self.job_id, fence=self.owner, state=JobState.SUCCEEDED)
             return RunOutcome(True)
         except JobCancelled:
@@ -151,6 +151,10 @@ class JobRunner:
         except LostOwnership as e:
             log.warning("job %s: %s; this runner stops", self.job_id, e)
             return RunOutcome(False, "lost ownership")
+        except redis.RedisError as e:  # Redis gone longer than the client retries: the job stays to be resumed
+            log.error("job %s: Redis unreachable (%s); the job is left to be taken over when it is back",
+                      self.job_id, e)
+            return RunOutcome(False, "redis unreachable")
         except Exception as e:
             if self.interrupt.is_set():
                 log.info("job %s interrupted at step %d by the controller's shutdown", self.job_id, self.step)
@@ -165,40 +169,49 @@ class JobRunner:
         finally:
             log.info("job %s: runner ended after %.1fs at step %d", self.job_id, time.monotonic() - started,
                      self.step)
-            if self.scorers is not None:
-                self.scorers.stop()
-            for client in (self.rollout, self.trainer, self.reward):
-                if client is not None:
-                    client.close()
+            self._stop_scorers()
+            self.reward.close()
+            if self.workers is not None:
+                self.workers.close()
+
+    def _drive(self, failure: ServiceUnavailable | None) -> None:
+        """Steps until the job is done; after a failed call, restarts the worker and continues."""
+        while True:
+            try:
+                if failure is not None:
+                    self._recover(failure)
+                    failure = None
+                if self._step_or_finish():
+                    return
+            except ServiceUnavailable as e:
+                failure = e
+
+    def _step_or_finish(self) -> bool:
+        """One step, or the end of the job (True)."""
+        self._after_step()
+        if self.step >= self.spec.steps or self._enough_samples():
+            self._evaluate_once(self.step)
+            if self.last_checkpoint_step != self.step:
+                self._checkpoint()
+            return True
+        self._honour_requests()
+        self._train_iteration(self.step + 1)
+        return False
 
     def _enough_samples(self) -> bool:
         return bool(self.spec.max_trained_samples) and self.num_trained_samples >= self.spec.max_trained_samples
 
     def _load_data(self) -> None:
-        spec = self.spec
-        if not Path(spec.model_path).is_dir():
-            raise FileNotFoundError(f"model_path {spec.model_path!r} is not a directory")
-        tokenizer = load_tokenizer(spec.model_path)
-        d = spec.dataset
-        fields = RowFields(prompt=d.prompt_field, answer=d.answer_field, tests=d.tests_field,
-                           function_name=d.function_name_field, language=d.language_field,
-                           verifiers=d.verifiers_field)
-        names = [v.name for v in spec.reward.verifiers]
-        train = load_prompt_rows(d.train_path, tokenizer, fields=fields, file_format=d.format.value,
-                                 verifier_names=names)
-        self.train_rows = train.rows
-        self.rows_by_index = {row.index: row for row in train.rows}
-        if train.num_skipped:
-            metrics.DATASET_ROWS_SKIPPED.inc(train.num_skipped)
+        data = load_job_data(self.spec)
+        self.train_rows, self.eval_rows = data.train.rows, data.eval_rows
+        self.rows_by_index = {row.index: row for row in self.train_rows}
+        if data.train.num_skipped:
+            metrics.DATASET_ROWS_SKIPPED.inc(data.train.num_skipped)
         record = self.store.get(self.job_id)
-        earlier = record.dataset.unscorable if record and record.dataset else []  # a resumed job's
-        report = _report(train).model_copy(update={"unscorable": earlier})
+        report = data.report(record.dataset.unscorable if record and record.dataset else [])  # a resumed job's
         self.unscorable = UnscorableRows(self.job_id, report)
         self.store.update(self.job_id, fence=self.owner, dataset=report)
-        if d.eval_path:
-            self.eval_rows = load_prompt_rows(d.eval_path, tokenizer, fields=fields, file_format=d.format.value,
-                                              verifier_names=names).rows[: spec.evaluation.num_prompts]
-        self.order = PromptOrder(len(self.train_rows), spec.seed)
+        self.order = PromptOrder(len(self.train_rows), self.spec.seed)
 
     def _worker_request(self) -> WorkerRequest:
         spec, s = self.spec, self.spec.scheduler
@@ -210,53 +223,103 @@ class JobRunner:
 
     # -- workers, and where to continue from -------------------------------------------------
     def _attach_workers(self) -> None:
+        """The job's workers: those recorded (a job taken over), with any that died started anew;
+        else new ones. Then where to continue from (see the module docstring)."""
         recorded_json = self.store.workers(self.job_id)
         recorded = Workers.model_validate_json(recorded_json) if recorded_json else None
-        live = recorded is not None and self.launcher.alive(recorded)
-        if recorded is not None and not live:
-            self.launcher.stop(recorded)  # whatever is left of them
-        if live:
-            workers = recorded
+        if recorded is None:
+            workers, restarted = self.launcher.launch(self._worker_request()), {"rollout", "trainer"}
+        elif self.launcher.alive(recorded):
+            workers, restarted = recorded, set()
         else:
-            workers = self.launcher.launch(self._worker_request())
-            self.store.set_workers(self.job_id, workers.model_dump_json())
-        self.workers = workers
-        self.store.update(self.job_id, fence=self.owner, workers=WorkerAddresses(
-            launcher=workers.launcher, rollout=workers.rollout, trainer=workers.trainer))
-        self.rollout, self.trainer = RolloutClient(workers.rollout), TrainerClient(workers.trainer)
+            workers, restarted = self.launcher.replace(recorded, self._worker_request(), set())
+        self._use_workers(workers)
+        reason = "controller takeover" if self.resumed else ""
+        self._continue(trainer_kept="trainer" not in restarted, reason=reason)
+        self._start_scorers()
 
+    def _use_workers(self, record: Workers) -> None:
+        self.store.set_workers(self.job_id, record.model_dump_json())
+        self.store.update(self.job_id, fence=self.owner, workers=WorkerAddresses(
+            launcher=record.launcher, rollout=record.rollout, trainer=record.trainer))
+        if self.workers is not None:
+            self.workers.close()
+        self.workers = JobWorkers(record, self.spec, self._worker_request(), self.settings.deadlines)
+
+    def _recover(self, error: ServiceUnavailable) -> None:
+        """After a failed call: a pause (growing with each failure), then the failed worker, and any that
+        died, started anew, and the job continued from where its state allows; WorkersFailed when
+        `worker_restarts` failures in a row leave no restart."""
+        self.num_failures += 1
+        limit = self.settings.worker_restarts
+        if self.num_failures > limit:
+            raise WorkersFailed(f"{error}; gave up after {limit} restart(s) without a completed step "
+                                "(controller --worker-restarts)") from error
+        pause = self.settings.backoff.seconds(self.num_failures)
+        log.warning("job %s: %s; restart %d of %d in %.1fs", self.job_id, error, self.num_failures, limit, pause)
+        metrics.WORKER_FAILURES.labels(service=error.service).inc()
+        if self.interrupt.wait(pause):
+            raise RunnerInterrupted
+        if error.service == "reward service":  # the shared pool: nothing to restart, the call is retried
+            return
+        self._stop_scorers()
+        roles = {error.role} if error.role else set()
+        workers, restarted = self.launcher.replace(self.workers.record, self._worker_request(), roles)
+        if restarted:
+            log.info("job %s: started anew: %s", self.job_id, ", ".join(sorted(restarted)))
+        self._use_workers(workers)
+        self._continue(trainer_kept="trainer" not in restarted, reason=str(error))
+        self._start_scorers()
+
+    def _continue(self, *, trainer_kept: bool, reason: str) -> None:
+        """Picks up the job where its workers' state allows (the module docstring's order)."""
         progress = self.progress_store.load(self.job_id)
-        if progress is not None and live and workers.dedicated and self._workers_hold(progress):
-            self.rollout.drain()  # sequences a dead runner left decoding
+        live = (progress is not None and trainer_kept and self.workers.record.dedicated
+                and self.progress_store.training_marker(self.job_id) is None)
+        if live:
+            self.workers.sync_rollout(progress.version)
             self._restore(progress)
             self.progress_store.prepare_resume(self.job_id, self.owner, keep_scored=self._open_finished_samples())
-            self._record_resume(progress.step, "live-workers")
+            self._record_resume(progress.step, "live-workers", reason)
             return
         checkpoint = self.progress_store.load_checkpoint(self.job_id) if progress is not None else None
         if checkpoint is not None and checkpoint.checkpoint_path and Path(checkpoint.checkpoint_path).is_dir():
             restored = self.progress_store.restore_checkpoint(self.job_id, self.owner)
-            self._load_models(checkpoint.checkpoint_path, restored.version, start_step=restored.step)
+            self.workers.resume_checkpoint(checkpoint.checkpoint_path, version=restored.version, step=restored.step)
             self._restore(restored)
-            self._record_resume(restored.step, "checkpoint")
+            self._record_resume(restored.step, "checkpoint", reason)
             return
         self.progress_store.reset(self.job_id, self.owner)
-        self._load_models(self.spec.model_path, version=0, start_step=0)
-        if self.resumed:
-            self._record_resume(0, "start-over")
+        self.workers.load_model(self.spec.model_path, version=0, start_step=0)
+        self._restore_fresh()
+        if reason:
+            self._record_resume(0, "start-over", reason)
 
-    def _workers_hold(self, progress: JobProgress) -> bool:
-        """The workers hold the committed weights: no train step was cut short, the engine's version matches."""
-        if self.progress_store.training_marker(self.job_id) is not None:
-            return False
-        status = self.rollout.status()
-        return bool(status.model_path) and status.version == progress.version
+    def _restore_fresh(self) -> None:
+        """The runner's state at step 0."""
+        self.version = 0
+        self.step = self.group_counter = self.num_trained_samples = self.last_checkpoint_step = 0
+        self.order = PromptOrder(len(self.train_rows), self.spec.seed)
+        self.scheduler = C3POScheduler(scheduler_config(self.spec))
+        self.samples, self.carried = {}, []
 
-    def _load_models(self, model_path: str, version: int, start_step: int) -> None:
-        request = self._worker_request()
-        self.rollout.load(model_path, dtype=self.spec.sampling.dtype, version=version,
-                          seed=self.spec.seed + start_step, max_running=request.max_running)
-        self.trainer.load(model_path, trainer_config(self.spec, start_step), version=version)
-        self.version = version
+    def _start_scorers(self) -> None:
+        self.scorers = ScorerPool(
+            self.job_id, self.progress_store, self.reward,
+            lambda sample_id, index, sequence: self.make_item(sample_id, self.rows_by_index[index], sequence),
+            consumer_prefix=f"{self.owner}-{self.job_id}", num_workers=self.settings.num_scorers,
+            reclaim_idle_seconds=self.settings.reclaim_idle_seconds, score_attempts=self.settings.score_attempts,
+            backoff=self.settings.backoff,
+        ).start()
+
+    def _stop_scorers(self) -> None:
+        """Stops the scorer threads; closing the reward channel first ends the calls they wait on, so no
+        score of the abandoned step is stored after the job went back to its last completed step."""
+        if self.scorers is None:
+            return
+        self.scorers.stop(cancel=self.reward.close)
+        self.scorers = None
+        self.reward = RewardClient(self.reward_address, timeout_seconds=self.settings.deadlines.reward_seconds)
 
     def _restore(self, progress: JobProgress) -> None:
         self.step, self.version = progress.step, progress.version
@@ -285,12 +348,12 @@ class JobRunner:
         return {s for g in self.scheduler.groups.values() if g.closed_in is None for s in g.sample_ids
                 if self.scheduler.rollouts[s].finished}
 
-    def _record_resume(self, from_step: int, source: str) -> None:
+    def _record_resume(self, from_step: int, source: str, reason: str) -> None:
         record = self.store.get(self.job_id)
-        event = ResumeEvent(at=time.time(), from_step=from_step, source=source)
+        event = ResumeEvent(at=time.time(), from_step=from_step, source=source, reason=reason)
         self.store.update(self.job_id, fence=self.owner, resumes=[*(record.resumes if record else []), event])
         metrics.RESUMES.labels(source=source).inc()
-        log.info("job %s resumed after step %d (%s)", self.job_id, from_step, source)
+        log.info("job %s resumed after step %d (%s): %s", self.job_id, from_step, source, reason)
 
     def _honour_requests(self) -> None:
         """Between steps: cancel, or pause until resumed."""
@@ -326,58 +389,40 @@ class JobRunner:
         step_batch = build_batch(outcome.trainable_groups, self.scheduler, scored,
                                  drop_zero_signal=self.spec.algorithm.drop_zero_signal_groups,
                                  normalize_std=self.spec.algorithm.normalize_std)
-        batch, num_zero_signal, unscorable = step_batch.samples, step_batch.num_zero_signal, step_batch.unscorable
+        batch, unscorable = step_batch.samples, step_batch.unscorable
         rows = {g: self.scheduler.groups[g].prompt_index for g in unscorable}
         record_changes = {"dataset": self.unscorable.report} if self.unscorable.note(unscorable, rows) else {}
         staleness = [self.version - v for s in batch for v in s.output_versions]
         t2 = time.monotonic()
         stats = None
         push_seconds = 0.0
+        push_failure: ServiceUnavailable | None = None
         if batch:
             self.progress_store.mark_training(self.job_id, self.owner, step)
-            reply = self.trainer.train_step(batch)
+            reply = self.workers.trainer.train_step(batch)
             stats = reply.stats
-            push = self.trainer.push_weights([self.workers.rollout])
-            if push.version != reply.version:
-                raise RuntimeError(f"pushed version {push.version} but trained {reply.version}")
             self.version = reply.version
-            push_seconds = push.seconds
+            try:
+                push = self.workers.push_weights()
+            except ServiceUnavailable as e:
+                # the step is trained: commit it; the engine gets the weights when the job continues
+                push_failure = e
+            else:
+                if push.version != reply.version:
+                    raise RuntimeError(f"pushed version {push.version} but trained {reply.version}")
+                push_seconds = push.seconds
         t_train = time.monotonic() - t2
         self.num_trained_samples += len(batch)
 
         rewards = [scored[s].reward for s in train_ids if not scored[s].error]
         closed_groups = outcome.trainable_groups + outcome.dropped_groups
         closed = [s for g in closed_groups for s in self.scheduler.groups[g].sample_ids]
-        record: dict[str, Any] = {
-            "step": step,
-            "policy_version": self.version,
-            "reward_mean": _mean(rewards),
-            "num_samples_scored": len(rewards),
-            "num_samples_trained": len(batch),
-            "num_trained_samples_total": self.num_trained_samples,
-            "num_groups_trained": len(outcome.trainable_groups) - num_zero_signal - len(unscorable),
-            "num_groups_zero_signal": num_zero_signal,
-            "num_groups_unscorable": len(unscorable),
-            "num_samples_unscorable": sum(len(members) for members in unscorable.values()),
-            "num_groups_dropped": len(outcome.dropped_groups),
-            "num_samples_purged": len(outcome.purged_samples),
-            "partial_buffer_size": len(next_carried),
-            "num_finished_rollouts": len(finished_ids),
-            "finished_tokens": outcome.finished_tokens,
-            "generated_tokens": generated_tokens,
-            "tokens_per_s": generated_tokens / t_rollout if t_rollout > 0 else 0.0,
-            "staleness_mean": _mean(staleness),
-            "staleness_max": max(staleness, default=0),
-            "rollout_seconds": t_rollout,
-            "reward_seconds": t_reward,
-            "train_seconds": t_train,
-            "weight_push_seconds": push_seconds,
-            "iteration_seconds": time.monotonic() - t0,
-        }
-        if stats is not None:
-            for name in ("loss", "grad_norm", "masked_fraction", "mismatch_kl", "logp_diff_abs_mean",
-                         "logp_diff_max", "clip_fraction", "entropy", "learning_rate"):
-                record[name] = getattr(stats, name)
+        times = StepTimes(rollout_seconds=t_rollout, reward_seconds=t_reward, train_seconds=t_train,
+                          weight_push_seconds=push_seconds, iteration_seconds=time.monotonic() - t0)
+        record = step_record(step=step, version=self.version, outcome=outcome, batch=step_batch, rewards=rewards,
+                             num_trained_samples_total=self.num_trained_samples, num_carried=len(next_carried),
+                             num_finished=len(finished_ids), generated_tokens=generated_tokens, staleness=staleness,
+                             times=times, stats=stats)
         progress = JobProgress(
             step=step, version=self.version, prompt_epoch=self.order.epoch, prompt_cursor=self.order.cursor,
             group_counter=self.group_counter, scheduler=self.scheduler.to_state(),
@@ -387,17 +432,20 @@ class JobRunner:
                                         closed_sample_ids=closed, metrics=record,
                                         record_changes={**record_changes, "step": step, "metrics": record})
         self.step, self.carried = step, next_carried
+        self.num_failures = 0
         for sample_id in closed:
             self.samples.pop(sample_id, None)
         metrics.observe_iteration(self.job_id, record, [self.scheduler.retention_age(s) for s in
                                                         outcome.carried_samples], staleness)
         log.info("job %s step %d: reward %.3f, %d samples trained, %.1fs", self.job_id, step,
                  record["reward_mean"], len(batch), record["iteration_seconds"])
+        if push_failure is not None:
+            raise push_failure
 
     def _rollout_phase(self) -> tuple[list[str], list[common_pb2.Sequence], int]:
         """Decode until the scheduler ends the iteration; returns finished ids, partials, new tokens."""
         sampling = self._sampling()
-        stream = self.rollout.generate(stream_timeout_seconds=3600)
+        stream = self.workers.rollout.generate()
         carried = self.carried
         tokens_before = {s.id: len(s.output_ids) for s in carried}
         for seq in carried:
@@ -449,7 +497,8 @@ class JobRunner:
             self.scheduler.start_group(group_id, row.index, ids)
             for sample_id in ids:
                 self.samples[sample_id] = _Sample(row, group_id)
-                sequences.append(common_pb2.Sequence(id=sample_id, prompt_ids=row.prompt_ids))
+                seed = sample_seed(self.spec.seed, sample_id) if self.spec.deterministic else 0
+                sequences.append(common_pb2.Sequence(id=sample_id, prompt_ids=row.prompt_ids, seed=seed))
                 started[sample_id] = 0
         stream.send(sequences, sampling)
         return started
@@ -474,7 +523,7 @@ class JobRunner:
         record = self.store.get(self.job_id)
         if not self.eval_rows or (record and str(step) in record.evaluation):
             return
-        evaluation = evaluate(self.rollout, self.reward, self.eval_rows, self.spec.evaluation,
+        evaluation = evaluate(self.workers.rollout, self.reward, self.eval_rows, self.spec.evaluation,
                               sampling=self._sampling(), greedy_sampling=self._sampling(greedy=True),
                               make_item=self.make_item, step=step)
         history = dict(record.evaluation) if record else {}
@@ -488,16 +537,7 @@ class JobRunner:
     def _checkpoint(self) -> None:
         root = Path(self.spec.checkpoint.dir) if self.spec.checkpoint.dir else self.data_dir / "jobs" / self.job_id
         path = str((root / f"step-{self.step}").resolve())
-        self.trainer.save_checkpoint(path)
+        self.workers.save_checkpoint(path, job_id=self.job_id, step=self.step)
         self.progress_store.save_checkpoint(self.job_id, self.owner, path)
         self.last_checkpoint_step = self.step
         log.info("job %s: checkpoint of step %d at %s", self.job_id, self.step, path)
-
-
-def _report(dataset: LoadedDataset) -> DatasetReport:
-    return DatasetReport(num_rows=len(dataset.rows), num_skipped=dataset.num_skipped,
-                         skipped=[{"row": s.index, "reason": s.reason} for s in dataset.skipped])
-
-
-def _mean(values: list[float] | list[int]) -> float:
-    return sum(values) / len(values) if values else 0.0

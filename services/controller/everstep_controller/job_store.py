@@ -74,8 +74,12 @@ class WorkerAddresses(BaseModel):
 class ResumeEvent(BaseModel):
     at: float = Field(description="Unix time of the resume.")
     from_step: int = Field(description="Steps already completed that the job continued after.")
-    source: str = Field(description="'live-workers' (exact: same weights and optimizer), 'checkpoint' (the "
-                                    "latest checkpoint reloaded) or 'start-over' (no checkpoint: from step 0).")
+    source: str = Field(description="'live-workers' (exact: the trainer's weights and optimizer in memory; a "
+                                    "restarted rollout engine gets them pushed), 'checkpoint' (the latest checkpoint "
+                                    "resumed: weights, optimizer, RNG, step) or 'start-over' (no checkpoint: from "
+                                    "step 0).")
+    reason: str = Field(default="", description="Why: 'controller takeover', or the failed call (a worker killed, "
+                                                "hung past its deadline).")
 
 
 class JobRecord(BaseModel):

@@ -149,8 +149,9 @@ class LocalStack:
         data = self.state_dir / "redis"
         data.mkdir(parents=True, exist_ok=True)
         process = self._spawn(state, "redis", [
+            # every write fsynced before Redis acknowledges it: a crash loses nothing acknowledged
             "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data), "--appendonly", "yes",
-            "--save", "", "--daemonize", "no",
+            "--appendfsync", "always", "--save", "", "--daemonize", "no",
         ], executable=redis_server_binary())
         url = f"redis://127.0.0.1:{port}/0"
         import redis

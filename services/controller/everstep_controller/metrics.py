@@ -45,6 +45,10 @@ ZERO_SIGNAL_GROUPS = Counter("everstep_controller_zero_signal_groups_total",
 TRAINED_SAMPLES = Counter("everstep_controller_trained_samples_total", "Samples sent to the trainer.")
 RESUMES = Counter("everstep_controller_job_resumes_total",
                   "Jobs continued by a new runner, by where from: live-workers, checkpoint, start-over.", ["source"])
+WORKER_FAILURES = Counter("everstep_controller_worker_failures_total",
+                          "Calls that failed for a cause a restart or retry may fix (down, killed, past their "
+                          "deadline), by service; each is followed by a restart of the worker or a retry.",
+                          ["service"])
 RECLAIMED = Counter("everstep_controller_reclaimed_entries_total",
                     "Queue entries taken over from a consumer that stopped (XAUTOCLAIM).", ["queue"])
 DUPLICATE_DELIVERIES = Counter("everstep_controller_duplicate_deliveries_total",

@@ -118,12 +118,14 @@ def wait_grpc_address(address: str, timeout_seconds: float, *, what: str = "serv
 def stop_processes(processes: list[ManagedProcess], grace_seconds: float = 10.0) -> list[str]:
     """SIGTERM to each live process group (in reverse start order), SIGKILL after the grace period.
 
-    Returns the names of the processes that were alive.
+    A stopped group (SIGSTOP: hung on purpose or by a debugger) also gets SIGCONT, so that it acts
+    on the SIGTERM. Returns the names of the processes that were alive.
     """
     live = [p for p in reversed(processes) if is_alive(p)]
     for process in live:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
+            os.killpg(process.pid, signal.SIGCONT)
     deadline = time.monotonic() + grace_seconds
     while any(is_alive(p) for p in live) and time.monotonic() < deadline:
         _reap(live)
@@ -134,6 +136,22 @@ def stop_processes(processes: list[ManagedProcess], grace_seconds: float = 10.0)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
     _reap(live)
+    return [p.name for p in live]
+
+
+def kill_processes(processes: list[ManagedProcess], timeout_seconds: float = 10.0) -> list[str]:
+    """SIGKILL to each live process group, no grace (a crash, as the fault tests make); returns once
+    they are gone, with the names of those that were alive."""
+    live = [p for p in processes if is_alive(p)]
+    for process in live:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout_seconds
+    while any(is_alive(p) for p in live):
+        _reap(live)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"still alive after SIGKILL: {[p.name for p in live if is_alive(p)]}")
+        time.sleep(0.02)
     return [p.name for p in live]
 
 

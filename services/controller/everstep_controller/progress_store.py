@@ -10,7 +10,9 @@ Keys (prefix `everstep:job:{id}`):
 - `:checkpoint`, `:checkpoint:carried`, `:checkpoint:scored`
                               the same three at the latest checkpoint, with the checkpoint's path
 
-Every write checks the job's owner in the same transaction (see `job_store`).
+Every write checks the job's owner in the same transaction (see `job_store`). A transaction
+interrupted by a lost connection is retried (`_fenced`); `commit_step` checks that its step is not
+stored yet, so one whose reply was lost is not applied twice.
 """
 
 from __future__ import annotations
@@ -126,8 +128,14 @@ class ProgressStore:
         """Atomically: the progress after the step, its carried partials, the scores it consumed
         dropped, its metrics row appended, the job record updated, the training mark cleared."""
 
+        progress_key = self._key(job_id, ":progress")
+
+        def committed(pipe: redis.client.Pipeline) -> bool:
+            raw = pipe.get(progress_key)
+            return raw is not None and JobProgress.model_validate_json(raw).step >= progress.step
+
         def write(pipe: redis.client.Pipeline, record: JobRecord) -> None:
-            pipe.set(self._key(job_id, ":progress"), progress.model_dump_json())
+            pipe.set(progress_key, progress.model_dump_json())
             pipe.delete(self._key(job_id, ":carried"))
             if carried:
                 pipe.hset(self._key(job_id, ":carried"), mapping={s.id: s.SerializeToString() for s in carried})
@@ -137,7 +145,7 @@ class ProgressStore:
             self.store.record_update(pipe, record, **record_changes)
             pipe.delete(self._key(job_id, ":training"))
 
-        self._fenced(job_id, owner, write)
+        self._fenced(job_id, owner, write, watch=[progress_key], done=committed)
 
     def save_checkpoint(self, job_id: str, owner: str, path: str) -> None:
         """Records that the weights at the latest committed step are saved at `path`."""
@@ -211,7 +219,10 @@ class ProgressStore:
         return [self._key(job_id, p) for p in parts]
 
     def _fenced(self, job_id: str, owner: str, write: Callable[[redis.client.Pipeline, JobRecord], Any],
-                watch: list[str] | None = None) -> None:
+                watch: list[str] | None = None, done: Callable[[redis.client.Pipeline], bool] | None = None) -> None:
+        """Runs `write` in a transaction while `owner` owns the job; retried when a watched key changed or
+        the connection was lost (WatchError). `done(pipe)`, read under the watch: the write is already
+        stored (a retry after a lost reply), skip it."""
         owner_key, record_key = self._key(job_id, ":owner"), self.store.key(job_id)
         with self.redis.pipeline(transaction=True) as pipe:
             while True:
@@ -224,6 +235,9 @@ class ProgressStore:
                     if not raw:
                         raise KeyError(job_id)
                     record = JobRecord.model_validate_json(raw)
+                    if done is not None and done(pipe):
+                        pipe.unwatch()
+                        return
                     pipe.multi()
                     write(pipe, record)
                     pipe.execute()

@@ -7,8 +7,11 @@ failed stays pending and is retried; one whose scorer died is reclaimed by anoth
 `reclaim_idle_seconds`; one delivered twice is acknowledged without scoring it again.
 
 A result whose error is transient (a timeout, the sandbox down: `reward_errors`) is not stored
-either: its entry stays pending and is scored again after a second, up to `score_attempts` calls
+either: its entry stays pending and is scored again after a pause, up to `score_attempts` calls
 in all; then the error is stored like any other, and the step that needs it fails the job with it.
+A reward service that cannot be reached (down, restarting, not answering within its deadline) is
+asked again without limit; the step waiting for the scores gives up after its own timeout. The
+pause after a failure grows exponentially (`backoff`) and resets after a success.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Callable
 
 from everstep.v1 import common_pb2, reward_pb2
 from everstep_controller import metrics
+from everstep_controller.backoff import Backoff
 from everstep_controller.clients import RewardClient
 from everstep_controller.progress_store import ProgressStore, ScoredSample
 from everstep_controller.reward_errors import ErrorClass
@@ -42,13 +46,15 @@ class TransientRewardErrors(ScoringError):
 class ScorerPool:
     def __init__(self, job_id: str, progress: ProgressStore, reward: RewardClient, make_item: ItemFactory, *,
                  consumer_prefix: str, num_workers: int = 2, batch_size: int = 64,
-                 reclaim_idle_seconds: float = 60.0, score_attempts: int = 3) -> None:
+                 reclaim_idle_seconds: float = 60.0, score_attempts: int = 8,
+                 backoff: Backoff | None = None) -> None:
         """score_attempts: reward calls per sample while its result has a transient error."""
         if num_workers < 1:
             raise ValueError(f"num_workers must be at least 1, got {num_workers}")
         if score_attempts < 1:
             raise ValueError(f"score_attempts must be at least 1, got {score_attempts}")
         self.score_attempts = score_attempts
+        self.backoff = backoff or Backoff()
         self._attempts: dict[str, int] = {}  # sample id -> calls whose result had a transient error
         self._attempts_lock = threading.Lock()
         self.job_id, self.progress, self.reward, self.make_item = job_id, progress, reward, make_item
@@ -85,8 +91,11 @@ class ScorerPool:
             thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, cancel: Callable[[], None] | None = None) -> None:
+        """Stops the threads; `cancel()`, called once they are told to stop, may end the calls they wait on."""
         self._stop.set()
+        if cancel is not None:
+            cancel()
         for thread in self._threads:
             if thread.is_alive():
                 thread.join(timeout=10)
@@ -94,6 +103,7 @@ class ScorerPool:
     # -- consumer side ---------------------------------------------------------------------
     def _work(self, consumer: str) -> None:
         retry_own = True  # first, whatever an earlier incarnation of this consumer left pending
+        failures = 0  # in a row
         while not self._stop.is_set():
             try:
                 entries = self.stream.read_own_pending(consumer, self.batch_size) if retry_own else []
@@ -106,11 +116,17 @@ class ScorerPool:
                     entries = self.stream.read(consumer, self.batch_size, block_ms=100)
                 if entries:
                     self.handle(entries)
+                failures = 0
             except Exception as e:  # the reward service or Redis failed: keep the entries, retry them
+                if self._stop.is_set():  # a call cancelled by `stop`
+                    return
                 self.last_error = f"{type(e).__name__}: {e}"
-                log.warning("job %s: scorer %s failed, will retry: %s", self.job_id, consumer, self.last_error)
+                failures += 1
+                pause = self.backoff.seconds(failures)
+                log.warning("job %s: scorer %s failed (%d in a row), will retry in %.1fs: %s", self.job_id, consumer,
+                            failures, pause, self.last_error)
                 retry_own = True
-                self._stop.wait(1.0)
+                self._stop.wait(pause)
 
     def handle(self, entries: list[StreamEntry]) -> None:
         """Scores the entries not scored yet, stores every score, then acknowledges them; a result to be

@@ -249,9 +249,19 @@ class JobSpec(_Section):
         description="End the job after the step at which this many samples were trained (0: run all steps).",
     )
     seed: int = Field(default=0, ge=0, description="Seed for prompt order, sampling and training.")
+    deterministic: bool = Field(
+        default=False,
+        description="Reproducible from the seed: each training sample is sampled with its own seed (from the job's "
+                    "seed and its id), so rollouts, rewards and losses do not depend on timing, and a job resumed "
+                    "from a checkpoint trains exactly as one never interrupted. Needs scheduler.mode 'sync' (a "
+                    "C3PO++ iteration ends when the token budget is reached, which depends on timing).",
+    )
 
     @model_validator(mode="after")
     def _parts_agree(self) -> JobSpec:
+        if self.deterministic and self.scheduler.mode != SchedulerMode.sync:
+            raise ValueError("deterministic needs scheduler.mode 'sync': C3PO++ iterations end at a token budget, "
+                             "which depends on timing")
         if self.scheduler.mode == SchedulerMode.c3po and self.algorithm.group_size > self.scheduler.pool_capacity:
             raise ValueError(
                 f"scheduler.pool_capacity ({self.scheduler.pool_capacity}) must hold at least one group "

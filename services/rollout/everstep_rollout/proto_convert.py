@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from everstep.v1 import common_pb2
@@ -16,6 +18,9 @@ def sampling_from_proto(p: common_pb2.SamplingParams) -> SamplingOptions:
 
 
 def request_from_proto(seq: common_pb2.Sequence, sampling: SamplingOptions, stream: int) -> GenerationRequest:
+    """The sequence's own seed, when it has one, replaces the message's."""
+    if seq.seed:
+        sampling = replace(sampling, seed=seq.seed)
     return GenerationRequest(
         id=seq.id, prompt_ids=list(seq.prompt_ids), output_ids=list(seq.output_ids),
         output_logprobs=list(seq.output_logprobs), output_versions=list(seq.output_versions),

@@ -34,6 +34,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="address engines reach this trainer at for a nccl/gloo weight group "
                              "(default: --host if specific, else what the host name resolves to)")
     add_transport_arguments(parser)
+    parser.add_argument("--sample-log", default=os.environ.get("EVERSTEP_TRAINER_SAMPLE_LOG", ""),
+                        help="append one JSON line per train step with its samples to this file ('{pid}' is replaced "
+                             "by the process id; default: $EVERSTEP_TRAINER_SAMPLE_LOG, else none)")
     args = parser.parse_args(argv)
     apply_transport_arguments(parser, args)  # torchrun's ranks inherit the environment
     if args.nproc_per_node < 1:
@@ -47,7 +50,8 @@ def _relaunch_under_torchrun(args: argparse.Namespace) -> None:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc_per_node}",
                "-m", "everstep_trainer", "--host", args.host, "--port", str(args.port),
                "--grpc-port", str(args.grpc_port), "--log-level", args.log_level,
-               "--weight-transport", args.weight_transport, "--weight-group-host", args.weight_group_host]
+               "--weight-transport", args.weight_transport, "--weight-group-host", args.weight_group_host,
+               "--sample-log", args.sample_log]
     os.execv(sys.executable, command)
 
 
@@ -64,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
 
     run = serve_distributed if world_size > 1 else serve
     run(host=args.host, port=args.port, grpc_port=args.grpc_port, weight_transport=args.weight_transport,
-        weight_group_host=args.weight_group_host)
+        weight_group_host=args.weight_group_host, sample_log=args.sample_log)
 
 
 if __name__ == "__main__":

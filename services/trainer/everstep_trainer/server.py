@@ -25,6 +25,7 @@ from everstep_trainer.config import TrainerConfig
 from everstep_trainer.distributed import init_distributed_from_env, rank_device
 from everstep_trainer.policy_trainer import PolicyTrainer, TrainStats
 from everstep_trainer.rank_commands import CommandRunner, follow
+from everstep_trainer.sample_log import SampleLog
 from everstep_trainer.weight_push import GRPC_MAX_MESSAGE_BYTES, SETTINGS, WeightPusher, WeightPushError
 
 __all__ = ["TrainerService", "config_from_proto", "serve", "serve_distributed", "stats_to_proto"]
@@ -70,10 +71,12 @@ class TrainerService(trainer_pb2_grpc.TrainerServicer):
     """Serialises every call on one lock: steps, pushes and saves must see consistent weights, and
     with several ranks the commands must reach every rank in one order."""
 
-    def __init__(self, runner: CommandRunner | None = None, pusher: WeightPusher | None = None) -> None:
+    def __init__(self, runner: CommandRunner | None = None, pusher: WeightPusher | None = None,
+                 sample_log: SampleLog | None = None) -> None:
         self._lock = threading.Lock()
         self._runner = runner if runner is not None else CommandRunner()
         self._pusher = pusher or WeightPusher()
+        self._sample_log = sample_log
 
     def close(self) -> None:
         """Release what the weight pusher keeps between pushes (shared memory, broadcast groups)."""
@@ -151,7 +154,10 @@ class TrainerService(trainer_pb2_grpc.TrainerServicer):
             metrics.observe_train_step(stats, version)
             log.info("train step -> version %d: loss=%.5f grad_norm=%.4f masked_fraction=%.4f tokens=%d",
                      version, stats.loss, stats.grad_norm, stats.masked_fraction, stats.num_tokens)
-            return trainer_pb2.TrainStepResponse(version=version, stats=stats_to_proto(stats))
+            reply = trainer_pb2.TrainStepResponse(version=version, stats=stats_to_proto(stats))
+            if self._sample_log is not None:
+                self._sample_log.append(version, reply.stats, request)
+            return reply
 
     def PushWeights(self, request: trainer_pb2.PushWeightsRequest, context: grpc.ServicerContext):  # noqa: N802
         if not request.endpoints:
@@ -195,16 +201,18 @@ class TrainerService(trainer_pb2_grpc.TrainerServicer):
 
 
 def _serve_grpc(runner: CommandRunner, *, host: str, port: int, grpc_port: int, max_workers: int,
-                weight_transport: str, weight_group_host: str) -> None:
+                weight_transport: str, weight_group_host: str, sample_log: str = "") -> None:
     """Prometheus on `port`, gRPC (Trainer + health) on `grpc_port`, until SIGTERM/SIGINT.
 
     `weight_transport`: default transport of PushWeights ("auto" or a name, see weight_push).
     `weight_group_host`: address engines reach this trainer at for a nccl/gloo weight group ("": the
     bind address if it is a specific one, else what the host name resolves to).
+    `sample_log`: path of the record of trained samples ("": none; see sample_log.py).
     """
     if not weight_group_host and host not in ("", "0.0.0.0", "::"):
         weight_group_host = host
-    service = TrainerService(runner, WeightPusher(setting=weight_transport, group_host=weight_group_host))
+    service = TrainerService(runner, WeightPusher(setting=weight_transport, group_host=weight_group_host),
+                             SampleLog(sample_log) if sample_log else None)
     start_http_server(port, addr=host)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
                          options=server_options(GRPC_MAX_MESSAGE_BYTES))
@@ -235,10 +243,10 @@ def _serve_grpc(runner: CommandRunner, *, host: str, port: int, grpc_port: int, 
 
 
 def serve(*, host: str, port: int, grpc_port: int, max_workers: int = 8, weight_transport: str = "auto",
-          weight_group_host: str = "") -> None:
+          weight_group_host: str = "", sample_log: str = "") -> None:
     """One rank, in this process."""
     _serve_grpc(CommandRunner(), host=host, port=port, grpc_port=grpc_port, max_workers=max_workers,
-                weight_transport=weight_transport, weight_group_host=weight_group_host)
+                weight_transport=weight_transport, weight_group_host=weight_group_host, sample_log=sample_log)
 
 
 def _exit_with_launcher() -> None:
@@ -253,7 +261,7 @@ def _exit_with_launcher() -> None:
 
 
 def serve_distributed(*, host: str, port: int, grpc_port: int, max_workers: int = 8, weight_transport: str = "auto",
-                      weight_group_host: str = "") -> None:
+                      weight_group_host: str = "", sample_log: str = "") -> None:
     """Under torchrun: rank 0 serves (as `serve`) and broadcasts every operation; the other ranks
     follow. FSDP2 shards the model across all of them (gloo on CPU, nccl on CUDA)."""
     _exit_with_launcher()
@@ -264,7 +272,8 @@ def serve_distributed(*, host: str, port: int, grpc_port: int, max_workers: int 
             runner = CommandRunner(ranks, group=group, device=device)
             try:
                 _serve_grpc(runner, host=host, port=port, grpc_port=grpc_port, max_workers=max_workers,
-                            weight_transport=weight_transport, weight_group_host=weight_group_host)
+                            weight_transport=weight_transport, weight_group_host=weight_group_host,
+                            sample_log=sample_log)
             finally:
                 runner.shutdown()
         else:

@@ -68,5 +68,15 @@ class Launcher(ABC):
     def stop(self, workers: Workers) -> None:
         """Stops the workers of the record (nothing for ones already gone)."""
 
+    def replace(self, workers: Workers, request: WorkerRequest, roles: set[str]) -> tuple[Workers, set[str]]:
+        """Starts anew the workers of `roles` ('rollout', 'trainer': e.g. one that hung) and any that
+        is not running; returns the new record and the roles started anew.
+
+        This default starts both anew; launchers that can replace one worker alone override it, so
+        that a trainer that is fine keeps its state when only the rollout engine died.
+        """
+        self.stop(workers)
+        return self.launch(request), {"rollout", "trainer"}
+
     def close(self) -> None:  # noqa: B027 (optional hook: most launchers keep nothing)
         """Stops whatever this launcher keeps for itself (clients, threads)."""

@@ -17,12 +17,15 @@ from everstep_controller.processes import (
     ManagedProcess,
     free_port,
     is_alive,
+    kill_processes,
     spawn,
     stop_processes,
     wait_grpc_serving,
 )
 
 log = logging.getLogger(__name__)
+
+ROLES = ("rollout", "trainer")
 
 
 class LocalLauncher(Launcher):
@@ -42,19 +45,33 @@ class LocalLauncher(Launcher):
             if wanted.model_dump(exclude_none=True):
                 log.warning("job %s: resources.%s is ignored by the local launcher (processes on this machine)",
                             request.job_id, role)
+        return self._workers(self._start(request, ROLES))
+
+    def replace(self, workers: Workers, request: WorkerRequest, roles: set[str]) -> tuple[Workers, set[str]]:
+        """Only the workers of `roles` and the dead ones are started anew: a live trainer keeps its state.
+        Those of `roles` are killed, not asked to stop: they failed, and a hung one would not stop."""
+        handles = {p.name: _managed(p) for p in workers.processes}
+        renew = {r for r in ROLES if r in roles or r not in handles or not is_alive(handles[r])}
+        killed = kill_processes([handles[r] for r in renew if r in handles])
+        if killed:
+            log.info("job %s: killed %s to start anew", request.job_id, ", ".join(killed))
+        started = {p.name: p for p in self._start(request, [r for r in ROLES if r in renew])}
+        return self._workers([started.get(r) or handles[r] for r in ROLES]), renew
+
+    def _start(self, request: WorkerRequest, roles: list[str] | tuple[str, ...]) -> list[ManagedProcess]:
+        """The processes of `roles`, each serving gRPC, in that order."""
         env = {"OMP_NUM_THREADS": str(self.threads_per_worker)} if self.threads_per_worker else {}
         threads = ["--num-threads", str(self.threads_per_worker)] if self.threads_per_worker else []
+        extra_args = {"rollout": ["--max-running", str(request.max_running), "--max-seq-len", str(request.max_seq_len),
+                                  "--seed", str(request.seed), *threads],
+                      "trainer": []}
         logs = self.work_dir / request.job_id
         started: list[ManagedProcess] = []
         try:
-            for name, extra in (
-                ("rollout", ["--max-running", str(request.max_running), "--max-seq-len", str(request.max_seq_len),
-                             "--seed", str(request.seed), *threads]),
-                ("trainer", []),
-            ):
+            for name in roles:
                 http_port, grpc_port = free_port(), free_port()
                 started.append(spawn(name, ["-m", f"everstep_{name}", "--host", "127.0.0.1", "--port", str(http_port),
-                                            "--grpc-port", str(grpc_port), *extra],
+                                            "--grpc-port", str(grpc_port), *extra_args[name]],
                                      logs / f"{name}.log", executable=self.python, http_port=http_port,
                                      grpc_port=grpc_port, env=env))
             for process in started:
@@ -62,11 +79,14 @@ class LocalLauncher(Launcher):
         except BaseException:
             stop_processes(started)
             raise
-        rollout, trainer = started
-        log.info("job %s: rollout pid %d (%s), trainer pid %d (%s)", request.job_id, rollout.pid,
-                 rollout.grpc_address, trainer.pid, trainer.grpc_address)
+        for process in started:
+            log.info("job %s: %s pid %d (%s)", request.job_id, process.name, process.pid, process.grpc_address)
+        return started
+
+    def _workers(self, processes: list[ManagedProcess]) -> Workers:
+        rollout, trainer = processes
         return Workers(launcher=self.kind, rollout=rollout.grpc_address, trainer=trainer.grpc_address, dedicated=True,
-                       processes=[ProcessHandle(**vars(p)) for p in started])
+                       processes=[ProcessHandle(**vars(p)) for p in processes])
 
     def alive(self, workers: Workers) -> bool:
         return bool(workers.processes) and all(is_alive(_managed(p)) for p in workers.processes)

@@ -1,0 +1,41 @@
+"""A job's prompts: the training rows, the held-out rows, and the report of what was left out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from everstep_controller.dataset import LoadedDataset, PromptRow, RowFields, load_prompt_rows, load_tokenizer
+from everstep_controller.job_store import DatasetReport
+from everstep_controller.spec import JobSpec
+
+__all__ = ["JobData", "load_job_data"]
+
+
+@dataclass(frozen=True)
+class JobData:
+    train: LoadedDataset
+    eval_rows: list[PromptRow]
+
+    def report(self, unscorable: list[dict[str, Any]]) -> DatasetReport:
+        """The job record's dataset report; `unscorable`: the rows listed by an earlier runner of the job."""
+        return DatasetReport(num_rows=len(self.train.rows), num_skipped=self.train.num_skipped,
+                             skipped=[{"row": s.index, "reason": s.reason} for s in self.train.skipped],
+                             unscorable=unscorable)
+
+
+def load_job_data(spec: JobSpec) -> JobData:
+    if not Path(spec.model_path).is_dir():
+        raise FileNotFoundError(f"model_path {spec.model_path!r} is not a directory")
+    tokenizer = load_tokenizer(spec.model_path)
+    d = spec.dataset
+    fields = RowFields(prompt=d.prompt_field, answer=d.answer_field, tests=d.tests_field,
+                       function_name=d.function_name_field, language=d.language_field, verifiers=d.verifiers_field)
+    names = [v.name for v in spec.reward.verifiers]
+    train = load_prompt_rows(d.train_path, tokenizer, fields=fields, file_format=d.format.value, verifier_names=names)
+    eval_rows: list[PromptRow] = []
+    if d.eval_path:
+        eval_rows = load_prompt_rows(d.eval_path, tokenizer, fields=fields, file_format=d.format.value,
+                                     verifier_names=names).rows[: spec.evaluation.num_prompts]
+    return JobData(train, eval_rows)

@@ -1,0 +1,90 @@
+"""A job's rollout engine killed (SIGKILL) in the middle of an iteration.
+
+The controller sees the Generate stream break, starts a new engine (the trainer, still running,
+keeps its state and pushes its weights to it) and redoes the iteration from its start: the
+rollouts that were in flight, finished or not, are generated again. Counted from the trainer's
+own record of what it trained (its sample log): every prompt is trained exactly as often as the
+job draws it, complete groups only, no step twice.
+
+A second job's engine is killed, and then its replacement too before a step could complete: with
+`--worker-restarts 1` the job fails, with an error naming the engine and the limit.
+"""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+
+import pytest
+import redis
+from fault_helpers import (
+    Controllers,
+    arithmetic_rows,
+    freeze_while,
+    job_workers,
+    sample_log_lines,
+    thaw,
+    tiny_job,
+    wait_job,
+    wait_until,
+    write_rows,
+)
+
+from everstep_controller.processes import kill_processes
+
+pytestmark = pytest.mark.faults
+
+STEPS, PROMPTS_PER_STEP, GROUP_SIZE, NUM_ROWS = 6, 2, 4, 6  # 12 prompts drawn: each row exactly twice
+
+
+def test_a_killed_rollout_engine_loses_no_sample_and_trains_none_twice(
+        controllers: Controllers, tiny_model_dir: Path, tmp_path: Path) -> None:
+    controller = controllers.start("--worker-restarts", "1",
+                                   env={"EVERSTEP_TRAINER_SAMPLE_LOG": str(tmp_path / "trained-{pid}.jsonl")})
+    client = redis.Redis.from_url(controllers.redis_url)
+    api = controllers.api
+    train = write_rows(tmp_path / "train.jsonl", arithmetic_rows(NUM_ROWS))
+    # up to 32 tokens, and the stop string "1" ends most rollouts early: the iteration's rollouts finish
+    # one after another over many decode steps
+    spec = tiny_job("rollout-kill", tiny_model_dir, train, steps=STEPS, sampling={"max_new_tokens": 32, "stop": ["1"]})
+    job_id = api.post("/v1/jobs", json=spec).json()["id"]
+    doomed = api.post("/v1/jobs", json=tiny_job("doomed", tiny_model_dir, train, steps=100)).json()["id"]
+
+    wait_job(api, job_id, lambda j: j["step"] >= 2)
+    workers = job_workers(client, job_id)
+    key = f"everstep:job:{job_id}"
+
+    def finished() -> int:  # rollouts of the current step that came back from the engine
+        return client.hlen(f"{key}:scored") + client.xlen(f"{key}:rollouts")
+
+    freeze_while(controller, lambda: 0 < finished() < PROMPTS_PER_STEP * GROUP_SIZE)  # some finished, some not
+    kill_processes([workers["rollout"]])
+    thaw(controller)
+
+    # the other job: its engine killed, and the new one as soon as it serves
+    wait_job(api, doomed, lambda j: j["step"] >= 1)
+    first, doomed_trainer = job_workers(client, doomed)["rollout"], job_workers(client, doomed)["trainer"]
+    kill_processes([first])
+    wait_until(lambda: job_workers(client, doomed)["rollout"].pid != first.pid, "a new engine for the job")
+    kill_processes([job_workers(client, doomed)["rollout"]])
+    failed = wait_job(api, doomed, lambda j: j["state"] == "FAILED")
+    assert failed["error"].startswith("WorkersFailed: rollout at 127.0.0.1:") and failed["step"] < 100
+    assert "gave up after 1 restart(s) without a completed step" in failed["error"]
+
+    job = wait_job(api, job_id, lambda j: j["state"] == "SUCCEEDED")
+    assert [r["source"] for r in job["resumes"]] == ["live-workers"]
+    assert "rollout" in job["resumes"][0]["reason"] and "Generate" in job["resumes"][0]["reason"]
+    assert [m["step"] for m in api.get(f"/v1/jobs/{job_id}/metrics").json()] == list(range(1, STEPS + 1))
+
+    # the trainer's own record: one trainer process throughout, one line per applied step, in order,
+    # each with complete groups
+    trainers = {p.name for p in tmp_path.glob("trained-*.jsonl")}
+    assert trainers == {f"trained-{p.pid}.jsonl" for p in (workers["trainer"], doomed_trainer)}
+    steps = sample_log_lines(tmp_path / f"trained-{workers['trainer'].pid}.jsonl")
+    assert [s["version"] for s in steps] == list(range(1, STEPS + 1)), "every step trained once, by one trainer"
+    drawn: collections.Counter[tuple[int, ...]] = collections.Counter()
+    for step in steps:
+        prompts = collections.Counter(tuple(s["prompt_ids"]) for s in step["samples"])
+        assert sorted(prompts.values()) == [GROUP_SIZE] * PROMPTS_PER_STEP, f"step {step['version']}: {prompts}"
+        drawn.update(prompts.keys())
+    assert len(drawn) == NUM_ROWS and set(drawn.values()) == {STEPS * PROMPTS_PER_STEP // NUM_ROWS}, drawn

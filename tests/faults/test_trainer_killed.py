@@ -1,0 +1,81 @@
+"""A job's trainer killed (SIGKILL) mid-job resumes from its last checkpoint and, in deterministic
+mode, trains exactly as a job never interrupted.
+
+Two jobs of one spec (deterministic: every sample has its own sampling seed) run side by side on
+their own workers. B's trainer is killed after B's first checkpoint; the controller starts a new
+trainer, which resumes the checkpoint whole (LoadCheckpoint: weights, AdamW moments, RNG streams,
+step count), and the job goes back to that step. Compared from the trainers' own sample logs:
+every step B's new trainer applied has the same samples, rewards, advantages, loss and gradient
+norm, to the last bit, as A's step of the same version; a resume that restored only the weights
+would differ.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import redis
+from fault_helpers import (
+    Controllers,
+    arithmetic_rows,
+    job_workers,
+    sample_log_lines,
+    tiny_job,
+    wait_job,
+    wait_until,
+    write_rows,
+)
+
+from everstep_controller.processes import kill_processes
+
+pytestmark = pytest.mark.faults
+
+STEPS, CHECKPOINT_INTERVAL = 10, 2
+
+
+def test_a_killed_trainer_resumes_its_checkpoint_and_trains_like_an_uninterrupted_run(
+        controllers: Controllers, tiny_model_dir: Path, tmp_path: Path) -> None:
+    logs = tmp_path / "trained"
+    controllers.start(env={"EVERSTEP_TRAINER_SAMPLE_LOG": str(logs / "{pid}.jsonl")})
+    client = redis.Redis.from_url(controllers.redis_url)
+    api = controllers.api
+    train = write_rows(tmp_path / "train.jsonl", arithmetic_rows(10))
+    spec = {"deterministic": True, "checkpoint": {"interval": CHECKPOINT_INTERVAL}}
+    job_a = api.post("/v1/jobs", json=tiny_job("a", tiny_model_dir, train, steps=STEPS, **spec)).json()["id"]
+    job_b = api.post("/v1/jobs", json=tiny_job("b", tiny_model_dir, train, steps=STEPS, **spec)).json()["id"]
+    wait_until(lambda: client.exists(f"everstep:job:{job_a}:workers"), "A's workers")
+    trainer_a = job_workers(client, job_a)["trainer"]  # read while A runs: its record goes when it ends
+
+    wait_job(api, job_b, lambda j: j["step"] >= CHECKPOINT_INTERVAL)
+    trainer_b = job_workers(client, job_b)["trainer"]
+    wait_until(lambda: client.exists(f"everstep:job:{job_b}:checkpoint"), "B's first checkpoint")
+    kill_processes([trainer_b])
+    assert api.get(f"/v1/jobs/{job_b}").json()["step"] < STEPS, "killed mid-job"
+
+    a = wait_job(api, job_a, lambda j: j["state"] == "SUCCEEDED")
+    b = wait_job(api, job_b, lambda j: j["state"] == "SUCCEEDED")
+    assert a["resumes"] == []
+    [resume] = b["resumes"]
+    assert resume["source"] == "checkpoint" and resume["from_step"] % CHECKPOINT_INTERVAL == 0
+    assert resume["from_step"] >= CHECKPOINT_INTERVAL and "trainer" in resume["reason"]
+
+    # the per-step losses the controller recorded: B's history, redone after the checkpoint, is A's. (A GRPO
+    # loss on fresh rollouts is ~0, its advantages summing to 0 per group; the gradient norm is the signal.)
+    history_a, history_b = (api.get(f"/v1/jobs/{j}/metrics").json() for j in (job_a, job_b))
+    assert [m["step"] for m in history_b] == list(range(1, STEPS + 1))
+    for name in ("loss", "grad_norm", "reward_mean", "entropy"):
+        assert [m[name] for m in history_b] == [m[name] for m in history_a], name
+    grad_norms = [m["grad_norm"] for m in history_a]
+    assert len(set(grad_norms)) == STEPS and min(grad_norms) > 0, "a real signal to compare"
+
+    # the trainers' own logs: A's, B's killed one, B's new one (resumed from the checkpoint)
+    steps_a = sample_log_lines(logs / f"{trainer_a.pid}.jsonl")
+    killed_b = sample_log_lines(logs / f"{trainer_b.pid}.jsonl")
+    [resumed_log] = set(logs.glob("*.jsonl")) - {logs / f"{p.pid}.jsonl" for p in (trainer_a, trainer_b)}
+    resumed_b = sample_log_lines(resumed_log)
+    assert [s["version"] for s in steps_a] == list(range(1, STEPS + 1))
+    assert [s["version"] for s in resumed_b] == list(range(resume["from_step"] + 1, STEPS + 1))
+    assert len(killed_b) >= resume["from_step"]
+    for step in killed_b + resumed_b:
+        assert step == steps_a[step["version"] - 1], f"version {step['version']} differs from the uninterrupted job"
