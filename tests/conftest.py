@@ -27,7 +27,8 @@ from pathlib import Path
 import pytest
 
 DEMO_BUILD_ARGS = ("--no-eval", "--sft-steps", "120")
-"""The demo model of the end-to-end tests: `everstep demo`'s build with 40% of the first warm-start phase (CI time)."""
+"""The demo model of the end-to-end tests: `everstep demo`'s build with 120 of its 400 first-phase
+warm-start steps (CI time)."""
 
 
 class DemoModelBuild:
