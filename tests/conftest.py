@@ -3,8 +3,8 @@
 - `tiny_model_dir`: a randomly initialised Llama of ~100k parameters with a word-level
   tokenizer, saved in Hugging Face format (config.json, model.safetensors, tokenizer.json).
 - `free_port`: a TCP port nobody listens on.
-- `demo_model_dir`: the demo model, built in the background from collection time on;
-  the tests that need it run last, so the build overlaps with the rest of the suite.
+- `demo_model_build`: the demo model, built in the background from `make test`'s start (or
+  pytest's collection) on; the tests that need it run last, so the build overlaps the rest.
 - `service_process`: starts `python -m everstep_<name>` as a real process in its own
   process group, waits until its gRPC health check (or HTTP /healthz) says SERVING,
   and stops that process group, and only it, at teardown.
@@ -25,30 +25,64 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-DEMO_BUILD_ARGS = ("--no-eval", "--sft-steps", "120")
-"""The demo model of the end-to-end tests: `everstep demo`'s build with 120 of its 400 first-phase
-warm-start steps (CI time)."""
+from demo_model_build import EXIT_FILE, PID_FILE
 
 
 class DemoModelBuild:
-    """`python -m everstep_trainer.demo` running in its own process group, at a lower CPU priority."""
+    """The demo model of the end-to-end tests (tests/demo_model_build.py), built in the background.
+
+    Adopted from `make test`, which started it before its last installs (`EVERSTEP_TEST_DEMO_MODEL`
+    names its folder; scripts/test.sh owns and stops it), or else started here, at a lower CPU
+    priority and in its own process group, which `close` kills.
+    """
 
     def __init__(self) -> None:
+        adopted = os.environ.get("EVERSTEP_TEST_DEMO_MODEL")
+        self.process: subprocess.Popen | None = None
+        if adopted:
+            self.out = Path(adopted)
+            self.log_path = self.out.with_suffix(".log")
+            return
         self.out = Path(tempfile.mkdtemp(prefix="everstep-demo-model-"))
         self.log_path = self.out.with_suffix(".log")
         with self.log_path.open("w") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "everstep_trainer.demo", "--out", str(self.out), *DEMO_BUILD_ARGS],
+                [sys.executable, str(Path(__file__).with_name("demo_model_build.py")), str(self.out)],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=lambda: os.nice(10))
 
     def wait(self, timeout_seconds: float = 900) -> Path:
-        returncode = self.process.wait(timeout=timeout_seconds)
-        if returncode != 0:
-            raise RuntimeError(f"the demo model build failed ({returncode}):\n{self.log_path.read_text()[-4000:]}")
+        deadline = time.monotonic() + timeout_seconds
+        exit_file = self.out / EXIT_FILE
+        while not exit_file.exists():
+            if not self._running():
+                time.sleep(0.5)  # it may have ended between the two checks
+                if not exit_file.exists():
+                    raise RuntimeError(f"the demo model build died:\n{self._log_tail()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the demo model build ran past {timeout_seconds} s:\n{self._log_tail()}")
+            time.sleep(1)
+        if (status := exit_file.read_text().strip()) != "0":
+            raise RuntimeError(f"the demo model build failed ({status}):\n{self._log_tail()}")
         return self.out
 
+    def _running(self) -> bool:
+        if self.process is not None:
+            return self.process.poll() is None
+        pid_file = self.out / PID_FILE
+        if not pid_file.exists():
+            return True  # make test started it a moment ago
+        try:
+            os.kill(int(pid_file.read_text()), 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def _log_tail(self) -> str:
+        return self.log_path.read_text()[-4000:] if self.log_path.exists() else "(no log)"
+
     def close(self) -> None:
+        if self.process is None:
+            return
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=30)
@@ -61,7 +95,7 @@ DEMO_BUILD = pytest.StashKey[DemoModelBuild]()
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests that need the demo model go last, and its build starts now, in the background."""
-    needs_model = [item for item in items if "demo_model_dir" in getattr(item, "fixturenames", ())]
+    needs_model = [item for item in items if "demo_model_build" in getattr(item, "fixturenames", ())]
     if needs_model and DEMO_BUILD not in config.stash:
         items[:] = [item for item in items if item not in needs_model] + needs_model
         config.stash[DEMO_BUILD] = DemoModelBuild()
@@ -73,9 +107,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="session")
-def demo_model_dir(request: pytest.FixtureRequest) -> Path:
-    """The demo model of `DEMO_BUILD_ARGS`; waits for the build that collection started."""
-    return request.config.stash[DEMO_BUILD].wait()
+def demo_model_build(request: pytest.FixtureRequest) -> DemoModelBuild:
+    """The demo model's build; `.wait()` gives its folder once it is done."""
+    return request.config.stash[DEMO_BUILD]
 
 
 TINY_WORDS = ["<pad>", "<s>", "</s>", "<unk>", "+", "-", "=", ",", "\\boxed{", "}", "\n"] + [

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 import httpx
@@ -16,6 +17,9 @@ import pytest
 
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc
 from everstep_controller.local_stack import free_port
+
+if TYPE_CHECKING:
+    from conftest import DemoModelBuild
 
 EVERSTEP = str(Path(sys.executable).parent / "everstep")
 
@@ -32,7 +36,7 @@ def _mean(values: list[float]) -> float:
 
 
 @pytest.mark.slow
-def test_rl_job_through_all_services(tmp_path: Path, demo_model_dir: Path) -> None:
+def test_rl_job_through_all_services(tmp_path: Path, demo_model_build: DemoModelBuild) -> None:
     env = {**os.environ, "EVERSTEP_HOME": str(tmp_path / "home")}
     env.pop("REDIS_URL", None)
     port = free_port()
@@ -44,6 +48,7 @@ def test_rl_job_through_all_services(tmp_path: Path, demo_model_dir: Path) -> No
     assert {p["name"] for p in state["processes"]} == {"redis", "sandbox", "reward", "trainer", "rollout", "controller"}
     assert len(set(pids)) == 6 and all(_alive(pid) for pid in pids), "every service is its own OS process"
     try:
+        demo_model_dir = demo_model_build.wait()  # the stack came up while the build finished
         spec = {
             "name": "e2e",
             "model_path": str(demo_model_dir),

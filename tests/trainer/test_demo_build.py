@@ -54,12 +54,17 @@ def test_supervised_loss_falls_only_on_completion_tokens(tiny_model_dir, tmp_pat
 
     # The loss ignores the prompt: changing prompt logits' targets cannot change it.
     from everstep_trainer.sft import _collate, _encode
-    batch = _collate([_encode(tokenizer, "1 + 2 =", "1 + 2 = 3 \\boxed{ 3 }")], tokenizer.pad_token_id)
+    batch = _collate(_encode(tokenizer, [("1 + 2 =", "1 + 2 = 3 \\boxed{ 3 }")]), tokenizer.pad_token_id)
     prompt_len = len(tokenizer("1 + 2 =").input_ids)
     assert (batch["labels"][0, :prompt_len] == -100).all()
     assert batch["labels"][0, -1].item() == tokenizer.eos_token_id
     with torch.no_grad():
         assert torch.isfinite(model(**batch).loss)
+    # batched tokenization gives each pair the ids it gets alone
+    for encoded, (prompt, completion) in zip(_encode(tokenizer, examples), examples, strict=True):
+        alone = tokenizer(prompt).input_ids + tokenizer(completion, add_special_tokens=False).input_ids
+        assert encoded.input_ids == alone + [tokenizer.eos_token_id]
+        assert encoded.num_prompt_tokens == len(tokenizer(prompt).input_ids)
 
 
 def test_warm_start_directory_saves_in_place(tiny_model_dir, tmp_path):

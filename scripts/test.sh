@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# `make test`: the remaining installs, ruff and the suite, with the end-to-end tests' demo-model
+# build started first.
+#
+# That build (tests/demo_model_build.py, minutes of CPU) is the suite's critical path. Started here,
+# in the background, at nice 10 and in its own process group, it overlaps the installs and the
+# other tests; pytest adopts it through EVERSTEP_TEST_DEMO_MODEL. However this script ends, it kills
+# that process group, and only it, and removes the build's folder.
+set -euo pipefail
+venv=${VENV:-.venv}
+
+model_dir=$(mktemp -d -t everstep-demo-model-XXXXXX)
+# setsid without --fork: the background child is no group leader, so it becomes one in place ($!).
+setsid nice -n 10 "$venv/bin/python" tests/demo_model_build.py "$model_dir" >"$model_dir.log" 2>&1 &
+build_pgid=$!
+cleanup() {
+    kill -KILL -- "-$build_pgid" 2>/dev/null || true
+    rm -rf "$model_dir" "$model_dir.log"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+make --no-print-directory VENV="$venv" "$venv/.installed-dev" "$venv/.installed-deploy" "$venv/.installed-toolchains"
+"$venv/bin/ruff" check .
+EVERSTEP_TEST_DEMO_MODEL="$model_dir" "$venv/bin/pytest" -q --timeout=900 --durations=30 -m "not faults" "$@"
