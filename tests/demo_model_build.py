@@ -13,8 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-BUILD_ARGS = ("--no-eval", "--sft-steps", "120", "--worked-accuracy-target", "0")
-"""120 of the build's 400 first-phase warm-start steps, no extension of them, and no scoring."""
+BUILD_ARGS = ("--no-eval", "--sft-steps", "120")
+"""120 of the build's 400 first-phase warm-start steps, and no scoring."""
 EXIT_FILE = ".build-exit"
 """Written into the model folder when the build ends: its exit status."""
 PID_FILE = ".build-pid"

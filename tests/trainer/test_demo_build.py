@@ -26,9 +26,6 @@ def test_quick_build_writes_a_loadable_model_directory(tmp_path):
         assert (out / name).is_file(), name
     assert json.loads((out / "warm_start.json").read_text())["sft_steps"] == summary["sft_steps"]
     assert summary["terse_sft_steps"] == 2  # the quick build keeps a (tiny) terse phase
-    # its worked-accuracy target is out of reach: one extension of the first phase, checked before and after
-    assert summary["sft_extension_steps"] == 2 and len(summary["worked_branch_accuracy"]) == 2
-    assert all(0 <= a <= 1 for a in summary["worked_branch_accuracy"])
 
     tokenizer = AutoTokenizer.from_pretrained(out)
     model = AutoModelForCausalLM.from_pretrained(out)

@@ -25,9 +25,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--direct-answer-probability", type=float, default=None,
                         help="the terse phase's chance of a bare boxed answer (0: no terse phase)")
     parser.add_argument("--label-smoothing", type=float, default=None, help="warm-start label smoothing")
-    parser.add_argument("--worked-accuracy-target", type=float, default=None,
-                        help="extend the first phase until the worked branch's greedy accuracy reaches this "
-                             "(0: no check; see BuildConfig.worked_accuracy_target)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -44,8 +41,6 @@ def main(argv: list[str] | None = None) -> None:
         config.slip_probability = args.slip_probability
     if args.direct_answer_probability is not None:
         config.direct_answer_probability = args.direct_answer_probability
-    if args.worked_accuracy_target is not None:
-        config.worked_accuracy_target = args.worked_accuracy_target
     config.__post_init__()  # validates the values
     summary = build_demo(args.out, config)
     summary.pop("config")

@@ -16,8 +16,6 @@ the working. Accuracy and solution length rise together, the curve R1-Zero made 
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import json
 import logging
 import random
@@ -28,10 +26,10 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from everstep_trainer.demo.evaluation import evaluate, worked_branch_accuracy
-from everstep_trainer.demo.task import TaskConfig, generate_problems, solution_text, split_train_eval, write_problems
+from everstep_trainer.demo.evaluation import evaluate
+from everstep_trainer.demo.task import TaskConfig, solution_text, split_train_eval, write_problems
 from everstep_trainer.demo.tokenizer import save_tokenizer
-from everstep_trainer.sft import SFTConfig, SFTResult, train_supervised
+from everstep_trainer.sft import SFTConfig, train_supervised
 
 __all__ = ["BuildConfig", "ModelShape", "build_demo", "quick_build_config"]
 
@@ -90,20 +88,6 @@ class BuildConfig:
         max_steps=60, batch_size=256, learning_rate=5e-4, warmup_steps=5, label_smoothing=0.05))
     """The warm start's second phase, on the terse teacher's mix: enough to make the bare answer the
     likelier branch (held-out avg@k near 0.1), gentle enough to leave the worked branch intact."""
-    worked_accuracy_target: float = 0.5
-    """What the warm start must leave behind: greedy accuracy with the working forced (see
-    `everstep_trainer.demo.evaluation.worked_branch_accuracy`) on `num_validation` problems drawn
-    like the training ones. RL on the demo climbs back to about that branch's accuracy, and how well
-    the first phase learns it varies with the seed (0.52 for seed 0, 0.47 for seed 1, after which RL
-    gained 25 and 6 points). Below the target, the first phase goes on for `extension` steps from
-    where it ended and the terse phase is redone, at most `max_extensions` times. 0: no check."""
-    extension: SFTConfig = field(default_factory=lambda: SFTConfig(
-        max_steps=100, batch_size=256, learning_rate=1e-3, warmup_steps=5, label_smoothing=0.05))
-    """One more round of the first phase (a short cosine cycle at a third of its peak rate)."""
-    max_extensions: int = 3
-    """Rounds of `extension` at most; the build keeps the last one whether or not it reached the target."""
-    num_validation: int = 500
-    """Problems for the check (drawn like train.jsonl, with another seed; none from eval.jsonl)."""
     num_train: int = 50_000
     """Rows of train.jsonl (the warm start and RL prompts come from these)."""
     num_eval: int = 200
@@ -126,10 +110,6 @@ class BuildConfig:
             raise ValueError("BuildConfig.direct_answer_probability must be in [0, 1)")
         if self.eval_temperature <= 0:
             raise ValueError("BuildConfig.eval_temperature must be > 0")
-        if not 0 <= self.worked_accuracy_target <= 1:
-            raise ValueError("BuildConfig.worked_accuracy_target must be in [0, 1]")
-        if self.max_extensions < 0 or self.num_validation < 1:
-            raise ValueError("BuildConfig.max_extensions must be >= 0 and num_validation >= 1")
 
 
 def quick_build_config(seed: int = 0) -> BuildConfig:
@@ -139,8 +119,6 @@ def quick_build_config(seed: int = 0) -> BuildConfig:
         model=ModelShape(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1),
         sft=SFTConfig(max_steps=5, batch_size=16, warmup_steps=1, log_every=1, seed=seed),
         terse_sft=SFTConfig(max_steps=2, batch_size=16, warmup_steps=1, log_every=1, seed=seed),
-        extension=SFTConfig(max_steps=2, batch_size=16, warmup_steps=1, log_every=1, seed=seed),
-        worked_accuracy_target=1.0, max_extensions=1, num_validation=8,  # out of reach: one extension
         num_train=200, num_eval=8, num_eval_samples=2, eval_max_new_tokens=16,
     )
 
@@ -173,27 +151,12 @@ def build_demo(out: Path, config: BuildConfig) -> dict:
     examples = [(p.prompt, solution_text(p, slip_probability=config.slip_probability, rng=teacher,
                                          max_value=config.task.max_value)) for p in train]
     sft = train_supervised(model, tokenizer, examples, config.sft)
-    terse_examples = [(p.prompt, solution_text(p, slip_probability=config.slip_probability,
-                                               direct_answer_probability=config.direct_answer_probability,
-                                               rng=teacher, max_value=config.task.max_value)) for p in train]
-    validation = generate_problems(config.num_validation, seed=config.seed + 3, config=config.task,
-                                   exclude=[p.prompt for p in held_out], distinct=False)
-    extensions: list[SFTResult] = []
-    checks: list[float] = []
-    while True:
-        first_phase = copy.deepcopy(model.state_dict())
-        terse = train_supervised(model, tokenizer, terse_examples, config.terse_sft) \
-            if config.direct_answer_probability else None
-        if not config.worked_accuracy_target:
-            break
-        checks.append(worked_branch_accuracy(model, tokenizer, validation,
-                                             max_new_tokens=config.eval_max_new_tokens or _max_new_tokens(config.task)))
-        log.info("worked-branch accuracy %.3f (target %.2f)", checks[-1], config.worked_accuracy_target)
-        if checks[-1] >= config.worked_accuracy_target or len(extensions) == config.max_extensions:
-            break
-        model.load_state_dict(first_phase)
-        extensions.append(train_supervised(model, tokenizer, examples,
-                                           dataclasses.replace(config.extension, seed=config.sft.seed + len(checks))))
+    terse = None
+    if config.direct_answer_probability:
+        terse_examples = [(p.prompt, solution_text(p, slip_probability=config.slip_probability,
+                                                   direct_answer_probability=config.direct_answer_probability,
+                                                   rng=teacher, max_value=config.task.max_value)) for p in train]
+        terse = train_supervised(model, tokenizer, terse_examples, config.terse_sft)
     model.generation_config.do_sample = True  # the sampling defaults RL uses: plain T=1, no top-k
     model.generation_config.temperature = 1.0
     model.generation_config.top_k = 0
@@ -204,9 +167,6 @@ def build_demo(out: Path, config: BuildConfig) -> dict:
         "num_parameters": num_parameters,
         "sft_steps": sft.steps, "sft_seconds": round(sft.seconds, 1), "sft_final_loss": round(sft.final_loss, 4),
         "terse_sft_steps": terse.steps if terse else 0, "terse_sft_seconds": round(terse.seconds, 1) if terse else 0.0,
-        "sft_extension_steps": sum(e.steps for e in extensions),
-        "sft_extension_seconds": round(sum(e.seconds for e in extensions), 1),
-        "worked_branch_accuracy": checks,
         "config": asdict(config),
     }
     if config.evaluate:

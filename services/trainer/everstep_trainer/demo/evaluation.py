@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from everstep_trainer.demo.task import LABELS, Problem
+from everstep_trainer.demo.task import Problem
 
-__all__ = ["EvalResult", "boxed_answer", "evaluate", "generate_completions", "is_correct", "worked_branch_accuracy"]
+__all__ = ["EvalResult", "boxed_answer", "evaluate", "generate_completions", "is_correct"]
 
 _BOXED = re.compile(r"\\boxed\{\s*(-?\d+)\s*\}")
 
@@ -95,17 +95,3 @@ def evaluate(model, tokenizer, problems: Sequence[Problem], *, num_samples: int 
         seconds=time.monotonic() - started,
         sampled_accuracy_by_num_ops={k: round(sum(v) / len(v), 4) for k, v in buckets.items()},
     )
-
-
-def worked_branch_accuracy(model, tokenizer, problems: Sequence[Problem], *, max_new_tokens: int = 256,
-                           batch_size: int = 256) -> float:
-    """Greedy accuracy with the working forced: each prompt is followed by the first step's label, so the
-    model cannot take the bare-answer branch. It measures how well the worked procedure is learned, the
-    accuracy RL on the demo climbs back towards once it has learned to show the working."""
-    model.eval()
-    ordered = sorted(problems, key=lambda p: p.num_ops)
-    completions = generate_completions(model, tokenizer, [f"{p.prompt} {LABELS[0]}" for p in ordered],
-                                       temperature=0.0, max_new_tokens=max_new_tokens, batch_size=batch_size)
-    hits = [is_correct(tokenizer.decode(c, skip_special_tokens=True), str(p.answer))
-            for c, p in zip(completions, ordered, strict=True)]
-    return sum(hits) / len(hits)
