@@ -3,15 +3,16 @@
 # build started first.
 #
 # That build (tests/demo_model_build.py, minutes of CPU) is the suite's critical path. Started here,
-# in the background, at nice 10 and in its own process group, it overlaps the installs and the
-# other tests; pytest adopts it through EVERSTEP_TEST_DEMO_MODEL. However this script ends, it kills
-# that process group, and only it, and removes the build's folder.
+# in the background and in its own process group, it overlaps the installs and the other tests;
+# pytest adopts it through EVERSTEP_TEST_DEMO_MODEL. It shares the CPU evenly with the installs and
+# is lowered to nice 10 when the tests start, so that it never starves them. However this script
+# ends, it kills that process group, and only it, and removes the build's folder.
 set -euo pipefail
 venv=${VENV:-.venv}
 
 model_dir=$(mktemp -d -t everstep-demo-model-XXXXXX)
 # setsid without --fork: the background child is no group leader, so it becomes one in place ($!).
-setsid nice -n 10 "$venv/bin/python" tests/demo_model_build.py "$model_dir" >"$model_dir.log" 2>&1 &
+setsid "$venv/bin/python" tests/demo_model_build.py "$model_dir" >"$model_dir.log" 2>&1 &
 build_pgid=$!
 cleanup() {
     kill -KILL -- "-$build_pgid" 2>/dev/null || true
@@ -22,4 +23,5 @@ trap 'exit 130' INT TERM
 
 make --no-print-directory VENV="$venv" "$venv/.installed-dev" "$venv/.installed-deploy" "$venv/.installed-toolchains"
 "$venv/bin/ruff" check .
+renice -n 10 -g "$build_pgid" >/dev/null 2>&1 || true  # it may be done already
 EVERSTEP_TEST_DEMO_MODEL="$model_dir" "$venv/bin/pytest" -q --timeout=900 --durations=30 -m "not faults" "$@"
