@@ -13,8 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-BUILD_ARGS = ("--no-eval", "--sft-steps", "120")
-"""120 of the build's 400 first-phase warm-start steps, and no scoring."""
+BUILD_ARGS = ("--no-eval", "--max-ops", "8", "--batch-size", "64", "--sft-steps", "480")
+"""Chains of at most 8 operations, batches of 64 and 480 first-phase steps, and no scoring: about 2
+minutes of CPU. The short chains and small batches learn the worked procedure well enough in that time
+that ten RL steps raise the reward clearly (from about 0.2 to 0.35); the full task's 120 steps at
+batches of 256, which took twice as long, left it near 0.1 and a rise within the noise."""
 EXIT_FILE = ".build-exit"
 """Written into the model folder when the build ends: its exit status."""
 PID_FILE = ".build-pid"

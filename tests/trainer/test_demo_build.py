@@ -17,8 +17,8 @@ from everstep_trainer.sft import SFTConfig, train_supervised, warm_start_directo
 @pytest.mark.slow
 def test_quick_build_writes_a_loadable_model_directory(tmp_path):
     out = tmp_path / "demo"
-    done = subprocess.run([sys.executable, "-m", "everstep_trainer.demo", "--out", str(out), "--quick"],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-m", "everstep_trainer.demo", "--out", str(out), "--quick",
+                           "--max-ops", "6", "--batch-size", "12"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert {"greedy_accuracy", "sampled_accuracy", "sft_steps", "wall_seconds"} <= summary.keys()
@@ -26,6 +26,10 @@ def test_quick_build_writes_a_loadable_model_directory(tmp_path):
         assert (out / name).is_file(), name
     assert json.loads((out / "warm_start.json").read_text())["sft_steps"] == summary["sft_steps"]
     assert summary["terse_sft_steps"] == 2  # the quick build keeps a (tiny) terse phase
+    config = json.loads((out / "warm_start.json").read_text())["config"]
+    assert config["task"]["max_ops"] == 6
+    assert config["sft"]["batch_size"] == config["terse_sft"]["batch_size"] == 12
+    assert max(json.loads(line)["num_ops"] for line in (out / "train.jsonl").read_text().splitlines()) <= 6
 
     tokenizer = AutoTokenizer.from_pretrained(out)
     model = AutoModelForCausalLM.from_pretrained(out)
@@ -40,6 +44,14 @@ def test_quick_build_writes_a_loadable_model_directory(tmp_path):
     train_prompts = {json.loads(line)["prompt"] for line in (out / "train.jsonl").read_text().splitlines()}
     eval_prompts = {json.loads(line)["prompt"] for line in (out / "eval.jsonl").read_text().splitlines()}
     assert not train_prompts & eval_prompts
+
+
+def test_bad_build_option_names_its_field_and_writes_nothing(tmp_path):
+    out = tmp_path / "demo"
+    done = subprocess.run([sys.executable, "-m", "everstep_trainer.demo", "--out", str(out), "--max-ops", "27"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "max_ops" in done.stderr
+    assert not out.exists()
 
 
 def test_supervised_loss_falls_only_on_completion_tokens(tiny_model_dir, tmp_path):

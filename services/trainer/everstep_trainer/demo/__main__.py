@@ -10,6 +10,10 @@ import dataclasses
 import json
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from everstep_trainer.demo.build import BuildConfig
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -20,6 +24,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-eval", action="store_true", help="skip scoring the warm start")
     parser.add_argument("--sft-steps", type=int, default=None,
                         help="warm-start optimizer steps (default: the build's; fewer is faster and weaker)")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="examples per optimizer step in both warm-start phases (default: the build's)")
+    parser.add_argument("--max-ops", type=int, default=None,
+                        help="longest chain of the task (default: the build's; fewer makes shorter solutions)")
     parser.add_argument("--slip-probability", type=float, default=None,
                         help="warm start on a sloppy teacher's solutions that slip by one with this chance per step")
     parser.add_argument("--direct-answer-probability", type=float, default=None,
@@ -31,10 +39,26 @@ def main(argv: list[str] | None = None) -> None:
     from everstep_trainer.demo.build import BuildConfig, build_demo, quick_build_config
 
     config = quick_build_config(args.seed) if args.quick else BuildConfig(seed=args.seed)
+    try:
+        _apply_arguments(config, args)
+    except ValueError as error:
+        parser.error(str(error))
+    summary = build_demo(args.out, config)
+    summary.pop("config")
+    print(json.dumps(summary))
+
+
+def _apply_arguments(config: BuildConfig, args: argparse.Namespace) -> None:
+    """Override ``config`` with the options given; a bad value raises ValueError naming its field."""
     if args.no_eval:
         config.evaluate = False
     if args.sft_steps is not None:
         config.sft = dataclasses.replace(config.sft, max_steps=args.sft_steps)
+    if args.batch_size is not None:
+        config.sft = dataclasses.replace(config.sft, batch_size=args.batch_size)
+        config.terse_sft = dataclasses.replace(config.terse_sft, batch_size=args.batch_size)
+    if args.max_ops is not None:
+        config.task = dataclasses.replace(config.task, max_ops=args.max_ops)
     if args.label_smoothing is not None:
         config.sft = dataclasses.replace(config.sft, label_smoothing=args.label_smoothing)
     if args.slip_probability is not None:
@@ -42,9 +66,6 @@ def main(argv: list[str] | None = None) -> None:
     if args.direct_answer_probability is not None:
         config.direct_answer_probability = args.direct_answer_probability
     config.__post_init__()  # validates the values
-    summary = build_demo(args.out, config)
-    summary.pop("config")
-    print(json.dumps(summary))
 
 
 if __name__ == "__main__":
