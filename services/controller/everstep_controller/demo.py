@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 def ensure_demo_model(model_path: Path) -> None:
     if (model_path / "config.json").exists():
         return
-    print(f"building the demo model in {model_path} (one time, about 15 minutes on 2 cores)", file=sys.stderr)
+    print(f"building the demo model in {model_path} (one time, about 10 minutes on 2 cores)", file=sys.stderr)
     subprocess.run([sys.executable, "-m", "everstep_trainer.demo", "--out", str(model_path)], check=True)
 
 
