@@ -77,7 +77,7 @@ class BuildConfig:
     on machine load). Label smoothing keeps sampling at temperature 1 noisy while the argmax is
     learned, so GRPO groups have mixed rewards. How well this phase learns the worked procedure sets
     the ceiling RL climbs towards. Small batches learn it far better per example for a model this
-    size: 1200 steps of 64 reach a loss of 0.39 in 460 s, where 400 steps of 256 reached 0.53 in
+    size: 1200 steps of 64 reach a loss of 0.39 in 396 s, where 400 steps of 256 reached 0.53 in
     716 s, and RL then gains 32 points (seed 0) and 28 (seed 1) instead of 25 and 6 (README)."""
     slip_probability: float = 0.0
     """Chance that the warm start's teacher writes a step's result off by one (see
