@@ -66,7 +66,8 @@ class BuildConfig:
     """Everything `python -m everstep_trainer.demo` decides."""
 
     seed: int = 0
-    """Seeds the task split, the initial weights and the warm start."""
+    """Seeds the task split, the initial weights and the terse teacher's choices. The warm-start phases
+    shuffle with their own `SFTConfig.seed` (0 by default), whatever this is."""
     task: TaskConfig = field(default_factory=TaskConfig)
     """The arithmetic chains."""
     model: ModelShape = field(default_factory=ModelShape)
