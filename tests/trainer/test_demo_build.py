@@ -24,9 +24,10 @@ def test_quick_build_writes_a_loadable_model_directory(tmp_path):
     assert {"greedy_accuracy", "sampled_accuracy", "sft_steps", "wall_seconds"} <= summary.keys()
     for name in ("config.json", "model.safetensors", "tokenizer.json", "train.jsonl", "eval.jsonl", "warm_start.json"):
         assert (out / name).is_file(), name
-    assert json.loads((out / "warm_start.json").read_text())["sft_steps"] == summary["sft_steps"]
+    warm_start = json.loads((out / "warm_start.json").read_text())
+    assert warm_start["sft_steps"] == summary["sft_steps"]
     assert summary["terse_sft_steps"] == 2  # the quick build keeps a (tiny) terse phase
-    config = json.loads((out / "warm_start.json").read_text())["config"]
+    config = warm_start["config"]
     assert config["task"]["max_ops"] == 6
     assert config["sft"]["batch_size"] == config["terse_sft"]["batch_size"] == 12
     assert max(json.loads(line)["num_ops"] for line in (out / "train.jsonl").read_text().splitlines()) <= 6
