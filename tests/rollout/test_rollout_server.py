@@ -162,3 +162,38 @@ def test_full_queue_is_resource_exhausted(service_process, tiny_model_dir):
         # The refused stream's sequences were dropped; a request that fits is served.
         results = generate(stub, rollout_pb2.GenerateRequest(sequences=seqs("y", 5), sampling=GREEDY))
         assert len(results) == 5
+
+
+def test_load_honours_every_setting_and_refuses_what_it_cannot(service_process, tiny_model_dir):
+    """Each LoadModel field set is taken as given (seed 0 included) and reported back; unset ones are the
+    server's; a max_seq_len beyond the model's positions, or a request longer than max_seq_len, is refused
+    rather than cut (a LENGTH finish means max_new_tokens was reached)."""
+    service = service_process("rollout", "--max-running", "8", "--seed", "7")
+    stub = rollout_pb2_grpc.RolloutStub(grpc.insecure_channel(service.grpc_address))
+    model = str(tiny_model_dir)  # max_position_embeddings 512
+
+    defaults = stub.Load(rollout_pb2.LoadModelRequest(model_path=model))
+    assert (defaults.max_running, defaults.seed, defaults.dtype) == (8, 7, "float32")
+    assert defaults.max_seq_len == 512 and defaults.max_position_embeddings == 512  # min(2048, limit)
+    assert defaults.executor == "native"
+
+    taken = stub.Load(rollout_pb2.LoadModelRequest(model_path=model, max_running=3, seed=0, max_seq_len=40))
+    assert (taken.max_running, taken.seed, taken.max_seq_len) == (3, 0, 40)
+    status = stub.GetStatus(rollout_pb2.GetStatusRequest())
+    assert (status.max_seq_len, status.max_running, status.dtype) == (40, 3, "float32")
+
+    with pytest.raises(grpc.RpcError) as too_long:
+        stub.Load(rollout_pb2.LoadModelRequest(model_path=model, max_seq_len=513))
+    assert too_long.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details = too_long.value.details()
+    assert "max_seq_len (513)" in details and "max_position_embeddings (512)" in details
+    assert stub.GetStatus(rollout_pb2.GetStatusRequest()).max_seq_len == 40  # the engine before stays
+
+    fits = common_pb2.SamplingParams(temperature=1.0, max_new_tokens=37)  # 3 prompt tokens + 37 = 40
+    done = generate(stub, rollout_pb2.GenerateRequest(sequences=seqs("f", 2), sampling=fits))
+    assert all(len(r.output_ids) <= 37 for r in done)
+    assert all(r.finish_reason != common_pb2.FINISH_REASON_LENGTH or len(r.output_ids) == 37 for r in done)
+    with pytest.raises(grpc.RpcError) as over:
+        generate(stub, rollout_pb2.GenerateRequest(sequences=seqs("o", 1), sampling=common_pb2.SamplingParams(
+            temperature=1.0, max_new_tokens=38)))
+    assert over.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "max_seq_len (40)" in over.value.details()

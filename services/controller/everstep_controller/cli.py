@@ -1,4 +1,4 @@
-"""The `everstep` command line: demo, up, down, submit, status, cancel, serve."""
+"""The `everstep` command line: demo, up, down, submit, status, cancel, serve, model import."""
 
 from __future__ import annotations
 
@@ -47,6 +47,17 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("job")
     _add_url(cancel)
 
+    model = sub.add_parser("model", help="prepare a model for everstep")
+    model_sub = model.add_subparsers(dest="model_command", required=True)
+    imported = model_sub.add_parser(
+        "import", help="a GGUF file or a transformers directory as a plain Hugging Face directory (config.json, "
+                       "model.safetensors, tokenizer files with the chat template, generation_config.json with "
+                       "every EOS id); runs the trainer package's `everstep_trainer.model_import`")
+    imported.add_argument("source", help="a .gguf file, or a directory transformers loads")
+    imported.add_argument("--out", required=True, help="folder to write (new or empty)")
+    imported.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                          help="dtype of the saved weights")
+
     serve = sub.add_parser("serve", help="run one service in the foreground (for containers)")
     serve.add_argument("service", choices=SERVICES)
     serve.add_argument("--host", default="0.0.0.0")
@@ -81,6 +92,14 @@ def _dispatch(args: argparse.Namespace, extra: list[str]) -> None:
         if args.grpc_port is not None:
             command += ["--grpc-port", str(args.grpc_port)]
         os.execv(sys.executable, command + extra)
+    if args.command == "model":
+        # torch and transformers live in the trainer's package; the controller never imports them
+        import importlib.util
+
+        if importlib.util.find_spec("everstep_trainer") is None:
+            raise RuntimeError("model import needs the trainer package: pip install -e services/trainer")
+        os.execv(sys.executable, [sys.executable, "-m", "everstep_trainer.model_import", args.source,
+                                  "--out", args.out, "--dtype", args.dtype])
     if args.command == "demo":
         from everstep_controller.demo import run_demo
 

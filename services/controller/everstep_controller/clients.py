@@ -135,12 +135,22 @@ class RolloutClient:
     def _calling(self, method: str) -> contextlib.AbstractContextManager[None]:
         return _calling("rollout", self.address, method, self.deadlines.rollout_seconds, "rollout")
 
-    def load(self, model_path: str, *, dtype: str, version: int, seed: int,
-             max_running: int) -> rollout_pb2.LoadModelResponse:
+    def load(self, model_path: str, *, dtype: str, version: int, seed: int, max_running: int,
+             max_seq_len: int) -> rollout_pb2.LoadModelResponse:
+        """Every per-job engine setting travels in the request; RuntimeError when the engine reports
+        having taken other ones (an older server that ignores a field), so nothing is cut silently."""
         request = rollout_pb2.LoadModelRequest(model_path=model_path, dtype=dtype, version=version, seed=seed,
-                                               max_running=max_running)
+                                               max_running=max_running, max_seq_len=max_seq_len)
         with self._calling("Load"):
-            return self._stub.Load(request, timeout=self.deadlines.rollout_seconds)
+            reply = self._stub.Load(request, timeout=self.deadlines.rollout_seconds)
+        taken = {"dtype": reply.dtype, "max_running": reply.max_running, "max_seq_len": reply.max_seq_len,
+                 "seed": reply.seed}
+        asked = {"dtype": dtype, "max_running": max_running, "max_seq_len": max_seq_len, "seed": seed}
+        differ = {k: (asked[k], taken[k]) for k in asked if asked[k] != taken[k]}
+        if differ:
+            raise RuntimeError(f"rollout engine at {self.address} took other settings than the job's: "
+                               + ", ".join(f"{k} {a!r} asked, {t!r} taken" for k, (a, t) in differ.items()))
+        return reply
 
     def generate(self) -> GenerateStream:
         return GenerateStream(self._stub, self.address, self.deadlines.generate_seconds)

@@ -25,7 +25,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--max-running", type=int, default=64, help="sequences decoded together (KV cache slots)")
     p.add_argument("--max-queued", type=int, default=4096, help="sequences that may wait; more are refused")
-    p.add_argument("--max-seq-len", type=int, default=2048, help="prompt + output tokens per sequence")
+    p.add_argument("--max-seq-len", type=int, default=None,
+                   help="prompt + output tokens per sequence (default: the model's max_position_embeddings, at most "
+                        "2048); a job's LoadModel sets its own; above the model's limit: refused")
     p.add_argument("--seed", type=int, default=0, help="engine sampling seed")
     p.add_argument("--num-threads", type=int, default=0, help="torch CPU threads; 0: all cores but one")
     add_transport_arguments(p)

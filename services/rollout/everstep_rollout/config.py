@@ -8,6 +8,22 @@ from typing import Literal
 
 import torch
 
+DEFAULT_MAX_SEQ_LEN = 2048
+"""The KV cache length per slot when neither the job nor the server sets max_seq_len (and the model allows it)."""
+
+
+def resolve_max_seq_len(requested: int | None, position_limit: int | None) -> int:
+    """The tokens per slot an engine takes: `requested`, or the default within the model's position limit.
+
+    ValueError naming max_seq_len when `requested` exceeds the limit: a longer sequence would run past the
+    positions the model was trained on, and capping it would cut the job's sequences without a word.
+    """
+    if requested is None:
+        return min(DEFAULT_MAX_SEQ_LEN, position_limit or DEFAULT_MAX_SEQ_LEN)
+    if position_limit and requested > position_limit:
+        raise ValueError(f"max_seq_len ({requested}) exceeds the model's max_position_embeddings ({position_limit})")
+    return requested
+
 
 @dataclass(frozen=True, kw_only=True)
 class EngineConfig:
@@ -25,8 +41,10 @@ class EngineConfig:
     """Sequences decoded together: the number of KV cache slots."""
     max_queued: int = 4096
     """Sequences that may wait for a slot; an `add` that would make more wait is refused (QueueFullError)."""
-    max_seq_len: int = 2048
-    """Prompt + output tokens a sequence may hold; capped by the model's max_position_embeddings."""
+    max_seq_len: int | None = None
+    """Prompt + output tokens a sequence may hold (the KV cache's length per slot). None: the model's
+    max_position_embeddings, at most DEFAULT_MAX_SEQ_LEN. A value above the model's position limit is
+    refused at load (ValueError), never capped."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Weights, activations and KV cache dtype (sampling is always float32)."""
     device: str = "cpu"
@@ -42,10 +60,10 @@ class EngineConfig:
     every recorded log-prob is exactly that of the version it is tagged with."""
 
     def __post_init__(self) -> None:
-        for name in ("max_running", "max_seq_len", "prefill_max_tokens"):
+        for name in ("max_running", "prefill_max_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_seq_len < 2:
+        if self.max_seq_len is not None and self.max_seq_len < 2:
             raise ValueError(f"max_seq_len must be >= 2, got {self.max_seq_len}")
         if self.max_queued < 0:
             raise ValueError(f"max_queued must be >= 0, got {self.max_queued}")

@@ -112,6 +112,8 @@ class Engine:
         ))
         self.weights = self.executor.weights
         self.max_seq_len = self.executor.max_seq_len
+        self.position_limit = int(model_config.get("max_position_embeddings") or 0)
+        self.executor_name = "native" if self.executor.__class__.__name__ == "LlamaExecutor" else "transformers"
         self.vocab_size = self.executor.vocab_size
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.eos_token_ids = read_eos_token_ids(self.model_dir, model_config)
@@ -162,8 +164,10 @@ class Engine:
     def add(self, requests: Iterable[GenerationRequest]) -> None:
         """Queue requests (all or none).
 
-        Raises ValueError on a request whose (stream, id) is already live or whose tokens fall outside
-        the vocabulary, and QueueFullError when more than max_queued sequences would wait for a slot.
+        Raises ValueError on a request whose (stream, id) is already live, whose tokens fall outside
+        the vocabulary or whose prompt plus max_new_tokens exceeds max_seq_len (it would be cut short and
+        reported as LENGTH though max_new_tokens was not reached), and QueueFullError when more than
+        max_queued sequences would wait for a slot.
         """
         requests = list(requests)
         keys = [(r.stream, r.id) for r in requests]
@@ -174,6 +178,10 @@ class Engine:
         for r in requests:
             if any(not 0 <= t < vocab for t in (*r.prompt_ids, *r.output_ids)):
                 raise ValueError(f"sequence {r.id!r}: token id outside the vocabulary [0, {vocab})")
+            if len(r.prompt_ids) + r.sampling.max_new_tokens > self.max_seq_len:
+                raise ValueError(
+                    f"sequence {r.id!r}: prompt ({len(r.prompt_ids)} tokens) + max_new_tokens "
+                    f"({r.sampling.max_new_tokens}) exceeds the engine's max_seq_len ({self.max_seq_len})")
         # The next step moves the head of the queue into the free slots; the rest waits.
         would_wait = max(0, len(self._queue) + len(requests) - self._free_slots.num_free)
         if would_wait > self.config.max_queued:

@@ -13,7 +13,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 import torch
@@ -49,6 +49,9 @@ class EngineStatus:
     running: int
     queued: int
     tokens_per_second: float
+    max_seq_len: int = 0
+    max_running: int = 0
+    dtype: str = ""
 
 
 class EngineLoop:
@@ -60,7 +63,9 @@ class EngineLoop:
         self._stopping = False
         self._streams: dict[int, queue.Queue[StreamEvent]] = {}
         self._stream_ids = itertools.count(1)
-        self._status = EngineStatus(version=engine.version, running=0, queued=0, tokens_per_second=0.0)
+        self._status = EngineStatus(version=engine.version, running=0, queued=0, tokens_per_second=0.0,
+                                    max_seq_len=engine.max_seq_len, max_running=engine.config.max_running,
+                                    dtype=engine.config.dtype)
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
 
     # -- lifecycle --------------------------------------------------------------------------------------
@@ -169,8 +174,8 @@ class EngineLoop:
                 if self._on_step is not None and self.engine.last_step is not None:
                     self._on_step(self.engine.last_step)
             e = self.engine
-            self._status = EngineStatus(version=e.version, running=e.num_running, queued=e.num_queued,
-                                        tokens_per_second=e.tokens_per_second())
+            self._status = replace(self._status, version=e.version, running=e.num_running, queued=e.num_queued,
+                                   tokens_per_second=e.tokens_per_second())
 
     def _deliver(self, results: list[SequenceResult]) -> None:
         with self._cond:

@@ -27,6 +27,12 @@ class GenerationEngine(Protocol):
     config: EngineConfig
     version: int
     last_step: StepStats | None
+    max_seq_len: int
+    """Tokens a sequence may hold (the setting it took; see `config.resolve_max_seq_len`)."""
+    position_limit: int
+    """The model's max_position_embeddings (0: its config states none)."""
+    executor_name: str
+    """"native", "transformers" or "sglang"."""
 
     @property
     def num_parameters(self) -> int: ...

@@ -57,7 +57,7 @@ class Executor(Protocol):
     model_type: str
     vocab_size: int
     max_seq_len: int
-    """Tokens a slot holds: the requested max_seq_len capped by the model's position limit."""
+    """Tokens a slot holds (`config.resolve_max_seq_len` of the request and the model's position limit)."""
     weights: WeightStore
     cache_bytes: int
 
@@ -71,8 +71,8 @@ class Executor(Protocol):
 @dataclass(frozen=True, kw_only=True)
 class ExecutorOptions:
     num_slots: int
-    max_seq_len: int
-    """Requested tokens per slot; the executor caps it by the model's max_position_embeddings."""
+    max_seq_len: int | None
+    """Requested tokens per slot (None: the default); above the model's position limit: ValueError at load."""
     dtype: torch.dtype
     device: torch.device
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from everstep_rollout.config import resolve_max_seq_len
 from everstep_rollout.executor import ExecutorOptions, StepBatch
 from everstep_rollout.kv_cache import CacheShape, KVCache
 
@@ -270,7 +271,7 @@ class LlamaExecutor:
     @classmethod
     def load(cls, model_dir: Path, spec: LlamaSpec, options: ExecutorOptions) -> LlamaExecutor:
         weights = LlamaWeights(spec, dtype=options.dtype, device=options.device)
-        max_seq_len = min(options.max_seq_len, spec.max_position_embeddings)
+        max_seq_len = resolve_max_seq_len(options.max_seq_len, spec.max_position_embeddings)
         with torch.no_grad():
             weights.copy_in(read_state_dict(model_dir), require_all=True)
         cache = KVCache(

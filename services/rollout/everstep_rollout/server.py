@@ -55,12 +55,15 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
 
     # -- engine lifecycle -------------------------------------------------------------------------------
 
-    def load(self, model_path: str, *, dtype: str = "", version: int = 0, max_running: int = 0,
-             seed: int = 0) -> GenerationEngine:
-        """Build an engine (the request's non-zero fields override the defaults) and swap it in."""
+    def load(self, model_path: str, *, dtype: str = "", version: int = 0, max_running: int | None = None,
+             seed: int | None = None, max_seq_len: int | None = None) -> GenerationEngine:
+        """Build an engine and swap it in. A setting given (not None; dtype not "") replaces the server's own;
+        one the engine cannot honour is a ValueError naming it, never a silent change."""
         config = replace(
             self._defaults, dtype=dtype or self._defaults.dtype, version=version,
-            max_running=max_running or self._defaults.max_running, seed=seed or self._defaults.seed,
+            max_running=self._defaults.max_running if max_running is None else max_running,
+            seed=self._defaults.seed if seed is None else seed,
+            max_seq_len=self._defaults.max_seq_len if max_seq_len is None else max_seq_len,
         )
         engine = build_engine(model_path, config)
         loop = EngineLoop(engine, on_step=metrics.observe_step).start()
@@ -90,15 +93,22 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
 
     def Load(self, request, context):
         try:
-            engine = self.load(request.model_path, dtype=request.dtype, version=request.version,
-                               max_running=request.max_running, seed=request.seed)
+            engine = self.load(
+                request.model_path, dtype=request.dtype, version=request.version,
+                max_running=request.max_running if request.HasField("max_running") else None,
+                seed=request.seed if request.HasField("seed") else None,
+                max_seq_len=request.max_seq_len if request.HasField("max_seq_len") else None)
         except FileNotFoundError as e:
             context.abort(grpc.StatusCode.NOT_FOUND, f"cannot load {request.model_path!r}: {e}")
         except EngineUnavailableError as e:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"cannot load {request.model_path!r}: {e}")
         except (NotImplementedError, ValueError, OSError) as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot load {request.model_path!r}: {e}")
-        return rollout_pb2.LoadModelResponse(version=engine.version, num_parameters=engine.num_parameters)
+        c = engine.config
+        return rollout_pb2.LoadModelResponse(
+            version=engine.version, num_parameters=engine.num_parameters, max_seq_len=engine.max_seq_len,
+            max_running=c.max_running, dtype=c.dtype, seed=c.seed, max_position_embeddings=engine.position_limit,
+            executor=engine.executor_name)
 
     def Generate(self, request_iterator, context) -> Iterator[rollout_pb2.GenerateResponse]:
         loop = self._current(context)
@@ -242,7 +252,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         return rollout_pb2.RolloutStatus(
             version=status.version, running=status.running, queued=status.queued,
             tokens_per_second=status.tokens_per_second, model_path=self._model_path,
-            weight_receiver=self._receiver_info,
+            weight_receiver=self._receiver_info, max_seq_len=status.max_seq_len, max_running=status.max_running,
+            dtype=status.dtype,
         )
 
 

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from everstep_rollout.config import EngineConfig
+from everstep_rollout.config import EngineConfig, resolve_max_seq_len
 from everstep_rollout.engine import QueueFullError, StepStats, ThroughputWindow, read_eos_token_ids
 from everstep_rollout.engines import EngineUnavailableError
 from everstep_rollout.llama_executor import read_config
@@ -91,7 +91,9 @@ class SglangEngine:
         self.config = config or EngineConfig(engine="sglang")
         self.model_dir = Path(model_dir)
         model_config = read_config(self.model_dir)
-        self.max_seq_len = min(self.config.max_seq_len, model_config.get("max_position_embeddings") or 2**31)
+        self.max_seq_len = resolve_max_seq_len(self.config.max_seq_len, model_config.get("max_position_embeddings"))
+        self.position_limit = int(model_config.get("max_position_embeddings") or 0)
+        self.executor_name = "sglang"
         if sglang_engine is None:
             sglang = import_sglang()
             if self.config.device == "cpu":

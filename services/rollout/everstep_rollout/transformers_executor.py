@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from everstep_rollout.config import resolve_max_seq_len
 from everstep_rollout.executor import ExecutorOptions, StepBatch
 from everstep_rollout.llama_executor import long_tensor
 
@@ -151,7 +152,7 @@ class TransformersExecutor:
 
         config = AutoConfig.from_pretrained(model_dir)
         text_config = config.get_text_config()
-        max_seq_len = min(options.max_seq_len, getattr(text_config, "max_position_embeddings", None) or 2**31)
+        max_seq_len = resolve_max_seq_len(options.max_seq_len, getattr(text_config, "max_position_embeddings", None))
         window = getattr(text_config, "sliding_window", None)
         uses_window = window is not None and (getattr(text_config, "use_sliding_window", True) or "sliding_attention"
                                               in (getattr(text_config, "layer_types", None) or []))
