@@ -6,6 +6,11 @@ sampled at temperature 1 (no top-k/top-p) until EOS or max_new_tokens. The warm-
 writes worked solutions whose length follows the task's long-tailed chain lengths (most a few tokens,
 a few a couple of hundred), which is the case continuous batching is for.
 
+A chat model (its tokenizer has a chat template, e.g. `--model outputs/smollm2-135m-instruct` from
+`make real-model`) gets chat prompts: by default the first 128 rows of
+examples/data/arith-word-problems/train.parquet (verl's schema: `prompt` is a list of messages), each
+rendered with the model's template and `add_generation_prompt=True`, as a job would send them.
+
 The same workload runs through
 
 (a) transformers' `generate` on static batches: prompts in dataset order, `--batch-size` at a time,
@@ -39,6 +44,8 @@ from pathlib import Path
 log = logging.getLogger("benchmarks.rollout_throughput")
 
 DEFAULT_MODEL = Path("outputs/demo-model")
+CHAT_PROMPTS = Path(__file__).resolve().parents[1] / "examples" / "data" / "arith-word-problems" / "train.parquet"
+DEFAULT_NUM_PROMPTS = {"raw": 256, "chat": 128}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,8 +69,10 @@ class Run:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="benchmarks.rollout_throughput", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="Hugging Face model directory")
-    p.add_argument("--prompts", type=Path, default=None, help="JSONL with a 'prompt' field; default MODEL/train.jsonl")
-    p.add_argument("--num-prompts", type=int, default=256, help="prompts of the workload")
+    p.add_argument("--prompts", type=Path, default=None,
+                   help="JSONL or Parquet with a 'prompt' field (text, or a list of chat messages); default "
+                        "MODEL/train.jsonl, or for a chat model examples/data/arith-word-problems/train.parquet")
+    p.add_argument("--num-prompts", type=int, default=None, help="prompts of the workload (default 256; chat: 128)")
     p.add_argument("--max-new-tokens", type=int, default=256, help="output tokens per sequence at most")
     p.add_argument("--batch-size", type=int, default=128, help="transformers generate: prompts per static batch")
     p.add_argument("--max-running", type=int, default=128, help="our engine: sequences decoded together")
@@ -72,20 +81,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     for name in ("num_prompts", "max_new_tokens", "batch_size", "max_running", "repeats"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     return args
 
 
-def read_prompts(path: Path, num_prompts: int) -> list[str]:
-    prompts = []
-    with path.open() as f:
-        for line in f:
-            if line.strip():
-                prompts.append(str(json.loads(line)["prompt"]))
-            if len(prompts) == num_prompts:
-                return prompts
-    raise ValueError(f"{path} has {len(prompts)} prompts, --num-prompts asks for {num_prompts}")
+def read_prompts(path: Path, num_prompts: int) -> list[str | list[dict]]:
+    """The 'prompt' field of the first rows: text, or a list of {role, content} messages."""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        prompts = pq.read_table(path, columns=["prompt"]).column("prompt").to_pylist()[:num_prompts]
+    else:
+        prompts = []
+        with path.open() as f:
+            for line in f:
+                if line.strip():
+                    prompts.append(json.loads(line)["prompt"])
+                if len(prompts) == num_prompts:
+                    break
+    if len(prompts) < num_prompts:
+        raise ValueError(f"{path} has {len(prompts)} prompts, --num-prompts asks for {num_prompts}")
+    return [p if isinstance(p, list) else str(p) for p in prompts]
+
+
+def tokenize_prompts(tokenizer, prompts: list[str | list[dict]]) -> list[list[int]]:
+    """Chat models: the template with the generation prompt (a text prompt is one user message); else raw."""
+    if not tokenizer.chat_template:
+        return [tokenizer(p if isinstance(p, str) else p[-1]["content"]).input_ids for p in prompts]
+    return [list(tokenizer.apply_chat_template([{"role": "user", "content": p}] if isinstance(p, str) else p,
+                                               add_generation_prompt=True, return_dict=True)["input_ids"])
+            for p in prompts]
 
 
 def count_until_eos(row: list[int], eos_token_ids: frozenset[int]) -> int:
@@ -148,8 +174,11 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.num_threads or default_num_threads())
     load_before = os.getloadavg()
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    prompts = read_prompts(args.prompts or args.model / "train.jsonl", args.num_prompts)
-    prompt_ids = [tokenizer(p).input_ids for p in prompts]
+    prompt_format = "chat" if tokenizer.chat_template else "raw"
+    num_prompts = args.num_prompts or DEFAULT_NUM_PROMPTS[prompt_format]
+    default_prompts = CHAT_PROMPTS if prompt_format == "chat" else args.model / "train.jsonl"
+    prompts = read_prompts(args.prompts or default_prompts, num_prompts)
+    prompt_ids = tokenize_prompts(tokenizer, prompts)
     longest_prompt = max(map(len, prompt_ids))
 
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
@@ -186,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         "ours_tokens_per_cpu_s": round(ours_cpu, 1), "hf_tokens_per_cpu_s": round(hf_cpu, 1),
         "cpu_ratio": round(ours_cpu / hf_cpu, 3) if hf_cpu > 0 else None,
         "runs": [{**asdict(r), "tokens_per_s": round(r.tokens_per_s, 1)} for r in runs],
-        "model": str(args.model), "num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens,
+        "model": str(args.model), "prompt_format": prompt_format, "num_prompts": num_prompts,
+        "max_new_tokens": args.max_new_tokens,
         "batch_size": args.batch_size, "max_running": args.max_running, "repeats": args.repeats,
         "executor": type(engine.executor).__name__, "num_threads": torch.get_num_threads(),
         "loadavg_before": [round(x, 2) for x in load_before],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import grpc
@@ -175,3 +176,19 @@ def test_hybrid_reward_with_format_length_and_a_reward_model(service_process, re
     assert 'everstep_reward_format_violations_total{rule="think_block"} 2.0' in metrics  # no-think, nan-weight
     assert 'everstep_reward_sandbox_errors_total{kind="sandbox_unavailable"} 1.0' in metrics
     assert 'everstep_reward_length_measurements_total{unit="tokens"} 4.0' in metrics
+
+
+def test_item_log_records_the_text_each_item_was_scored_on(service_process, tmp_path) -> None:
+    log_path = tmp_path / "items-{pid}.jsonl"
+    reward = service_process("reward", "--math-workers", "1", "--item-log", str(log_path))
+    items = [reward_pb2.RewardItem(id=f"i{n}", prompt="What is 1 + 1?", response=f"so \\boxed{{{n}}}",
+                                   verifiers=[reward_pb2.VerifierSpec(name="math", weight=1.0, answer="2")])
+             for n in range(3)]
+    results = score(reward.grpc_address, items)
+    (written,) = tmp_path.glob("items-*.jsonl")
+    assert written.name == f"items-{reward.process.pid}.jsonl"
+    lines = {row["id"]: row for row in map(json.loads, written.read_text().splitlines())}
+    assert set(lines) == {"i0", "i1", "i2"}
+    for n in range(3):
+        assert lines[f"i{n}"]["response"] == f"so \\boxed{{{n}}}" and lines[f"i{n}"]["prompt"] == "What is 1 + 1?"
+        assert lines[f"i{n}"]["reward"] == results[f"i{n}"].reward == (1.0 if n == 2 else 0.0)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 from everstep.transport import add_transport_arguments, apply_transport_arguments
+from everstep_reward.item_log import ITEM_LOG_ENV
 
 TRANSPORT_FLAGS = (  # read by everstep.transport from the environment, not by RewardConfig
     "grpc_tls_cert", "grpc_tls_key", "grpc_tls_ca", "grpc_tls_server_name", "grpc_max_message_bytes")
@@ -42,6 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--reward-model-max-tokens", type=int, default=None)
     parser.add_argument("--reward-model-batch-size", type=int, default=None)
     parser.add_argument("--reward-model-threads", type=int, default=None)
+    parser.add_argument("--item-log", default=os.environ.get(ITEM_LOG_ENV) or None,
+                        help="JSONL file: one line per scored item (prompt, response, reward); {pid} is replaced by "
+                             "the process id (default: $EVERSTEP_REWARD_ITEM_LOG, else none)")
     add_transport_arguments(parser)
     return parser
 

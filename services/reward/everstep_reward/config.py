@@ -43,6 +43,8 @@ class RewardConfig(BaseModel):
     model_timeout_seconds: float = Field(60.0, gt=0, description="Per-item limit of a reward-model score.")
     max_concurrent_items: int = Field(64, ge=1, description="Items scored at once across all requests.")
     grpc_threads: int = Field(16, ge=1, description="gRPC handler threads (concurrent Score calls).")
+    item_log: str | None = Field(None, description="JSONL file recording each scored item's prompt, response and "
+                                                   "reward ({pid}: the process id); none: off.")
 
     @model_validator(mode="after")
     def _check_length(self) -> RewardConfig:

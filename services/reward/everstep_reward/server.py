@@ -15,6 +15,7 @@ from prometheus_client import start_http_server
 from everstep.transport import bind, server_options
 from everstep.v1 import reward_pb2, reward_pb2_grpc
 from everstep_reward.config import RewardConfig
+from everstep_reward.item_log import ItemLog
 from everstep_reward.scoring import RewardScorer
 from everstep_reward.verifiers import VerifierRegistry
 from everstep_reward.verifiers.code import CodeParams, CodeVerifier
@@ -33,18 +34,22 @@ GRPC_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 
 class RewardServicer(reward_pb2_grpc.RewardServicer):
-    def __init__(self, scorer: RewardScorer) -> None:
+    def __init__(self, scorer: RewardScorer, item_log: ItemLog | None = None) -> None:
         self._scorer = scorer
+        self._item_log = item_log
 
     def Score(self, request: reward_pb2.ScoreRequest, context: grpc.ServicerContext):
         problem = _id_problem(request.items)
         if problem:  # results are matched by id: refuse the batch before scoring any of it
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         results = self._scorer.score_batch(request.items)
+        items = {item.id: item for item in request.items} if self._item_log is not None else {}
         try:
             for result in results:
                 if not context.is_active():
                     break
+                if self._item_log is not None:
+                    self._item_log.append(items[result.id], result)
                 yield result
         finally:
             results.close()
@@ -94,7 +99,8 @@ def serve(config: RewardConfig) -> None:
         model_verifier,
     ])
     scorer = RewardScorer(registry, max_concurrent_items=config.max_concurrent_items)
-    reward_pb2_grpc.add_RewardServicer_to_server(RewardServicer(scorer), grpc_server)
+    item_log = ItemLog(config.item_log) if config.item_log else None
+    reward_pb2_grpc.add_RewardServicer_to_server(RewardServicer(scorer, item_log), grpc_server)
     bind(grpc_server, f"{config.host}:{config.grpc_port}")
     grpc_server.start()
     try:
