@@ -14,7 +14,6 @@ content of the last user message; never the template's text.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from tokenizers import Tokenizer
@@ -95,9 +94,10 @@ def read_row_prompt(value: Any, field: str) -> RowPrompt:
         if not value.strip():
             raise ValueError(f"no prompt in field {field!r}")
         return value
-    if not isinstance(value, Sequence) or isinstance(value, bytes) or not value:
-        raise ValueError(f"no prompt in field {field!r}" if value is None or value == [] else
-                         f"field {field!r} must be a string or a list of messages, got {type(value).__name__}")
+    if value is None or (isinstance(value, list | tuple) and not value):
+        raise ValueError(f"no prompt in field {field!r}")
+    if not isinstance(value, list | tuple):
+        raise ValueError(f"field {field!r} must be a string or a list of messages, got {type(value).__name__}")
     messages = []
     for i, message in enumerate(value):
         role = message.get("role") if isinstance(message, dict) else None
