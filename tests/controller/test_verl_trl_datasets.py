@@ -156,6 +156,20 @@ def test_missing_fields_are_named_before_any_row_is_read(tmp_path: Path) -> None
         check_dataset_fields(DatasetSpec(train_path=str(jsonl), prompt_field="q", answer_field="meta.answer"))
 
 
+def test_a_job_whose_file_lacks_a_field_fails_at_load_naming_it(tmp_path: Path, chat_model: Path) -> None:
+    """The same check when the job loads its data (a file written after submission, a job taken over)."""
+    path = _verl_parquet(tmp_path / "train.parquet")
+    spec = JobSpec(model_path=str(chat_model), dataset={"train_path": str(path)})
+    with pytest.raises(DatasetFieldError, match="set answer_field: reward_model.ground_truth"):
+        load_job_data(spec)
+    raw_model = tmp_path / "raw-model"
+    raw_model.mkdir()
+    (raw_model / "tokenizer.json").write_text((chat_model / "tokenizer.json").read_text())
+    with pytest.raises(ValueError, match="prompt.format is 'chat' but model_path .* has no chat template"):
+        load_job_data(JobSpec(model_path=str(raw_model), prompt={"format": "chat"},
+                              dataset={"train_path": str(path), "answer_field": "reward_model.ground_truth"}))
+
+
 def test_submission_with_a_missing_field_is_a_422_naming_it(redis_url: str, tmp_path: Path,
                                                             chat_model: Path) -> None:
     store = JobStore(redis.Redis.from_url(redis_url))
@@ -177,6 +191,14 @@ def test_submission_with_a_missing_field_is_a_422_naming_it(redis_url: str, tmp_
     response = client.post("/v1/jobs", json={"model_path": str(no_template), "prompt": {"system": "Be brief."},
                                              "dataset": {"train_path": verl}})
     assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body", "prompt", "system"]
+
+    broken = tmp_path / "broken-template"
+    broken.mkdir()
+    (broken / "tokenizer.json").write_text((chat_model / "tokenizer.json").read_text())
+    (broken / "chat_template.jinja").write_text("{% for message in messages %}{{ message['content'] }}")
+    response = client.post("/v1/jobs", json={"model_path": str(broken), "dataset": {"train_path": verl}})
+    assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body", "model_path"]
+    assert "the chat template does not compile" in response.json()["detail"][0]["msg"]
 
     spec["dataset"]["answer_field"] = "reward_model.ground_truth"
     assert client.post("/v1/jobs", json=spec).status_code == 201
