@@ -13,10 +13,12 @@ It renders as transformers' `apply_chat_template(messages, add_generation_prompt
   and the model-specific ones of `extra_special_tokens`), each as its text.
 
 Where the template lives, as transformers reads it: `chat_template.jinja` in the model directory (the default
-template of `save_pretrained`), else `tokenizer_config.json`'s `chat_template`, a string or a list of
-`{name, template}` of which the one named `default` is used. The rendered text is tokenized by the caller
-with `add_special_tokens=False`, as `apply_chat_template(..., tokenize=True)` does: the template writes the
-control tokens it wants (a BOS included), so none is added again.
+template of `save_pretrained`; named others in `additional_chat_templates/` are not used), else
+`tokenizer_config.json`'s `chat_template`, a string or a list of `{name, template}` of which the one
+named `default` is used; named templates without a default are an error, as in transformers. The
+rendered text is tokenized by the caller with `add_special_tokens=False`, as `apply_chat_template(...,
+tokenize=True)` does: the template writes the control tokens it wants (a BOS included), so none is added
+again.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 __all__ = ["ChatMessage", "ChatTemplate", "ChatTemplateError", "read_chat_template"]
 
 TEMPLATE_FILE = "chat_template.jinja"
+OTHER_TEMPLATES_DIR = "additional_chat_templates"  # named templates besides the default (e.g. tool_use)
 TOKENIZER_CONFIG = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP = "special_tokens_map.json"
 NAMED_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
@@ -156,6 +159,9 @@ def _template_source(model_dir: Path, config: dict[str, Any]) -> str | None:
     file = model_dir / TEMPLATE_FILE
     if file.is_file():
         return file.read_text(encoding="utf-8")
+    others = sorted(f.stem for f in (model_dir / OTHER_TEMPLATES_DIR).glob("*.jinja"))
+    if others:  # transformers' files take priority over the config, and name no default here
+        raise ChatTemplateError(f"{OTHER_TEMPLATES_DIR}/ has chat templates {others} but there is no {TEMPLATE_FILE}")
     value = config.get("chat_template")
     if value is None or isinstance(value, str):
         return value or None
