@@ -192,6 +192,10 @@ def test_submission_with_a_missing_field_is_a_422_naming_it(redis_url: str, tmp_
                                              "dataset": {"train_path": verl}})
     assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body", "prompt", "system"]
 
+    response = client.post("/v1/jobs", json={"model_path": str(chat_model), "prompt": {"format": "raw",
+                                             "system": "Be brief."}, "dataset": {"train_path": verl}})
+    assert response.status_code == 422 and "prompt.system needs a chat template" in response.text
+
     broken = tmp_path / "broken-template"
     broken.mkdir()
     (broken / "tokenizer.json").write_text((chat_model / "tokenizer.json").read_text())
