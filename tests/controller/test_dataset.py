@@ -12,6 +12,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from everstep_controller.dataset import RowFields, dataset_format, load_prompt_rows
+from everstep_controller.prompt_rendering import PromptEncoder
 from everstep_controller.row_tests import FunctionCallCase, RowTests, StdioCase
 
 ROWS = [
@@ -26,11 +27,12 @@ ROWS = [
 
 
 @pytest.fixture(scope="module")
-def tokenizer() -> Tokenizer:
+def encoder() -> PromptEncoder:
+    """The raw format: prompt strings tokenized as they are."""
     words = ["<unk>", "+", "=", "write", "add"] + [str(i) for i in range(10)]
     tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return tok
+    return PromptEncoder(tok)
 
 
 def _check(loaded) -> None:  # noqa: ANN001
@@ -44,13 +46,13 @@ def _check(loaded) -> None:  # noqa: ANN001
     assert "neither an answer" in reasons[2] and "no prompt" in reasons[3] and "not JSON" in reasons[6]
 
 
-def test_jsonl_rows(tmp_path: Path, tokenizer: Tokenizer) -> None:
+def test_jsonl_rows(tmp_path: Path, encoder: PromptEncoder) -> None:
     path = tmp_path / "train.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    _check(load_prompt_rows(str(path), tokenizer))
+    _check(load_prompt_rows(str(path), encoder))
 
 
-def test_parquet_rows(tmp_path: Path, tokenizer: Tokenizer) -> None:
+def test_parquet_rows(tmp_path: Path, encoder: PromptEncoder) -> None:
     path = tmp_path / "train.parquet"
     table = pa.table({
         "prompt": [r.get("prompt") for r in ROWS],
@@ -59,28 +61,28 @@ def test_parquet_rows(tmp_path: Path, tokenizer: Tokenizer) -> None:
         "tests": [json.dumps(r["tests"]) if isinstance(r.get("tests"), list) else r.get("tests") for r in ROWS],
     })
     pq.write_table(table, path)
-    _check(load_prompt_rows(str(path), tokenizer))
+    _check(load_prompt_rows(str(path), encoder))
 
 
-def test_field_names_and_format_are_configurable(tmp_path: Path, tokenizer: Tokenizer) -> None:
+def test_field_names_and_format_are_configurable(tmp_path: Path, encoder: PromptEncoder) -> None:
     path = tmp_path / "rows.data"
     path.write_text(json.dumps({"question": "2 + 2 =", "solution": "4"}) + "\nnot json\n")
     with pytest.raises(ValueError, match="dataset.format"):
-        load_prompt_rows(str(path), tokenizer)
-    loaded = load_prompt_rows(str(path), tokenizer, fields=RowFields(prompt="question", answer="solution"),
+        load_prompt_rows(str(path), encoder)
+    loaded = load_prompt_rows(str(path), encoder, fields=RowFields(prompt="question", answer="solution"),
                               file_format="jsonl")
     assert [r.answer for r in loaded.rows] == ["4"] and loaded.num_skipped == 1
     assert "not JSON" in loaded.skipped[0].reason
     assert dataset_format("x.PARQUET") == "parquet" and dataset_format("x.ndjson") == "jsonl"
 
 
-def test_a_dataset_without_usable_rows_is_an_error(tmp_path: Path, tokenizer: Tokenizer) -> None:
+def test_a_dataset_without_usable_rows_is_an_error(tmp_path: Path, encoder: PromptEncoder) -> None:
     path = tmp_path / "empty.jsonl"
     path.write_text(json.dumps({"prompt": "x"}) + "\n")
     with pytest.raises(ValueError, match=r"no usable rows \(1 skipped, e.g. row 0"):
-        load_prompt_rows(str(path), tokenizer)
+        load_prompt_rows(str(path), encoder)
     with pytest.raises(FileNotFoundError):
-        load_prompt_rows(str(tmp_path / "missing.jsonl"), tokenizer)
+        load_prompt_rows(str(tmp_path / "missing.jsonl"), encoder)
 
 
 CODE_ROWS = [
@@ -122,10 +124,10 @@ EXPECTED_REASONS = {
 }
 
 
-def test_code_rows_are_read_and_malformed_tests_skip_their_row(tmp_path: Path, tokenizer: Tokenizer) -> None:
+def test_code_rows_are_read_and_malformed_tests_skip_their_row(tmp_path: Path, encoder: PromptEncoder) -> None:
     path = tmp_path / "code.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in CODE_ROWS))
-    loaded = load_prompt_rows(str(path), tokenizer, verifier_names=["math", "code"])
+    loaded = load_prompt_rows(str(path), encoder, verifier_names=["math", "code"])
     stdio, calls = loaded.rows
     assert (stdio.index, stdio.language, stdio.verifiers) == (0, "cpp", ())
     assert stdio.tests == RowTests(stdio=(StdioCase("1 2\n", "3\n"),))
@@ -139,14 +141,14 @@ def test_code_rows_are_read_and_malformed_tests_skip_their_row(tmp_path: Path, t
     for index, expected in EXPECTED_REASONS.items():
         assert expected in reasons[index], (index, reasons[index])
     # without the job's verifier names (no check), a row may name any
-    assert 12 not in {s.index for s in load_prompt_rows(str(path), tokenizer).skipped}
+    assert 12 not in {s.index for s in load_prompt_rows(str(path), encoder).skipped}
 
 
-def test_code_field_names_are_configurable(tmp_path: Path, tokenizer: Tokenizer) -> None:
+def test_code_field_names_are_configurable(tmp_path: Path, encoder: PromptEncoder) -> None:
     path = tmp_path / "rows.jsonl"
     path.write_text(json.dumps({"q": "add", "cases": [{"arguments": [1], "expected": 1}], "fn_name": "f",
                                 "lang": "python", "apply": ["code"]}) + "\n")
     fields = RowFields(prompt="q", tests="cases", function_name="fn_name", language="lang", verifiers="apply")
-    (row,) = load_prompt_rows(str(path), tokenizer, fields=fields, verifier_names=["code"]).rows
+    (row,) = load_prompt_rows(str(path), encoder, fields=fields, verifier_names=["code"]).rows
     assert (row.tests.function_name, row.language, row.verifiers) == ("f", "python", ("code",))
     assert row.tests.function_calls == (FunctionCallCase("[1]", "1"),)

@@ -12,6 +12,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from everstep.v1 import common_pb2, reward_pb2
 from everstep_controller.clients import RewardClient
 from everstep_controller.dataset import PromptRow, load_prompt_rows
+from everstep_controller.prompt_rendering import PromptEncoder
 from everstep_controller.reward_errors import ErrorClass, classify, part_errors
 from everstep_controller.reward_items import RewardItemBuilder
 from everstep_controller.spec import RewardSpec
@@ -37,7 +38,7 @@ def rows(tmp_path_factory: pytest.TempPathFactory) -> list[PromptRow]:
     path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     tokenizer = Tokenizer(models.WordLevel(vocab={"<unk>": 0}, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    loaded = load_prompt_rows(str(path), tokenizer, verifier_names=[v.name for v in JOB])
+    loaded = load_prompt_rows(str(path), PromptEncoder(tokenizer), verifier_names=[v.name for v in JOB])
     assert loaded.num_skipped == 0
     return loaded.rows
 

@@ -17,9 +17,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from everstep_controller.job_manager import JobManager
 from everstep_controller.job_store import Action, JobRecord, JobStore
-from everstep_controller.model_limits import SpecFieldError, check_lengths
 from everstep_controller.request_limits import DEFAULT_MAX_REQUEST_BYTES, RequestSizeLimit
 from everstep_controller.spec import JobSpec
+from everstep_controller.submission_checks import JobInputError, check_job_input
 
 _bearer = HTTPBearer(auto_error=False, description="EVERSTEP_API_TOKEN of the controller, when it has one")
 
@@ -51,10 +51,9 @@ def create_app(manager: JobManager, store: JobStore, *, max_request_bytes: int =
     @app.post("/v1/jobs", status_code=201, response_model=JobRecord, dependencies=v1)
     def create_job(spec: JobSpec) -> JobRecord:
         try:
-            check_lengths(spec)
-        except SpecFieldError as e:  # shaped like FastAPI's own validation errors
-            raise HTTPException(status_code=422, detail=[{"loc": ["body", *e.field.split(".")], "msg": e.message,
-                                                          "type": "value_error"}]) from None
+            check_job_input(spec)  # the files readable now: a field they lack is a 422 naming it
+        except JobInputError as e:
+            raise HTTPException(status_code=422, detail=[e.detail()]) from None
         return manager.submit(spec)
 
     @app.get("/v1/jobs", response_model=list[JobRecord], dependencies=v1)

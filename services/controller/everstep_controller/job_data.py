@@ -7,7 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from everstep_controller.dataset import LoadedDataset, PromptRow, RowFields, load_prompt_rows, load_tokenizer
+from everstep_controller.dataset_columns import check_dataset_fields
 from everstep_controller.job_store import DatasetReport
+from everstep_controller.model_limits import max_prompt_tokens, position_limit
+from everstep_controller.prompt_rendering import load_prompt_encoder
 from everstep_controller.spec import JobSpec
 
 __all__ = ["JobData", "load_job_data"]
@@ -28,14 +31,21 @@ class JobData:
 def load_job_data(spec: JobSpec) -> JobData:
     if not Path(spec.model_path).is_dir():
         raise FileNotFoundError(f"model_path {spec.model_path!r} is not a directory")
-    tokenizer = load_tokenizer(spec.model_path)
+    encoder = load_prompt_encoder(spec.model_path, load_tokenizer(spec.model_path), spec.prompt)
     d = spec.dataset
+    check_dataset_fields(d)  # as at submission (submission_checks): a field the file lacks fails the job
     fields = RowFields(prompt=d.prompt_field, answer=d.answer_field, tests=d.tests_field,
                        function_name=d.function_name_field, language=d.language_field, verifiers=d.verifiers_field)
     names = [v.name for v in spec.reward.verifiers]
-    train = load_prompt_rows(d.train_path, tokenizer, fields=fields, file_format=d.format.value, verifier_names=names)
+    longest = max_prompt_tokens(spec)  # a row whose prompt + max_new_tokens passes the model's positions is skipped
+    if longest is not None and longest < 1:
+        raise ValueError(f"sampling.max_new_tokens ({spec.sampling.max_new_tokens}) leaves no room for a prompt "
+                         f"within the model's max_position_embeddings ({position_limit(spec.model_path)})")
+    train = load_prompt_rows(d.train_path, encoder, fields=fields, file_format=d.format.value, verifier_names=names,
+                             max_prompt_tokens=longest)
     eval_rows: list[PromptRow] = []
     if d.eval_path:
-        eval_rows = load_prompt_rows(d.eval_path, tokenizer, fields=fields, file_format=d.format.value,
-                                     verifier_names=names).rows[: spec.evaluation.num_prompts]
+        held_out = load_prompt_rows(d.eval_path, encoder, fields=fields, file_format=d.format.value,
+                                    verifier_names=names, max_prompt_tokens=longest)
+        eval_rows = held_out.rows[: spec.evaluation.num_prompts]
     return JobData(train, eval_rows)

@@ -1,5 +1,6 @@
-"""What a job's model allows, read from its config.json without torch: the position limit, and the
-length checks made at submission (a 422 naming the field) and at load (over-long rows skipped)."""
+"""What a job's model allows, read from its config.json without torch: its position limit, and from it the
+longest prompt a row may have (longer rows are skipped at load; `submission_checks` refuses a
+`sampling.max_new_tokens` that leaves no room for any prompt)."""
 
 from __future__ import annotations
 
@@ -8,15 +9,7 @@ from pathlib import Path
 
 from everstep_controller.spec import JobSpec
 
-__all__ = ["SpecFieldError", "check_lengths", "max_prompt_tokens", "position_limit"]
-
-
-class SpecFieldError(ValueError):
-    """A spec that validates on its own but not against what it names (its model, its dataset)."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field, self.message = field, message
+__all__ = ["max_prompt_tokens", "position_limit"]
 
 
 def position_limit(model_path: str) -> int | None:
@@ -32,15 +25,6 @@ def position_limit(model_path: str) -> int | None:
         if isinstance(value, int) and value > 0:
             return value
     return None
-
-
-def check_lengths(spec: JobSpec) -> None:
-    """At submission: SpecFieldError when sampling.max_new_tokens leaves no room for a prompt within the
-    model's position limit. A model the controller cannot read here is checked when the job loads it."""
-    limit = position_limit(spec.model_path)
-    if limit is not None and spec.sampling.max_new_tokens >= limit:
-        raise SpecFieldError("sampling.max_new_tokens", f"{spec.sampling.max_new_tokens} leaves no room for a prompt "
-                             f"within the model's max_position_embeddings ({limit})")
 
 
 def max_prompt_tokens(spec: JobSpec) -> int | None:

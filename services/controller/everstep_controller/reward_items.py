@@ -32,7 +32,8 @@ class RewardItemBuilder:
             self._params[v.name].update(v.params)
 
     def __call__(self, item_id: str, row: PromptRow, sequence: common_pb2.Sequence) -> reward_pb2.RewardItem:
-        """sequence: the finished rollout (its text is the response, its output ids the token count)."""
+        """sequence: the finished rollout (its text, decoded without control tokens, is the response; its output
+        ids the token count). The prompt sent is the user's text (`PromptRow.prompt`), not the chat template's."""
         item = reward_pb2.RewardItem(id=item_id, response=sequence.output_text, prompt=row.prompt,
                                      num_response_tokens=len(sequence.output_ids))
         for v in self._verifiers:

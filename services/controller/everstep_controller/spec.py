@@ -25,8 +25,13 @@ class DatasetFormat(StrEnum):
 class DatasetSpec(_Section):
     """Where prompts come from: JSONL or Parquet rows with a prompt and an answer or tests.
 
-    Rows without a prompt, with neither an answer nor tests, with malformed tests or naming a
-    verifier the job does not have are skipped, counted and listed in the job record (`dataset`).
+    Every *_field is a column name or a dotted path into nested columns (`reward_model.ground_truth`: the
+    `ground_truth` of the struct column `reward_model`); a name that is itself a column is taken as it is.
+    A field named other than by its default that no row has, a prompt field no row has, or neither an
+    answer nor a tests field, is rejected at submission (422 naming the field) when the file can be read
+    then, else fails the job. verl's and TRL's files: docs/controller.md, "Datasets". Rows without a
+    prompt, with neither an answer nor tests, with malformed tests or naming a verifier the job does not
+    have are skipped, counted and listed in the job record (`dataset`).
     """
 
     train_path: str = Field(description="JSONL or Parquet file of training rows.")
@@ -37,8 +42,15 @@ class DatasetSpec(_Section):
         default=DatasetFormat.auto,
         description="File format; 'auto': from the file name (.jsonl/.json/.ndjson, .parquet/.pq).",
     )
-    prompt_field: str = Field(default="prompt", description="Row field holding the prompt text.")
-    answer_field: str = Field(default="answer", description="Row field holding the reference answer.")
+    prompt_field: str = Field(
+        default="prompt", min_length=1,
+        description="Row field holding the prompt: a string, or a list of {role, content} messages (prompt.format).",
+    )
+    answer_field: str = Field(
+        default="answer", min_length=1,
+        description="Row field holding the reference answer (a string or number); verl: 'reward_model.ground_truth', "
+                    "TRL: 'answer' or 'solution'.",
+    )
     tests_field: str = Field(
         default="tests",
         description="Row field holding a list of code tests, or a JSON string of one. Each test is a stdin/stdout "
@@ -59,6 +71,40 @@ class DatasetSpec(_Section):
         description="Row field listing the names of the job's verifiers that apply to the row (e.g. ['code']); "
                     "missing: all of them. A name the job does not list makes the row skipped.",
     )
+
+
+class PromptFormat(StrEnum):
+    auto = "auto"
+    raw = "raw"
+    chat = "chat"
+
+
+class PromptSpec(_Section):
+    """How a row's prompt becomes the model's input: the model's chat template, or the text as it is.
+
+    A row's prompt is a string (one user message) or a list of {role, content} messages. The controller
+    renders the template as transformers' apply_chat_template(messages, add_generation_prompt=True) does and
+    tokenizes the result without adding special tokens (docs/controller.md, "Prompts").
+    """
+
+    format: PromptFormat = Field(
+        default=PromptFormat.auto,
+        description="'chat': render the model's chat template (chat_template.jinja, or chat_template in "
+                    "tokenizer_config.json; a model without one is an error); 'raw': tokenize the prompt string as "
+                    "it is (rows of messages are skipped); 'auto': 'chat' when the model has a chat template, "
+                    "else 'raw'.",
+    )
+    system: str | None = Field(
+        default=None, min_length=1,
+        description="System message put before every row's messages, unless the row has a system message of its "
+                    "own (the row's wins). Needs a chat template.",
+    )
+
+    @model_validator(mode="after")
+    def _system_needs_chat(self) -> PromptSpec:
+        if self.system is not None and self.format == PromptFormat.raw:
+            raise ValueError("prompt.system needs a chat template; prompt.format is 'raw'")
+        return self
 
 
 class VerifierWeight(_Section):
@@ -235,6 +281,7 @@ class JobSpec(_Section):
     name: str = Field(default="job", min_length=1, max_length=128, description="Display name.")
     model_path: str = Field(min_length=1, description="Hugging Face model directory (the initial policy).")
     dataset: DatasetSpec
+    prompt: PromptSpec = Field(default_factory=PromptSpec)
     reward: RewardSpec = Field(default_factory=RewardSpec)
     algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
