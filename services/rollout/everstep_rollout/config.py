@@ -40,6 +40,10 @@ class EngineConfig:
     recompute_kv_on_update: bool = True
     """After update_weights, recompute the KV cache of running sequences with the new weights, so that
     every recorded log-prob is exactly that of the version it is tagged with."""
+    mem_fraction_static: float = 0.0
+    """sglang engine only: the fraction of the GPU's memory sglang takes for weights and KV cache
+    (sglang's `mem_fraction_static`); 0: sglang's own default, which takes most of the GPU. Set it when a
+    trainer shares the GPU."""
 
     def __post_init__(self) -> None:
         for name in ("max_running", "max_seq_len", "prefill_max_tokens"):
@@ -55,6 +59,8 @@ class EngineConfig:
             raise ValueError(f"executor must be 'auto', 'native' or 'transformers', got {self.executor!r}")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+        if not 0.0 <= self.mem_fraction_static < 1.0:
+            raise ValueError(f"mem_fraction_static must be in [0, 1), got {self.mem_fraction_static}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
 

@@ -57,17 +57,20 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
 
     def load(self, model_path: str, *, dtype: str = "", version: int = 0, max_running: int = 0,
              seed: int = 0) -> GenerationEngine:
-        """Build an engine (the request's non-zero fields override the defaults) and swap it in."""
+        """Stop the current engine, then build one (the request's non-zero fields override the defaults)."""
         config = replace(
             self._defaults, dtype=dtype or self._defaults.dtype, version=version,
             max_running=max_running or self._defaults.max_running, seed=seed or self._defaults.seed,
         )
+        # The old engine stops first: two engines at once would not fit one GPU (sglang takes most of it).
+        with self._lock:
+            old, self._loop, self._model_path = self._loop, None, ""
+        if old is not None:
+            old.stop("engine reset by Load")
         engine = build_engine(model_path, config)
         loop = EngineLoop(engine, on_step=metrics.observe_step).start()
         with self._lock:
-            old, self._loop, self._model_path = self._loop, loop, model_path
-        if old is not None:
-            old.stop("engine reset by Load")
+            self._loop, self._model_path = loop, model_path
         return engine
 
     def status(self) -> EngineStatus | None:

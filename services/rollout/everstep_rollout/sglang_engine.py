@@ -1,10 +1,21 @@
 """The sglang engine: the rollout service's engine interface over sglang's offline `sglang.Engine` (GPU).
 
 NOT RUN: sglang is not installed on the CPU machines this was written on and no GPU was available; this
-module is written against sglang's documented offline-engine API (`Engine.async_generate`,
-`Engine.update_weights_from_tensor`, `Engine.init_weights_update_group`,
-`Engine.update_weights_from_distributed`, `Engine.tokenizer_manager.abort_request`) and its request
-bookkeeping is tested on CPU against a stand-in (tests/rollout/test_sglang_engine.py), not against sglang.
+module is written against the source of sglang 0.5.3 (the version `make sglang-venv` and
+deploy/docker/rollout-sglang.Dockerfile pin): `Engine.async_generate`, `Engine.update_weights_from_tensor`,
+`Engine.init_weights_update_group`, `Engine.update_weights_from_distributed`,
+`Engine.tokenizer_manager.abort_request`. Its request bookkeeping and its event-loop discipline are
+tested on CPU against a stand-in (tests/rollout/test_sglang_engine.py), not against sglang.
+
+sglang runs in an environment of its own (its exact torch and transformers pins conflict with ours):
+see docs/rollout.md, "The sglang environment".
+
+Event loops: sglang's `Engine` has no loop of its own. Its sync methods run
+`asyncio.get_event_loop().run_until_complete(...)` on the calling thread's loop, and
+`TokenizerManager.abort_request` sends on a `zmq.asyncio` socket, whose `send` makes an
+`asyncio.Future` and so needs a current loop. The engine-loop thread that drives this engine has none,
+so `SglangEngine` owns one loop (`_loop`), makes it the calling thread's current loop before every sync
+sglang call (`_sync`), and sends aborts from a coroutine running on it (`_abort`).
 
 How it maps the engine interface (the same one `Engine` has, driven by `EngineLoop`):
 
@@ -16,12 +27,16 @@ How it maps the engine interface (the same one `Engine` has, driven by `EngineLo
   sglang's default log-prob is log_softmax(logits / T) of the sampled token before top-k/top-p filtering
   (T = 1 when greedy), the same quantity the torch engine records; do not set
   SGLANG_RETURN_ORIGINAL_LOGPROB, which switches it to the untempered distribution.
-- `drain` aborts the requests (`abort_request(rid)`), waits for their last chunks and returns what they
-  generated as ABORTED partials (or as finished, when a request ended before the abort reached it).
+- `drain` aborts the requests (`abort_request(rid)`, sent from a coroutine on `_loop`), waits for their
+  last chunks and returns what they generated as ABORTED partials (or as finished, when a request ended
+  before the abort reached it).
 - `update_weights` (and `update_weights_from_distributed`) first takes every running request out the same
   way, swaps the weights with sglang's cache flushed, then resubmits each as a continuation (prompt +
   output so far), so that its prefix is recomputed under the new weights and every token carries the
-  version it was generated under.
+  version it was generated under. sglang re-shares the tensors with its scheduler process
+  (`MultiprocessingSerializer`), and torch refuses to share a CUDA tensor this process received by CUDA
+  IPC, so those are cloned first (`everstep.cuda_ipc.owned`: one device copy, the CUDA IPC push's only one).
+- Memory: `EngineConfig.mem_fraction_static` goes to sglang (0: sglang's default, most of the GPU).
 - Backpressure: at most max_running + max_queued sequences live at once (sglang queues internally), more
   are refused with QueueFullError. `num_queued` is 0: sglang's own queue is not visible here.
 - Per-request seeds are not passed on (sglang's seeding differs by version); the engine seed is sglang's
@@ -39,6 +54,7 @@ from pathlib import Path
 
 import torch
 
+from everstep import cuda_ipc
 from everstep_rollout.config import EngineConfig
 from everstep_rollout.engine import QueueFullError, StepStats, ThroughputWindow, read_eos_token_ids
 from everstep_rollout.engines import EngineUnavailableError
@@ -47,7 +63,8 @@ from everstep_rollout.sequence import FinishReason, GenerationRequest, SequenceR
 
 log = logging.getLogger(__name__)
 
-GPU_EXTRA_HINT = "install the optional extra on a CUDA machine: pip install 'everstep-rollout[gpu]'"
+GPU_EXTRA_HINT = ("sglang runs in an environment of its own on a CUDA machine: `make sglang-venv` (then run the "
+                  "rollout server with .venv-sglang/bin/python), or the image deploy/docker/rollout-sglang.Dockerfile")
 _POLL_SECONDS = 0.005
 _ABORT_TIMEOUT_SECONDS = 60.0
 _FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORTED}
@@ -85,7 +102,9 @@ class SglangEngine:
     """The engine interface over `sglang.Engine`; see the module docstring. Not thread safe (EngineLoop)."""
 
     def __init__(self, model_dir: str | Path, config: EngineConfig | None = None, *, sglang_engine=None) -> None:
-        """`sglang_engine`: an already built engine object (tests pass a stand-in); built from config otherwise."""
+        """`sglang_engine`: an already built engine object (tests pass a stand-in); built from config otherwise.
+
+        Build it on the thread that will drive it or not: every sglang call goes through `_loop`."""
         from transformers import AutoTokenizer
 
         self.config = config or EngineConfig(engine="sglang")
@@ -96,13 +115,9 @@ class SglangEngine:
             sglang = import_sglang()
             if self.config.device == "cpu":
                 raise ValueError("engine 'sglang' runs on a GPU: set device to 'cuda' (or use engine 'torch')")
-            sglang_engine = sglang.Engine(
-                model_path=str(self.model_dir), dtype=self.config.dtype, random_seed=self.config.seed,
-                max_running_requests=self.config.max_running, context_length=self.max_seq_len,
-                log_level="error",
-            )
+            sglang_engine = sglang.Engine(**self.sglang_arguments())
         self._sgl = sglang_engine
-        self._loop: asyncio.AbstractEventLoop = sglang_engine.loop
+        self._loop: asyncio.AbstractEventLoop = asyncio.new_event_loop()
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.eos_token_ids = read_eos_token_ids(self.model_dir, model_config)
         self.version = self.config.version
@@ -114,6 +129,26 @@ class SglangEngine:
         self.last_step: StepStats | None = None
         log.info("sglang engine over %s (%s, max_running %d)", self.model_dir, self.config.dtype,
                  self.config.max_running)
+
+    def sglang_arguments(self) -> dict:
+        """The keyword arguments of `sglang.Engine` (its ServerArgs fields) this config gives."""
+        arguments = {"model_path": str(self.model_dir), "dtype": self.config.dtype, "random_seed": self.config.seed,
+                     "max_running_requests": self.config.max_running, "context_length": self.max_seq_len,
+                     "log_level": "error"}
+        if self.config.device.startswith("cuda:"):
+            arguments["base_gpu_id"] = int(self.config.device.partition(":")[2] or 0)
+        if self.config.mem_fraction_static:
+            arguments["mem_fraction_static"] = self.config.mem_fraction_static
+        return arguments
+
+    def _sync(self, call):
+        """Run a sync sglang method: they all use `asyncio.get_event_loop()` of the calling thread."""
+        asyncio.set_event_loop(self._loop)
+        return call()
+
+    def _run(self, awaitable):
+        asyncio.set_event_loop(self._loop)
+        return self._loop.run_until_complete(awaitable)
 
     # -- state ------------------------------------------------------------------------------------------
 
@@ -214,13 +249,18 @@ class SglangEngine:
         return [self._result(e, e.finish or FinishReason.ABORTED) for e in entries]
 
     def _abort(self, entries: list[_Request]) -> None:
-        for e in entries:
-            self._sgl.tokenizer_manager.abort_request(rid=e.rid)
         tasks = [e.task for e in entries if e.task is not None]
-        if tasks:
-            _, pending = self._loop.run_until_complete(asyncio.wait(tasks, timeout=_ABORT_TIMEOUT_SECONDS))
-            for task in pending:
-                task.cancel()
+
+        async def abort_and_wait() -> None:
+            # On the loop, in a coroutine: abort_request sends on a zmq.asyncio socket (see the module docstring).
+            for e in entries:
+                self._sgl.tokenizer_manager.abort_request(rid=e.rid)
+            if tasks:
+                _, pending = await asyncio.wait(tasks, timeout=_ABORT_TIMEOUT_SECONDS)
+                for task in pending:
+                    task.cancel()
+
+        self._run(abort_and_wait())
         for e in entries:
             del self._live[e.key]
 
@@ -229,23 +269,24 @@ class SglangEngine:
     def update_weights(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> int:
         """Swap weights through `update_weights_from_tensor`; running requests continue under the new ones."""
         num_bytes = sum(t.numel() * t.element_size() for t in named_tensors.values())
-        self._swap(lambda: self._sgl.update_weights_from_tensor(named_tensors=list(named_tensors.items()),
-                                                                 flush_cache=True), version)
+        owned = [(name, cuda_ipc.owned(t)) for name, t in named_tensors.items()]  # sglang re-shares them
+        self._swap(lambda: self._sync(lambda: self._sgl.update_weights_from_tensor(named_tensors=owned,
+                                                                                    flush_cache=True)), version)
         return num_bytes
 
     def init_weights_update_group(self, *, master_address: str, master_port: int, rank_offset: int,
                                   world_size: int, group_name: str = "everstep", backend: str = "nccl") -> None:
         """Join a torch.distributed group with the trainer (which is rank 0) for broadcast weight updates."""
-        _check(self._sgl.init_weights_update_group(
+        _check(self._sync(lambda: self._sgl.init_weights_update_group(
             master_address=master_address, master_port=master_port, rank_offset=rank_offset,
             world_size=world_size, group_name=group_name, backend=backend,
-        ), "init_weights_update_group")
+        )), "init_weights_update_group")
 
     def update_weights_from_distributed(self, *, names: list[str], dtypes: list[str], shapes: list[list[int]],
                                         version: int, group_name: str = "everstep") -> None:
         """Receive the named tensors the trainer broadcasts on the group (it must broadcast them meanwhile)."""
-        self._swap(lambda: self._sgl.update_weights_from_distributed(
-            names=names, dtypes=dtypes, shapes=shapes, group_name=group_name, flush_cache=True), version)
+        self._swap(lambda: self._sync(lambda: self._sgl.update_weights_from_distributed(
+            names=names, dtypes=dtypes, shapes=shapes, group_name=group_name, flush_cache=True)), version)
 
     def _swap(self, update, version: int) -> None:
         entries = list(self._live.values())
@@ -269,8 +310,7 @@ class SglangEngine:
         before = sum(len(e.output_ids) for e in self._live.values())
         tasks = [e.task for e in self._live.values() if e.task is not None]
         if tasks:
-            self._loop.run_until_complete(asyncio.wait(tasks, timeout=_POLL_SECONDS,
-                                                       return_when=asyncio.FIRST_COMPLETED))
+            self._run(asyncio.wait(tasks, timeout=_POLL_SECONDS, return_when=asyncio.FIRST_COMPLETED))
         generated = sum(len(e.output_ids) for e in self._live.values()) - before
         reasons: dict[FinishReason, int] = {}
         for e in [e for e in self._live.values() if e.task is not None and e.task.done()]:
@@ -295,7 +335,13 @@ class SglangEngine:
         )
 
     def shutdown(self) -> None:
-        self._sgl.shutdown()
+        """Abort what runs, stop sglang's processes (and free the GPU memory they hold), close the loop."""
+        try:
+            if self._live:
+                self._abort(list(self._live.values()))
+        finally:
+            self._sgl.shutdown()
+            self._loop.close()
 
 
 def _check(result, what: str) -> None:
