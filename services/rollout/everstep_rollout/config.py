@@ -15,7 +15,7 @@ class EngineConfig:
 
     engine: Literal["torch", "sglang"] = "torch"
     """"torch": our continuous-batching engine (CPU or GPU). "sglang": sglang's offline engine (GPU; needs the
-    optional `gpu` extra, `pip install 'everstep-rollout[gpu]'`)."""
+    sglang environment of its own, `make sglang-venv`; see docs/rollout.md)."""
     executor: Literal["auto", "native", "transformers"] = "auto"
     """Torch engine only. "native": our own Llama/Qwen2 forward pass (fastest); "transformers": the model's
     Hugging Face modeling code (any causal LM); "auto": native when the model's config.json is one it
