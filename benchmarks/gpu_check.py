@@ -703,8 +703,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--size", choices=tuple(SIZES), default="100m")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="engine dtype")
-    parser.add_argument("--watchdog-grace-seconds", type=float, default=_WATCHDOG_GRACE_SECONDS,
-                        help="how long after the budget the watchdog stops the run")
+    parser.add_argument("--watchdog-seconds", type=float, default=0.0,
+                        help=f"when the watchdog stops the run; 0: {_WATCHDOG_GRACE_SECONDS:.0f} s after the budget")
     parser.add_argument("--out", type=Path, default=None,
                         help="also write the report to OUT/gpu_check.json, rewritten after every part (the model "
                              "lives in a temporary directory)")
@@ -760,7 +760,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(line, flush=True)
                 os._exit(3)
 
-    timer = threading.Timer(args.time_budget_seconds + args.watchdog_grace_seconds, watchdog)
+    timer = threading.Timer(args.watchdog_seconds or args.time_budget_seconds + _WATCHDOG_GRACE_SECONDS, watchdog)
     timer.daemon = True
     timer.start()
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
