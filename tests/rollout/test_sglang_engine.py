@@ -314,3 +314,28 @@ def test_missing_sglang_names_its_environment(tiny_model_dir, free_port):
     assert process.returncode == 2
     assert "engine 'sglang' needs the sglang package" in process.stderr
     assert "make sglang-venv" in process.stderr
+
+
+def test_second_load_stops_the_old_engine_before_building_the_new_one(tiny_model_dir, monkeypatch):
+    """Two sglang engines would not fit one GPU: the old one is shut down before the next is built."""
+    from everstep_rollout import server
+    from everstep_rollout.config import EngineConfig
+
+    built: list[SglangStandIn] = []
+    running_at_build: list[int] = []
+
+    def build_engine_stand_in(model_path, config):
+        running_at_build.append(sum(not s.shut_down for s in built))
+        built.append(SglangStandIn())
+        return SglangEngine(model_path, config, sglang_engine=built[-1])
+
+    monkeypatch.setattr(server, "build_engine", build_engine_stand_in)
+    servicer = server.RolloutServicer(EngineConfig(engine="sglang"))
+    try:
+        servicer.load(str(tiny_model_dir))
+        servicer.load(str(tiny_model_dir), version=2)
+        assert running_at_build == [0, 0] and built[0].shut_down and not built[1].shut_down
+        assert servicer.status().version == 2
+    finally:
+        servicer.shutdown()
+    assert built[1].shut_down

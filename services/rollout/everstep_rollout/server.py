@@ -214,7 +214,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
 
         def join() -> None:
             try:
-                outcome.put(WeightGroupMember.join(request))
+                outcome.put(WeightGroupMember.join(request, self._defaults.device))
             except Exception as e:  # noqa: BLE001 - handed to the handler
                 outcome.put(e)
 
