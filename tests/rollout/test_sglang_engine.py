@@ -339,3 +339,32 @@ def test_second_load_stops_the_old_engine_before_building_the_new_one(tiny_model
     finally:
         servicer.shutdown()
     assert built[1].shut_down
+
+
+def test_sglang_signal_registration_is_skipped_off_the_main_thread():
+    """sglang's launch calls signal.signal(SIGQUIT, ...), which only the main thread may; a Load builds the
+    engine on a gRPC thread. `launch_stand_in` plays that one call of sglang's `_set_envs_and_config`."""
+    import signal
+
+    from everstep_rollout.sglang_engine import signal_handlers_skipped_off_main_thread
+
+    def launch_stand_in() -> None:
+        signal.signal(signal.SIGQUIT, lambda *_: None)
+
+    with pytest.raises(ValueError, match="main thread"):
+        on_thread(launch_stand_in)  # what a Load would hit without the guard
+
+    def guarded() -> None:
+        with signal_handlers_skipped_off_main_thread():
+            launch_stand_in()
+
+    before = signal.getsignal(signal.SIGQUIT)
+    on_thread(guarded)
+    assert signal.getsignal(signal.SIGQUIT) is before and signal.signal.__module__ in ("signal", "_signal")
+    previous = signal.getsignal(signal.SIGQUIT)
+    try:
+        with signal_handlers_skipped_off_main_thread():  # on the main thread: the real registration
+            launch_stand_in()
+        assert signal.getsignal(signal.SIGQUIT) is not previous
+    finally:
+        signal.signal(signal.SIGQUIT, previous)

@@ -26,7 +26,7 @@ from everstep_trainer.weight_push_base import WeightPushError
 from everstep_trainer.weight_push_collective import CollectiveWeightTransport, default_group_host
 
 SGLANG_SIDE_STAND_IN = textwrap.dedent("""
-    import datetime, sys
+    import datetime, os, sys
     import torch
     from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world, rendezvous
 
@@ -44,6 +44,7 @@ SGLANG_SIDE_STAND_IN = textwrap.dedent("""
     weight = torch.zeros(4)
     torch.distributed.broadcast(weight, src=0, group=pg)
     print("received", weight.tolist(), flush=True)
+    os._exit(0)  # sglang's process lives on; skip gloo's teardown at interpreter exit (it may abort)
 """)
 
 

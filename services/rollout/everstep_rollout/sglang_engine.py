@@ -37,6 +37,8 @@ How it maps the engine interface (the same one `Engine` has, driven by `EngineLo
   (`MultiprocessingSerializer`), and torch refuses to share a CUDA tensor this process received by CUDA
   IPC, so those are cloned first (`everstep.cuda_ipc.owned`: one device copy, the CUDA IPC push's only one).
 - Memory: `EngineConfig.mem_fraction_static` goes to sglang (0: sglang's default, most of the GPU).
+- Threads: a `Load` builds the engine on a gRPC thread, where sglang's `signal.signal(SIGQUIT, ...)`
+  would raise; see `signal_handlers_skipped_off_main_thread`.
 - Backpressure: at most max_running + max_queued sequences live at once (sglang queues internally), more
   are refused with QueueFullError. `num_queued` is 0: sglang's own queue is not visible here.
 - Per-request seeds are not passed on (sglang's seeding differs by version); the engine seed is sglang's
@@ -46,7 +48,10 @@ How it maps the engine interface (the same one `Engine` has, driven by `EngineLo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import signal
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -115,7 +120,8 @@ class SglangEngine:
             sglang = import_sglang()
             if self.config.device == "cpu":
                 raise ValueError("engine 'sglang' runs on a GPU: set device to 'cuda' (or use engine 'torch')")
-            sglang_engine = sglang.Engine(**self.sglang_arguments())
+            with signal_handlers_skipped_off_main_thread():
+                sglang_engine = sglang.Engine(**self.sglang_arguments())
         self._sgl = sglang_engine
         self._loop: asyncio.AbstractEventLoop = asyncio.new_event_loop()
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
@@ -342,6 +348,37 @@ class SglangEngine:
         finally:
             self._sgl.shutdown()
             self._loop.close()
+
+
+_SIGNAL_PATCH = threading.Lock()
+
+
+@contextlib.contextmanager
+def signal_handlers_skipped_off_main_thread():
+    """Let sglang.Engine be built on a gRPC thread (a `Load` call), not only on the main thread.
+
+    sglang 0.5.3's launch registers a SIGQUIT handler with `signal.signal`, which raises ValueError
+    ("signal only works in main thread") anywhere else. Off the main thread, `signal.signal` is replaced
+    for the duration of the build by one that skips the registration (with a warning) and returns the
+    current handler; a failing sglang child then ends this process by SIGQUIT's default action instead of
+    sglang's handler killing the process tree. On the main thread nothing changes.
+    """
+    if threading.current_thread() is threading.main_thread():
+        yield
+        return
+    original = signal.signal
+
+    def skip(signum, handler):
+        log.warning("sglang's handler for %s not installed: the engine is built off the main thread",
+                    signal.Signals(signum).name)
+        return signal.getsignal(signum)
+
+    with _SIGNAL_PATCH:
+        signal.signal = skip
+        try:
+            yield
+        finally:
+            signal.signal = original
 
 
 def _check(result, what: str) -> None:
