@@ -10,7 +10,9 @@ loops, which is where a first GPU run would break:
   otherwise sends on a `zmq.asyncio` socket: pyzmq's send makes an `asyncio.Future`, so without a current
   loop it raises RuntimeError ("There is no current event loop in thread ..."), which the stand-in
   raises the same way (`ZmqAsyncSendStandIn`);
-- `async_generate` streams cumulative chunks with `meta_info.output_token_logprobs`;
+- `tokenizer_manager.generate_request(GenerateReqInputStandIn(..., rid=...), None)` is an async generator
+  of cumulative chunks with `meta_info.output_token_logprobs`, as sglang's (0.5.3's `Engine.async_generate`
+  takes no rid, so the engine builds the request itself; the stand-in has no async_generate at all);
 - `update_weights_from_tensor` refuses to flush its cache while requests run, and pickles the tensors
   with torch's ForkingPickler as sglang's MultiprocessingSerializer does; torch's refusal to re-share a
   CUDA tensor received from another process cannot happen on a CPU, so the stand-in raises torch's
@@ -29,6 +31,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from multiprocessing.reduction import ForkingPickler  # what sglang's MultiprocessingSerializer uses
 from types import SimpleNamespace
 from typing import Any
@@ -75,6 +78,17 @@ def torch_reshare_refusal_stand_in(tensor: torch.Tensor) -> None:
                            "supported. Consider cloning before sending.")
 
 
+@dataclass(kw_only=True)
+class GenerateReqInputStandIn:
+    """Stand-in for sglang's `GenerateReqInput` (the fields the engine sets; `rid` is kw-only in BaseReq)."""
+
+    input_ids: list[int]
+    sampling_params: dict
+    return_logprob: bool = False
+    stream: bool = False
+    rid: str | None = None
+
+
 class SglangStandIn:
     """Stand-in for `sglang.Engine` (see the module docstring); one token per millisecond per request."""
 
@@ -84,7 +98,8 @@ class SglangStandIn:
         self.aborted: set[str] = set()
         self.inputs: dict[str, list[int]] = {}
         self.loops: set[int] = set()
-        self.tokenizer_manager = SimpleNamespace(abort_request=self._abort_request)
+        self.tokenizer_manager = SimpleNamespace(abort_request=self._abort_request,
+                                                 generate_request=self._generate_request)
         self.shut_down = False
         self.received_tensors: list[torch.Tensor] = []
 
@@ -94,14 +109,12 @@ class SglangStandIn:
         self.loops.add(id(zmq_async_send_stand_in()))
         self.aborted.add(rid)
 
-    async def async_generate(self, *, input_ids, sampling_params, return_logprob, stream, rid):
-        assert return_logprob and stream
+    async def _generate_request(self, obj: GenerateReqInputStandIn, request=None):
+        assert isinstance(obj, GenerateReqInputStandIn) and obj.return_logprob and obj.stream and obj.rid
+        rid, tokens, max_new_tokens = obj.rid, list(obj.input_ids), obj.sampling_params["max_new_tokens"]
         self.loops.add(id(asyncio.get_running_loop()))
-        self.inputs[rid] = list(input_ids)
+        self.inputs[rid] = list(tokens)
         self.active.add(rid)
-        return self._stream(rid, list(input_ids), sampling_params["max_new_tokens"])
-
-    async def _stream(self, rid: str, tokens: list[int], max_new_tokens: int):
         triples: list[tuple[float, int, None]] = []
         try:
             while True:
@@ -168,7 +181,7 @@ def engine(tiny_model_dir):
 
     stand_in = SglangStandIn()
     engine = SglangEngine(tiny_model_dir, EngineConfig(engine="sglang", max_running=4, max_queued=2),
-                          sglang_engine=stand_in)
+                          sglang_engine=stand_in, request_type=GenerateReqInputStandIn)
     yield engine
     engine.shutdown()
     assert stand_in.shut_down
@@ -255,7 +268,7 @@ def test_drain_and_update_from_the_engine_loop_thread_run_on_the_engine_loop(tin
 
     stand_in = SglangStandIn()
     engine = on_thread(lambda: SglangEngine(tiny_model_dir, EngineConfig(engine="sglang", max_running=4),
-                                            sglang_engine=stand_in))
+                                            sglang_engine=stand_in, request_type=GenerateReqInputStandIn))
     sampling = SamplingOptions(temperature=1.0, max_new_tokens=50)
 
     def start_and_drain() -> list[SequenceResult]:
@@ -286,7 +299,8 @@ def test_sglang_arguments_carry_mem_fraction_static_and_the_gpu(tiny_model_dir):
     from everstep_rollout.config import EngineConfig
 
     def arguments(**fields) -> dict:
-        engine = SglangEngine(tiny_model_dir, EngineConfig(engine="sglang", **fields), sglang_engine=SglangStandIn())
+        engine = SglangEngine(tiny_model_dir, EngineConfig(engine="sglang", **fields), sglang_engine=SglangStandIn(),
+                              request_type=GenerateReqInputStandIn)
         try:
             return engine.sglang_arguments()
         finally:
@@ -327,7 +341,7 @@ def test_second_load_stops_the_old_engine_before_building_the_new_one(tiny_model
     def build_engine_stand_in(model_path, config):
         running_at_build.append(sum(not s.shut_down for s in built))
         built.append(SglangStandIn())
-        return SglangEngine(model_path, config, sglang_engine=built[-1])
+        return SglangEngine(model_path, config, sglang_engine=built[-1], request_type=GenerateReqInputStandIn)
 
     monkeypatch.setattr(server, "build_engine", build_engine_stand_in)
     servicer = server.RolloutServicer(EngineConfig(engine="sglang"))

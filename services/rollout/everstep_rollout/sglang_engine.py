@@ -2,10 +2,11 @@
 
 NOT RUN: sglang is not installed on the CPU machines this was written on and no GPU was available; this
 module is written against the source of sglang 0.5.3 (the version `make sglang-venv` and
-deploy/docker/rollout-sglang.Dockerfile pin): `Engine.async_generate`, `Engine.update_weights_from_tensor`,
-`Engine.init_weights_update_group`, `Engine.update_weights_from_distributed`,
-`Engine.tokenizer_manager.abort_request`. Its request bookkeeping and its event-loop discipline are
-tested on CPU against a stand-in (tests/rollout/test_sglang_engine.py), not against sglang.
+deploy/docker/rollout-sglang.Dockerfile pin): `Engine.tokenizer_manager.generate_request` with a
+`GenerateReqInput`, `Engine.update_weights_from_tensor`, `Engine.init_weights_update_group`,
+`Engine.update_weights_from_distributed`, `Engine.tokenizer_manager.abort_request`. Its request
+bookkeeping and its event-loop discipline are tested on CPU against a stand-in
+(tests/rollout/test_sglang_engine.py), not against sglang.
 
 sglang runs in an environment of its own (its exact torch and transformers pins conflict with ours):
 see docs/rollout.md, "The sglang environment".
@@ -19,8 +20,11 @@ sglang call (`_sync`), and sends aborts from a coroutine running on it (`_abort`
 
 How it maps the engine interface (the same one `Engine` has, driven by `EngineLoop`):
 
-- `add`: each sequence is one streaming `async_generate` request (input ids = prompt + earlier output,
-  `return_logprob=True`) whose chunks a task consumes on sglang's event loop. That loop runs only inside
+- `add`: each sequence is one streaming request (input ids = prompt + earlier output,
+  `return_logprob=True`) whose chunks a task consumes on the engine's event loop. It is a
+  `GenerateReqInput` with our own `rid` given to `tokenizer_manager.generate_request` (what
+  `Engine.async_generate` does, except that 0.5.3's `async_generate` takes no `rid`, and aborting a
+  request needs its rid from the start). That loop runs only inside
   `step()` and the other methods, all called from the engine-loop thread (sglang's sync methods run
   `loop.run_until_complete` on the same loop, so nothing else may drive it).
 - Tokens and log-probs come from `meta_info["output_token_logprobs"]` ((logprob, token_id, text) triples).
@@ -106,8 +110,10 @@ class _Request:
 class SglangEngine:
     """The engine interface over `sglang.Engine`; see the module docstring. Not thread safe (EngineLoop)."""
 
-    def __init__(self, model_dir: str | Path, config: EngineConfig | None = None, *, sglang_engine=None) -> None:
+    def __init__(self, model_dir: str | Path, config: EngineConfig | None = None, *, sglang_engine=None,
+                 request_type=None) -> None:
         """`sglang_engine`: an already built engine object (tests pass a stand-in); built from config otherwise.
+        `request_type`: the class of a generate request (default: sglang's `GenerateReqInput`).
 
         Build it on the thread that will drive it or not: every sglang call goes through `_loop`."""
         from transformers import AutoTokenizer
@@ -123,6 +129,7 @@ class SglangEngine:
             with signal_handlers_skipped_off_main_thread():
                 sglang_engine = sglang.Engine(**self.sglang_arguments())
         self._sgl = sglang_engine
+        self._request_type = request_type
         self._loop: asyncio.AbstractEventLoop = asyncio.new_event_loop()
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.eos_token_ids = read_eos_token_ids(self.model_dir, model_config)
@@ -146,6 +153,13 @@ class SglangEngine:
         if self.config.mem_fraction_static:
             arguments["mem_fraction_static"] = self.config.mem_fraction_static
         return arguments
+
+    def _new_request(self, **fields):
+        if self._request_type is None:
+            from sglang.srt.managers.io_struct import GenerateReqInput
+
+            self._request_type = GenerateReqInput
+        return self._request_type(**fields)
 
     def _sync(self, call):
         """Run a sync sglang method: they all use `asyncio.get_event_loop()` of the calling thread."""
@@ -222,9 +236,9 @@ class SglangEngine:
 
     async def _consume(self, entry: _Request, input_ids: list[int], sampling_params: dict) -> None:
         try:
-            stream = await self._sgl.async_generate(input_ids=input_ids, sampling_params=sampling_params,
-                                                    return_logprob=True, stream=True, rid=entry.rid)
-            async for chunk in stream:
+            request = self._new_request(input_ids=input_ids, sampling_params=sampling_params, return_logprob=True,
+                                        stream=True, rid=entry.rid)
+            async for chunk in self._sgl.tokenizer_manager.generate_request(request, None):
                 self._absorb(entry, chunk)
         except Exception as e:  # noqa: BLE001 - an aborted request may end in an error; kept on the entry
             entry.error = f"{type(e).__name__}: {e}"
