@@ -107,6 +107,7 @@ class _Group:
     endpoints: tuple[str, ...]
     store: Any
     process_group: Any
+    device: torch.device
 
 
 class CollectiveWeightTransport(WeightTransport):
@@ -136,14 +137,10 @@ class CollectiveWeightTransport(WeightTransport):
         on_gpu = [p.tensor.device for p in placements if p.tensor.is_cuda]
         return on_gpu[0] if on_gpu else torch.device("cuda", torch.cuda.current_device())
 
-    def _warm_up_device(self) -> torch.device:
-        if self.backend == "gloo":
-            return torch.device("cpu")
-        return torch.device("cuda", torch.cuda.current_device())
-
     # -- the group --------------------------------------------------------------------------------------
 
-    def _form_group(self, endpoints: tuple[str, ...]) -> _Group:
+    def _form_group(self, endpoints: tuple[str, ...], device: torch.device) -> _Group:
+        """`device`: where this side broadcasts from (NCCL binds its communicator to it at the warm-up)."""
         import torch.distributed as dist
 
         self._dissolve()
@@ -175,7 +172,7 @@ class CollectiveWeightTransport(WeightTransport):
                 return
             formed["group"] = group
             try:
-                process_group.warm_up(group, device=self._warm_up_device(), timeout=timeout)
+                process_group.warm_up(group, device=device, timeout=timeout)
                 formed["warm"] = True
             except Exception as e:  # noqa: BLE001 - reported below
                 formed["error"] = f"the {self.backend} group's warm-up broadcast failed: {e}"
@@ -209,7 +206,7 @@ class CollectiveWeightTransport(WeightTransport):
         group = formed["group"]
         log.info("formed %s weight group %s with %d engine(s), store at %s:%d", self.backend, name, len(endpoints),
                  host, store.port)
-        self._group = _Group(name, endpoints, store, group)
+        self._group = _Group(name, endpoints, store, group, device)
         return self._group
 
     def _dissolve(self) -> None:
@@ -265,8 +262,11 @@ class CollectiveWeightTransport(WeightTransport):
             raise ValueError("endpoints: at least one endpoint is required")
         start = time.perf_counter()
         key = tuple(endpoints)
-        group = self._group if self._group is not None and self._group.endpoints == key else self._form_group(key)
         placements = [TensorPlacement(name, t.detach(), 0, tensor_num_bytes(t)) for name, t in named_tensors]
+        device = self._buffer_device(placements)
+        if self._group is not None and (self._group.endpoints != key or self._group.device != device):
+            self._dissolve()
+        group = self._group or self._form_group(key, device)
         streams: list[EndpointStream] = []
         try:
             run_endpoint_streams(self._buckets(group, placements, version, streams), endpoints,
