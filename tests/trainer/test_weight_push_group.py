@@ -163,3 +163,50 @@ def test_cuda_ipc_module_imports_with_torch_alone() -> None:
     """)
     process = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert process.returncode == 0 and process.stdout.strip() == "ok", process.stderr[-2000:]
+
+
+def _join_in_thread(request) -> tuple:
+    import threading
+
+    from everstep_rollout.weight_group import WeightGroupMember
+
+    outcome: dict = {}
+
+    def join() -> None:
+        try:
+            outcome["member"] = WeightGroupMember.join(request)
+        except Exception as e:  # noqa: BLE001 - inspected by the test
+            outcome["error"] = e
+
+    thread = threading.Thread(target=join, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def test_engine_join_returns_only_after_the_warm_up_and_fails_without_it() -> None:
+    """The engine's JoinWeightGroup includes the first broadcast (NCCL's communicator is made there), so an
+    engine that joined has received; a trainer side that never broadcasts fails the join by the timeout."""
+    from everstep.v1 import rollout_pb2
+
+    for warm in (True, False):
+        timeout = datetime.timedelta(seconds=3)
+        store = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=timeout, wait_for_workers=False)
+        name = f"everstep-weights-warm-{warm}"
+        request = rollout_pb2.JoinWeightGroupRequest(group=name, backend="gloo", rank=1, world_size=2,
+                                                     store_address=f"127.0.0.1:{store.port}", timeout_seconds=3)
+        thread, outcome = _join_in_thread(request)
+        group = process_group.new_group("gloo", store, group_name=name, rank=0, world_size=2, timeout=timeout)
+        if warm:
+            process_group.warm_up(group, device=torch.device("cpu"), timeout=timeout)
+        thread.join(30)
+        assert not thread.is_alive()
+        if warm:
+            assert "member" in outcome, outcome
+            flat = torch.arange(8, dtype=torch.uint8)
+            work = group.broadcast(flat, 0)
+            assert outcome["member"].receive(8, "cpu").tolist() == list(range(8))
+            work.wait()
+            outcome["member"].shutdown()
+        else:
+            assert isinstance(outcome.get("error"), RuntimeError), outcome
+        process_group.shutdown_group(group)
