@@ -113,6 +113,7 @@ class SglangStandIn:
         assert isinstance(obj, GenerateReqInputStandIn) and obj.return_logprob and obj.stream and obj.rid
         rid, tokens, max_new_tokens = obj.rid, list(obj.input_ids), obj.sampling_params["max_new_tokens"]
         self.loops.add(id(asyncio.get_running_loop()))
+        await asyncio.sleep(0)  # sglang tokenizes (awaits) before it registers the rid that aborts look up
         self.inputs[rid] = list(tokens)
         self.active.add(rid)
         triples: list[tuple[float, int, None]] = []
@@ -221,6 +222,14 @@ def test_generates_drains_and_continues(engine):
         assert r.output_ids == expected_output(prompt, 30)
         assert r.output_logprobs == pytest.approx([-0.01 * t for t in r.output_ids])
         assert r.output_versions == [0] * 30
+
+
+def test_drain_right_after_add_aborts_requests_sglang_has_not_registered_yet(engine):
+    """No step between add and drain: the abort reaches sglang before the request does, and is repeated."""
+    sampling = SamplingOptions(temperature=1.0, max_new_tokens=2000)
+    engine.add([GenerationRequest(id="a", prompt_ids=PROMPTS["a"], sampling=sampling)])
+    [partial] = engine.drain()
+    assert partial.finish_reason == FinishReason.ABORTED and len(partial.output_ids) < 2000
 
 
 def test_weight_update_continues_running_requests_under_the_new_version(engine):

@@ -76,6 +76,7 @@ GPU_EXTRA_HINT = ("sglang runs in an environment of its own on a CUDA machine: `
                   "rollout server with .venv-sglang/bin/python), or the image deploy/docker/rollout-sglang.Dockerfile")
 _POLL_SECONDS = 0.005
 _ABORT_TIMEOUT_SECONDS = 60.0
+_ABORT_RETRY_SECONDS = 0.05
 _FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORTED}
 
 
@@ -269,16 +270,20 @@ class SglangEngine:
         return [self._result(e, e.finish or FinishReason.ABORTED) for e in entries]
 
     def _abort(self, entries: list[_Request]) -> None:
-        tasks = [e.task for e in entries if e.task is not None]
+        running = {e.task: e.rid for e in entries if e.task is not None}
 
         async def abort_and_wait() -> None:
             # On the loop, in a coroutine: abort_request sends on a zmq.asyncio socket (see the module docstring).
-            for e in entries:
-                self._sgl.tokenizer_manager.abort_request(rid=e.rid)
-            if tasks:
-                _, pending = await asyncio.wait(tasks, timeout=_ABORT_TIMEOUT_SECONDS)
+            # sglang ignores an abort for a rid it has not registered yet (a request added just before, whose
+            # task has not reached the scheduler), so the abort is repeated until every task has ended.
+            pending = set(running)
+            deadline = time.monotonic() + _ABORT_TIMEOUT_SECONDS
+            while pending and time.monotonic() < deadline:
                 for task in pending:
-                    task.cancel()
+                    self._sgl.tokenizer_manager.abort_request(rid=running[task])
+                _, pending = await asyncio.wait(pending, timeout=_ABORT_RETRY_SECONDS)
+            for task in pending:
+                task.cancel()
 
         self._run(abort_and_wait())
         for e in entries:
