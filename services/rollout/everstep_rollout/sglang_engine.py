@@ -366,6 +366,19 @@ class SglangEngine:
                 self._abort(list(self._live.values()))
         finally:
             self._sgl.shutdown()
+            self._close_loop()
+
+    def _close_loop(self) -> None:
+        """Cancel what is left on the loop (sglang's output handler among it), then close it."""
+        try:
+            leftover = asyncio.all_tasks(self._loop)
+            for task in leftover:
+                task.cancel()
+            if leftover:
+                self._run(asyncio.wait(leftover, timeout=5.0))
+        except Exception as e:  # noqa: BLE001 - best effort at shutdown
+            log.debug("sglang engine loop: %s while cancelling its tasks", e)
+        finally:
             self._loop.close()
 
 
