@@ -31,7 +31,8 @@ How it maps the engine interface (the same one `Engine` has, driven by `EngineLo
   sglang's default log-prob is log_softmax(logits / T) of the sampled token before top-k/top-p filtering
   (T = 1 when greedy), the same quantity the torch engine records; do not set
   SGLANG_RETURN_ORIGINAL_LOGPROB, which switches it to the untempered distribution.
-- `drain` aborts the requests (`abort_request(rid)`, sent from a coroutine on `_loop`), waits for their
+- `drain` aborts the requests (`abort_request(rid)`, sent from a coroutine on `_loop` and repeated every
+  50 ms until the request ends: sglang ignores an abort for a rid it has not registered yet), waits for their
   last chunks and returns what they generated as ABORTED partials (or as finished, when a request ended
   before the abort reached it).
 - `update_weights` (and `update_weights_from_distributed`) first takes every running request out the same
