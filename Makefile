@@ -7,7 +7,11 @@ SERVICES := controller rollout trainer reward sandbox
 # torch is pinned and installed first so that no loose requirement pulls a CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install install-dev test test-faults test-real-model real-model lint demo proto clean
+# The sglang engine's own environment (CUDA machines): sglang's exact torch/transformers pins, apart from ours.
+SGLANG_VENV ?= .venv-sglang
+SGLANG_PIP := $(SGLANG_VENV)/bin/pip
+
+.PHONY: install install-dev test test-faults test-real-model real-model lint demo proto clean sglang-venv
 
 $(VENV)/.installed: proto/pyproject.toml proto/setup.py $(wildcard proto/everstep/*.py proto/everstep/v1/*.proto) $(foreach s,$(SERVICES),services/$(s)/pyproject.toml)
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -32,6 +36,18 @@ $(VENV)/.installed-toolchains: $(VENV)/.installed scripts/install-sandbox-toolch
 	touch $@
 
 install: $(VENV)/.installed
+
+# `--engine sglang` runs the rollout server from this venv: $(SGLANG_VENV)/bin/python -m everstep_rollout ...
+# Never installed by the other targets, and never needed by the tests (docs/rollout.md).
+$(SGLANG_VENV)/.installed: deploy/sglang/requirements.txt proto/pyproject.toml proto/setup.py $(wildcard proto/everstep/*.py proto/everstep/v1/*.proto) services/rollout/pyproject.toml
+	test -x $(SGLANG_VENV)/bin/python || python3 -m venv $(SGLANG_VENV)
+	$(SGLANG_PIP) install -q --upgrade pip
+	$(SGLANG_PIP) install -q -r deploy/sglang/requirements.txt
+	$(SGLANG_PIP) install -q -c deploy/sglang/requirements.txt ./proto -e services/rollout
+	$(SGLANG_VENV)/bin/python -c "import sglang, torch, transformers; print('sglang', sglang.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
+	touch $@
+
+sglang-venv: $(SGLANG_VENV)/.installed
 
 install-dev: $(VENV)/.installed-dev
 
@@ -74,4 +90,4 @@ demo: install
 	$(VENV)/bin/everstep demo
 
 clean:
-	rm -rf $(VENV) outputs .everstep proto/build
+	rm -rf $(VENV) $(SGLANG_VENV) outputs .everstep proto/build

@@ -14,23 +14,32 @@ Parts, in order (each wrapped: a failure is recorded as "error" in its entry and
                 a random model earns no reward), and `losses.policy_loss` on the same batch (at ratio 1 the
                 two losses agree).
 5. weight_push  trainer process -> a second process running its own engine on the same device. On CUDA the
-                parameters travel as CUDA IPC handles (torch.multiprocessing reductions: no copy on the
-                sender); on CPU the same code shares them through shared memory. The receiver copies into
-                its engine with update_weights; checksums of every tensor (as the engine's dtype) are
-                compared on both sides. One cold push, then warm ones (handles cached), GB/s of bytes sent.
+                parameters travel through everstep's own CUDA IPC transport (`everstep.cuda_ipc`, the
+                module the trainer's `cuda_ipc` push and the engine's receiver use: encode once per
+                receiver, the handles as plain data, rebuild on the GPU with that UUID, no copy on the
+                sender); the receiver also checks that torch refuses to re-share a received tensor and
+                accepts its `owned` clone (what the sglang engine relies on). On CPU, where CUDA IPC cannot
+                run, torch's shared memory carries them. The receiver copies into its engine with
+                update_weights; checksums of every tensor (as the engine's dtype) are compared on both
+                sides. One cold push, then warm ones, GB/s of bytes sent.
 6. rl           a short supervised warm start (own loop: bf16 autocast, label smoothing) on easy chains, then
                 a few GRPO steps: engine rollouts (T=1, EOS on), reward = the demo task's boxed-answer check,
                 group-normalised advantages, train_step, update_weights into the engine. Reward per step.
 
-On the H200, from the repository root (torch and transformers installed; nothing else, no network)::
+On the GPU machine, from the repository root (torch and transformers >= 4.56 installed; nothing else: no
+grpc, no protobuf, no stubs, no network; `proto` on the path makes the torch-only `everstep.cuda_ipc`
+importable)::
 
-    PYTHONPATH=services/rollout:services/trainer python -m benchmarks.gpu_check --device cuda --size 100m \
-        --out "$OUT" 2> "$OUT/gpu_check.log"
+    PYTHONPATH=proto:services/rollout:services/trainer python -m benchmarks.gpu_check --device cuda \
+        --size 100m --out "$OUT" 2> "$OUT/gpu_check.log"
 
-A global time budget (--time-budget-seconds) bounds every loop; a watchdog prints the report so far and
-exits if the run overruns it by a minute. Progress goes to stderr; the last stdout line is one JSON object:
-{"ok", "device", "size", ..., "parts": {"model": {...}, "throughput": {...}, ...}}. Exit status 0 iff every
-part is ok.
+A global time budget (--time-budget-seconds, 210 s by default) bounds every loop; a watchdog writes and
+prints the report so far and exits if the run overruns it by 40 s, so the whole check ends within 5
+minutes. OUT/gpu_check.json is written at the start and rewritten after every part and by the watchdog,
+so a crash or a kill leaves the parts done so far. Progress goes to stderr; the last stdout line is one
+JSON object: {"ok", "device", "size", "torch", "transformers", ..., "parts": {"model": {...}, ...}}. Exit
+status 0 iff every part is ok; 2 when the machine cannot run the check at all (no CUDA, or transformers
+older than 4.56, whose from_pretrained does not take dtype=).
 """
 
 from __future__ import annotations
@@ -56,8 +65,11 @@ from typing import Any
 
 log = logging.getLogger("benchmarks.gpu_check")
 
-_WATCHDOG_GRACE_SECONDS = 60.0
+_WATCHDOG_GRACE_SECONDS = 40.0
+_DEFAULT_TIME_BUDGET_SECONDS = 210.0
 _PUSH_WARM_REPEATS = 2
+TRANSFORMERS_FLOOR = (4, 56)
+"""from_pretrained(..., dtype=) (the trainer and the engine pass dtype=) needs transformers 4.56."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -205,17 +217,47 @@ def _engine_process(model_dir: str, engine_config, num_threads: int, requests: A
             version, named = message[1], message[2]
             del message
             start = time.perf_counter()
+            reshare = None
+            if isinstance(named, list):  # CUDA IPC handles from everstep.cuda_ipc.encode
+                named, reshare = _rebuild_handles(named)
             num_bytes = engine.update_weights(named, version)
             if engine.config.device.startswith("cuda"):
                 torch.cuda.synchronize()
             copy_seconds = time.perf_counter() - start
             names = [n for n in named if n in engine.weights.named]
             del named  # drops the IPC references, so the sender may free or reuse that memory
-            replies.put(("pushed", {"version": engine.version, "num_bytes": num_bytes, "copy_seconds": copy_seconds}))
+            replies.put(("pushed", {"version": engine.version, "num_bytes": num_bytes, "copy_seconds": copy_seconds,
+                                    "reshare": reshare}))
             # Checksummed after the reply, so that the sender's timing is the push's alone.
             replies.put(("checksums", weight_checksums({n: engine.weights.named[n] for n in names}, dtype)))
     except Exception:
         replies.put(("error", traceback.format_exc()))
+
+
+def _rebuild_handles(handles: list) -> tuple[dict, dict]:
+    """The receiver's half of everstep's CUDA IPC transport, and whether torch refuses to re-share what came
+    (and accepts `cuda_ipc.owned` of it): the premise of the sglang engine's clone."""
+    import io
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401 - registers torch's reductions with ForkingPickler
+
+    from everstep import cuda_ipc
+
+    named = {h.name: cuda_ipc.rebuild(h) for h in handles}
+    probe = next(iter(named.values()))
+    reshare: dict[str, Any] = {"received_refused": False, "owned_accepted": False}
+    try:
+        ForkingPickler(io.BytesIO()).dump(probe)
+    except RuntimeError as e:
+        reshare["received_refused"] = "received from another process" in str(e)
+        reshare["message"] = str(e)[:200]
+    try:
+        ForkingPickler(io.BytesIO()).dump(cuda_ipc.owned(probe))
+        reshare["owned_accepted"] = True
+    except RuntimeError as e:
+        reshare["owned_error"] = str(e)[:200]
+    return named, reshare
 
 
 def grpo_advantages(rewards: Sequence[float], group_size: int) -> list[float]:
@@ -471,6 +513,9 @@ class GpuCheck:
         import torch.multiprocessing as mp
 
         trainer = self.trainer()
+        on_cuda = self.device.startswith("cuda")
+        if on_cuda:
+            from everstep import cuda_ipc
         context = mp.get_context("spawn")
         requests, replies = context.Queue(), context.Queue()
         until = self.deadline.part(0.25)
@@ -484,14 +529,19 @@ class GpuCheck:
             startup_seconds = time.perf_counter() - start
             pushes = []
             for attempt in range(1 + _PUSH_WARM_REPEATS):
-                named = {name: t.detach() for name, t in trainer.named_weights()}
+                held = {name: t.detach() for name, t in trainer.named_weights()}
                 self._synchronize()
                 start = time.perf_counter()
+                named: Any = held
+                if on_cuda:  # everstep's transport: handles encoded for this one receiver, sent as plain data
+                    named = [cuda_ipc.encode(name, t) for name, t in held.items()]
                 requests.put(("push", trainer.version + attempt, named))
                 reply = self._reply(replies, "pushed", until)
                 seconds = time.perf_counter() - start
                 pushes.append((seconds, reply, self._reply(replies, "checksums", until)))
-                del named
+                del named, held
+                if on_cuda:
+                    torch.cuda.ipc_collect()
             requests.put(("stop",))
             self.engine_process.join(timeout=max(1.0, until - time.monotonic()))
         finally:
@@ -506,7 +556,8 @@ class GpuCheck:
                              if not math.isclose(sent[n], checksums[n], rel_tol=1e-9, abs_tol=1e-9)})
         num_bytes = first["num_bytes"]
         return {
-            "transport": "cuda_ipc" if self.device.startswith("cuda") else "cpu_shared_memory",
+            "transport": "everstep_cuda_ipc" if on_cuda else "cpu_shared_memory",
+            "reshare": first.get("reshare"),
             "verified": not mismatched and len(sent) == len(received) > 0,
             "mismatched_tensors": mismatched[:5], "num_tensors": len(sent),
             "changed_tensors": sum(loaded[n] != received[n] for n in received),
@@ -593,12 +644,15 @@ class GpuCheck:
 PARTS: tuple[str, ...] = ("model", "throughput", "mismatch", "train_step", "weight_push", "rl")
 
 
-def run_parts(check: GpuCheck, report: dict, parts: Sequence[str] = PARTS) -> None:
-    """Run each part into report["parts"][name]; an exception becomes that part's "error"."""
+def run_parts(check: GpuCheck, report: dict, parts: Sequence[str] = PARTS,
+              after_part: Callable[[], None] = lambda: None) -> None:
+    """Run each part into report["parts"][name]; an exception becomes that part's "error". `after_part` runs
+    after each (it saves the report so far)."""
     for name in parts:
         part: Callable[[], dict] = getattr(check, f"part_{name}")
         if check.deadline.remaining() <= 0:
             report["parts"][name] = {"ok": False, "error": "skipped: the time budget is spent"}
+            after_part()
             continue
         log.info("part %s: starting (%.0f s left)", name, check.deadline.remaining())
         start = time.perf_counter()
@@ -610,6 +664,30 @@ def run_parts(check: GpuCheck, report: dict, parts: Sequence[str] = PARTS) -> No
         result["part_seconds"] = round(time.perf_counter() - start, 2)
         report["parts"][name] = result
         log.info("part %s: %s", name, json.dumps(result, default=str)[:400])
+        after_part()
+
+
+def transformers_floor_error(version: str) -> str | None:
+    """Why this transformers cannot run the check (below TRANSFORMERS_FLOOR), or None."""
+    parts = []
+    for piece in version.split(".")[:2]:
+        digits = "".join(c for c in piece if c.isdigit()) if piece else ""
+        parts.append(int(digits) if digits else 0)
+    if tuple(parts) >= TRANSFORMERS_FLOOR:
+        return None
+    floor = ".".join(map(str, TRANSFORMERS_FLOOR))
+    return (f"transformers {version} is older than {floor}: its from_pretrained passes dtype= on to the model "
+            f"constructor (TypeError); install transformers>={floor}")
+
+
+def save_report(out: Path | None, line: str) -> None:
+    """Write OUT/gpu_check.json (whole or not at all: a temporary file renamed over it)."""
+    if out is None:
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "gpu_check.json.tmp"
+    tmp.write_text(json.dumps(json.loads(line), indent=2) + "\n")
+    tmp.replace(out / "gpu_check.json")
 
 
 def _finish(report: dict, started: float) -> str:
@@ -625,25 +703,46 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--size", choices=tuple(SIZES), default="100m")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="engine dtype")
+    parser.add_argument("--watchdog-seconds", type=float, default=0.0,
+                        help=f"when the watchdog stops the run; 0: {_WATCHDOG_GRACE_SECONDS:.0f} s after the budget")
     parser.add_argument("--out", type=Path, default=None,
-                        help="also write the report to OUT/gpu_check.json (the model lives in a temporary directory)")
-    parser.add_argument("--time-budget-seconds", type=float, default=450.0,
-                        help="parts and loops stop at this budget; the watchdog exits a minute after it")
+                        help="also write the report to OUT/gpu_check.json, rewritten after every part (the model "
+                             "lives in a temporary directory)")
+    parser.add_argument("--time-budget-seconds", type=float, default=_DEFAULT_TIME_BUDGET_SECONDS,
+                        help=f"parts and loops stop at this budget; the watchdog exits {_WATCHDOG_GRACE_SECONDS:.0f} s "
+                             f"after it")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     started = time.monotonic()
     import torch
+    import transformers
 
     report: dict[str, Any] = {"device": args.device, "size": args.size, "torch": torch.__version__,
+                              "transformers": transformers.__version__,
                               "time_budget_seconds": args.time_budget_seconds, "parts": {}}
+    refusal = transformers_floor_error(transformers.__version__)
+    if refusal is None and args.device == "cuda" and not torch.cuda.is_available():
+        refusal = "--device cuda, but torch.cuda.is_available() is False"
+    if refusal is not None:
+        log.error("cannot run the check: %s", refusal)
+        report["error"] = refusal
+        line = _finish(report, started)
+        save_report(args.out, line)
+        print(line, flush=True)
+        return 2
     if args.device == "cuda":
-        if not torch.cuda.is_available():
-            report["error"] = "--device cuda, but torch.cuda.is_available() is False"
-            print(_finish(report, started), flush=True)
-            return 2
         report["gpu"] = torch.cuda.get_device_name(0)
 
     printed = threading.Lock()
+
+    def save_so_far() -> None:
+        with printed:
+            try:
+                save_report(args.out, json.dumps(report, default=str))
+            except (OSError, RuntimeError) as e:  # RuntimeError: the report changed while it was written
+                log.warning("could not save the report so far: %s", e)
+
+    save_so_far()
     check: GpuCheck | None = None
 
     def watchdog() -> None:
@@ -655,22 +754,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                 line = _finish(report, started)
             except RuntimeError:  # the main thread changed the report while it was being written
                 line = _finish(report, started)
-            print(line, flush=True)
-            os._exit(3)
+            try:
+                save_report(args.out, line)
+            finally:
+                print(line, flush=True)
+                os._exit(3)
 
-    timer = threading.Timer(args.time_budget_seconds + _WATCHDOG_GRACE_SECONDS, watchdog)
+    timer = threading.Timer(args.watchdog_seconds or args.time_budget_seconds + _WATCHDOG_GRACE_SECONDS, watchdog)
     timer.daemon = True
     timer.start()
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         check = GpuCheck(device=args.device, size=SIZES[args.size], dtype=args.dtype, work_dir=Path(tmp),
                          deadline=Deadline(args.time_budget_seconds))
-        run_parts(check, report)
+        run_parts(check, report, after_part=save_so_far)
     with printed:
         timer.cancel()
         line = _finish(report, started)
-        if args.out is not None:
-            args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "gpu_check.json").write_text(json.dumps(json.loads(line), indent=2) + "\n")
+        save_report(args.out, line)
         print(line, flush=True)
     return 0 if report["ok"] else 1
 

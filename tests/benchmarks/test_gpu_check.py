@@ -22,9 +22,22 @@ def gpu_check(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     return importlib.import_module("benchmarks.gpu_check")
 
 
+# As on the GPU machine: torch and transformers, but no grpc, no protobuf and no everstep stubs.
+_WITHOUT_GRPC = """
+import runpy, sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("grpc", "google") or name.startswith("everstep.v1"):
+            raise ModuleNotFoundError(f"blocked as on the GPU machine: {name}", name=name)  # as absence is
+sys.meta_path.insert(0, Block())
+sys.argv[0] = "benchmarks.gpu_check"
+runpy.run_module("benchmarks.gpu_check", run_name="__main__", alter_sys=True)
+"""
+
+
 def _run(*args: str, timeout: float = 240) -> tuple[subprocess.CompletedProcess, dict]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    process = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", *args], cwd=REPO, env=env,
+    process = subprocess.run([sys.executable, "-c", _WITHOUT_GRPC, *args], cwd=REPO, env=env,
                              capture_output=True, text=True, timeout=timeout)
     lines = process.stdout.strip().splitlines()
     assert lines, f"no stdout; stderr:\n{process.stderr[-4000:]}"
@@ -38,13 +51,15 @@ def _finite(*values: float) -> bool:
 @pytest.mark.slow
 def test_tiny_cpu_run_reports_every_part(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    process, report = _run("--size", "tiny", "--device", "cpu", "--out", str(out))
+    # The budget of the GPU run (210 s) bounds its parts by fractions; a loaded 2-core CPU gets more room.
+    process, report = _run("--size", "tiny", "--device", "cpu", "--time-budget-seconds", "450", "--out", str(out))
     parts = report["parts"]
     failed = {name: part.get("error") for name, part in parts.items() if not part.get("ok")}
     assert not failed, f"{failed}\n{process.stderr[-4000:]}"
     assert process.returncode == 0 and report["ok"] is True
     assert list(parts) == ["model", "throughput", "mismatch", "train_step", "weight_push", "rl"]
     assert json.loads((out / "gpu_check.json").read_text()) == report
+    assert report["transformers"] and report["torch"] and report["time_budget_seconds"] == 450
 
     model = parts["model"]
     assert 10_000 < model["num_parameters"] < 1_000_000 and model["vocab_size"] == 54
@@ -93,6 +108,49 @@ def test_cuda_without_gpu_says_so() -> None:
     process, report = _run("--size", "tiny", "--device", "cuda", timeout=120)
     assert process.returncode == 2 and report["ok"] is False
     assert "cuda" in report["error"] and report["parts"] == {}
+
+
+def test_watchdog_leaves_the_report_so_far_in_out(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    # The whole tiny run takes far longer than 3 s (the suite's own run of it: ~20 s), so the watchdog fires.
+    process, report = _run("--size", "tiny", "--device", "cpu", "--watchdog-seconds", "3", "--out", str(out),
+                           timeout=120)
+    assert process.returncode == 3 and report["ok"] is False and "watchdog" in report["error"]
+    assert json.loads((out / "gpu_check.json").read_text()) == report
+
+
+def test_transformers_floor(gpu_check: ModuleType) -> None:
+    assert gpu_check.transformers_floor_error("4.56.0") is None
+    assert gpu_check.transformers_floor_error("5.0.0.dev0") is None
+    message = gpu_check.transformers_floor_error("4.55.2")
+    assert message is not None and "4.55.2" in message and "4.56" in message and "dtype" in message
+
+
+def test_old_transformers_stops_at_once_and_says_why(gpu_check: ModuleType, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import transformers
+
+    monkeypatch.setattr(transformers, "__version__", "4.45.0")
+    assert gpu_check.main(["--size", "tiny", "--device", "cpu", "--out", str(tmp_path)]) == 2
+    saved = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert saved["transformers"] == "4.45.0" and "older than 4.56" in saved["error"] and saved["parts"] == {}
+
+
+def test_report_is_saved_after_every_part(gpu_check: ModuleType) -> None:
+    class PartsStandIn:
+        deadline = gpu_check.Deadline(60)
+
+        def part_first(self) -> dict:
+            return {"value": 1}
+
+        def part_second(self) -> dict:
+            raise ValueError("boom")
+
+    report: dict = {"parts": {}}
+    saved: list[list[str]] = []
+    gpu_check.run_parts(PartsStandIn(), report, parts=("first", "second"),
+                        after_part=lambda: saved.append(list(report["parts"])))
+    assert saved == [["first"], ["first", "second"]]
 
 
 def test_one_failing_part_is_recorded_and_the_rest_run(gpu_check: ModuleType) -> None:
@@ -156,3 +214,12 @@ def test_weight_checksums_see_a_change_of_one_value_or_of_order(gpu_check: Modul
     changed[3, 5] += 0.5
     assert gpu_check.weight_checksums({"w": changed}, torch.bfloat16)["w"] != base
     assert gpu_check.weight_checksums({"w": weight.flip(0)}, torch.bfloat16)["w"] != base
+
+
+def test_documented_gpu_command_keeps_its_results(gpu_check: ModuleType) -> None:
+    """The command the README and the module give writes into "$OUT" (what the device machine brings back),
+    with `proto` on the path for the torch-only everstep.cuda_ipc."""
+    readme = (REPO / "README.md").read_text()
+    for text in (readme, gpu_check.__doc__ or ""):
+        assert "PYTHONPATH=proto:services/rollout:services/trainer python -m benchmarks.gpu_check --device cuda" in text
+        assert '--out "$OUT"' in text and "--out OUT" not in text

@@ -19,6 +19,7 @@ from everstep_trainer.weight_push_plan import PeerInfo, choose_transport
 
 HOST_A = dict(boot_id="boot-a", shm_domain="boot-a:25:1")
 HOST_B = dict(boot_id="boot-b", shm_domain="boot-b:25:1")
+OTHER_SHM = dict(boot_id="boot-a", shm_domain="boot-a:97:1")  # same host, another IPC namespace's /dev/shm
 
 
 def peer(host: dict, device: str = "cpu", gpu_uuid: str = "") -> PeerInfo:
@@ -32,6 +33,7 @@ def peer(host: dict, device: str = "cpu", gpu_uuid: str = "") -> PeerInfo:
     (peer(HOST_A, "cuda:0", "GPU-1"), peer(HOST_A, "cuda:1", "GPU-1"), "cuda_ipc"),    # same GPU, other index
     (peer(HOST_A, "cuda:0", "GPU-1"), peer(HOST_A, "cuda:0", "GPU-2"), "nccl"),        # other GPU, same host
     (peer(HOST_A, "cuda:0", "GPU-1"), peer(HOST_B, "cuda:0", "GPU-1"), "nccl"),        # same UUID string elsewhere
+    (peer(HOST_A, "cuda:0", "GPU-1"), peer(OTHER_SHM, "cuda:0", "GPU-1"), "nccl"),     # same GPU, own /dev/shm
     (peer(HOST_A, "cuda:0", "GPU-1"), peer(HOST_A), "shm"),                            # GPU trainer, CPU engine
     (peer(HOST_A, "cuda:0", "GPU-1"), peer(HOST_B), "grpc"),
 ])
@@ -63,6 +65,12 @@ def test_trainer_and_engine_describe_this_host_identically() -> None:
     assert trainer.boot_id and trainer.boot_id == engine.boot_id
     assert choose_transport("auto", trainer, engine) == "shm"
     assert weight_push_plan.shm_domain() != weight_push_plan.shm_domain(Path("/proc"))
+
+
+def test_explicit_cuda_ipc_needs_a_shared_dev_shm() -> None:
+    with pytest.raises(ValueError, match="transport.*/dev/shm"):
+        choose_transport("cuda_ipc", peer(HOST_A, "cuda:0", "GPU-1"), peer(OTHER_SHM, "cuda:0", "GPU-1"))
+    assert choose_transport("cuda_ipc", peer(HOST_A, "cuda:0", "GPU-1"), peer(HOST_A, "cuda:3", "GPU-1")) == "cuda_ipc"
 
 
 def test_cuda_ipc_encoding_round_trips_to_the_arguments_of_rebuild_cuda_tensor() -> None:

@@ -18,7 +18,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--grpc-port", type=int, required=True, help="gRPC port")
     p.add_argument("--model", default=None, help="Hugging Face model directory to load at start")
     p.add_argument("--engine", choices=["torch", "sglang"], default="torch",
-                   help="torch: our engine (CPU or GPU); sglang: sglang's offline engine (GPU, extra 'gpu')")
+                   help="torch: our engine (CPU or GPU); sglang: sglang's offline engine (GPU, in its own "
+                        "environment: make sglang-venv, or deploy/docker/rollout-sglang.Dockerfile)")
     p.add_argument("--executor", choices=["auto", "native", "transformers"], default="auto",
                    help="torch engine: native (Llama/Qwen2), transformers (any causal LM), auto: native if supported")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
@@ -29,6 +30,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="prompt + output tokens per sequence (default: the model's max_position_embeddings, at most "
                         "2048); a job's LoadModel sets its own; above the model's limit: refused")
     p.add_argument("--seed", type=int, default=0, help="engine sampling seed")
+    p.add_argument("--mem-fraction-static", type=float, default=0.0,
+                   help="sglang engine: fraction of GPU memory for weights and KV cache; 0: sglang's default "
+                        "(most of the GPU; set it when a trainer shares the GPU)")
     p.add_argument("--num-threads", type=int, default=0, help="torch CPU threads; 0: all cores but one")
     add_transport_arguments(p)
     args = p.parse_args(argv)
@@ -52,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     engine_defaults = EngineConfig(
         engine=args.engine, executor=args.executor, max_running=args.max_running, max_queued=args.max_queued,
         max_seq_len=args.max_seq_len, dtype=args.dtype, device=args.device, seed=args.seed,
+        mem_fraction_static=args.mem_fraction_static,
     )
     servicer = RolloutServicer(engine_defaults)
     metrics.bind_status(servicer.status)

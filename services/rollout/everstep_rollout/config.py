@@ -31,7 +31,7 @@ class EngineConfig:
 
     engine: Literal["torch", "sglang"] = "torch"
     """"torch": our continuous-batching engine (CPU or GPU). "sglang": sglang's offline engine (GPU; needs the
-    optional `gpu` extra, `pip install 'everstep-rollout[gpu]'`)."""
+    sglang environment of its own, `make sglang-venv`; see docs/rollout.md)."""
     executor: Literal["auto", "native", "transformers"] = "auto"
     """Torch engine only. "native": our own Llama/Qwen2 forward pass (fastest); "transformers": the model's
     Hugging Face modeling code (any causal LM); "auto": native when the model's config.json is one it
@@ -58,6 +58,10 @@ class EngineConfig:
     recompute_kv_on_update: bool = True
     """After update_weights, recompute the KV cache of running sequences with the new weights, so that
     every recorded log-prob is exactly that of the version it is tagged with."""
+    mem_fraction_static: float = 0.0
+    """sglang engine only: the fraction of the GPU's memory sglang takes for weights and KV cache
+    (sglang's `mem_fraction_static`); 0: sglang's own default, which takes most of the GPU. Set it when a
+    trainer shares the GPU."""
 
     def __post_init__(self) -> None:
         for name in ("max_running", "prefill_max_tokens"):
@@ -73,6 +77,8 @@ class EngineConfig:
             raise ValueError(f"executor must be 'auto', 'native' or 'transformers', got {self.executor!r}")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+        if not 0.0 <= self.mem_fraction_static < 1.0:
+            raise ValueError(f"mem_fraction_static must be in [0, 1), got {self.mem_fraction_static}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
 

@@ -1,7 +1,8 @@
 """The engine interface the rollout server drives, and the factory that builds the configured engine.
 
 `EngineConfig.engine` picks it: "torch" (`engine.Engine`, the default, CPU or GPU) or "sglang"
-(`sglang_engine.SglangEngine`, GPU, optional `gpu` extra). sglang is imported only when selected.
+(`sglang_engine.SglangEngine`, GPU, in its own environment: `make sglang-venv`). sglang is imported only
+when selected.
 """
 
 from __future__ import annotations

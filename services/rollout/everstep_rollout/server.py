@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -16,10 +17,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from everstep.transport import bind, server_options
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc
 from everstep_rollout import metrics
-from everstep_rollout.config import EngineConfig
+from everstep_rollout.config import EngineConfig, resolve_max_seq_len
 from everstep_rollout.engine import QueueFullError
 from everstep_rollout.engine_loop import EngineFailed, EngineLoop, EngineStatus, Withdrawn
 from everstep_rollout.engines import EngineUnavailableError, GenerationEngine, build_engine
+from everstep_rollout.llama_executor import read_config
 from everstep_rollout.proto_convert import request_from_proto, result_to_proto, sampling_from_proto
 from everstep_rollout.sequence import SequenceResult
 from everstep_rollout.weight_group import WeightGroupMember
@@ -57,20 +59,25 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
 
     def load(self, model_path: str, *, dtype: str = "", version: int = 0, max_running: int | None = None,
              seed: int | None = None, max_seq_len: int | None = None) -> GenerationEngine:
-        """Build an engine and swap it in. A setting given (not None; dtype not "") replaces the server's own;
-        one the engine cannot honour is a ValueError naming it, never a silent change."""
+        """Stop the current engine, then build one. A setting given (not None; dtype not "") replaces the
+        server's own; one the engine cannot honour is a ValueError naming it, never a silent change."""
         config = replace(
             self._defaults, dtype=dtype or self._defaults.dtype, version=version,
             max_running=self._defaults.max_running if max_running is None else max_running,
             seed=self._defaults.seed if seed is None else seed,
             max_seq_len=self._defaults.max_seq_len if max_seq_len is None else max_seq_len,
         )
+        # Settings the model refuses fail here, with the engine before still serving.
+        resolve_max_seq_len(config.max_seq_len, read_config(Path(model_path)).get("max_position_embeddings"))
+        # The old engine stops first: two engines at once would not fit one GPU (sglang takes most of it).
+        with self._lock:
+            old, self._loop, self._model_path = self._loop, None, ""
+        if old is not None:
+            old.stop("engine reset by Load")
         engine = build_engine(model_path, config)
         loop = EngineLoop(engine, on_step=metrics.observe_step).start()
         with self._lock:
-            old, self._loop, self._model_path = self._loop, loop, model_path
-        if old is not None:
-            old.stop("engine reset by Load")
+            self._loop, self._model_path = loop, model_path
         return engine
 
     def status(self) -> EngineStatus | None:
@@ -221,7 +228,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
 
         def join() -> None:
             try:
-                outcome.put(WeightGroupMember.join(request))
+                outcome.put(WeightGroupMember.join(request, self._defaults.device))
             except Exception as e:  # noqa: BLE001 - handed to the handler
                 outcome.put(e)
 

@@ -1,27 +1,49 @@
 """The sglang engine: the rollout service's engine interface over sglang's offline `sglang.Engine` (GPU).
 
 NOT RUN: sglang is not installed on the CPU machines this was written on and no GPU was available; this
-module is written against sglang's documented offline-engine API (`Engine.async_generate`,
-`Engine.update_weights_from_tensor`, `Engine.init_weights_update_group`,
-`Engine.update_weights_from_distributed`, `Engine.tokenizer_manager.abort_request`) and its request
-bookkeeping is tested on CPU against a stand-in (tests/rollout/test_sglang_engine.py), not against sglang.
+module is written against the source of sglang 0.5.3 (the version `make sglang-venv` and
+deploy/docker/rollout-sglang.Dockerfile pin): `Engine.tokenizer_manager.generate_request` with a
+`GenerateReqInput`, `Engine.update_weights_from_tensor`, `Engine.init_weights_update_group`,
+`Engine.update_weights_from_distributed`, `Engine.tokenizer_manager.abort_request`. Its request
+bookkeeping and its event-loop discipline are tested on CPU against a stand-in
+(tests/rollout/test_sglang_engine.py), not against sglang.
+
+sglang runs in an environment of its own (its exact torch and transformers pins conflict with ours):
+see docs/rollout.md, "The sglang environment".
+
+Event loops: sglang's `Engine` has no loop of its own. Its sync methods run
+`asyncio.get_event_loop().run_until_complete(...)` on the calling thread's loop, and
+`TokenizerManager.abort_request` sends on a `zmq.asyncio` socket, whose `send` makes an
+`asyncio.Future` and so needs a current loop. The engine-loop thread that drives this engine has none,
+so `SglangEngine` owns one loop (`_loop`), makes it the calling thread's current loop before every sync
+sglang call (`_sync`), and sends aborts from a coroutine running on it (`_abort`).
 
 How it maps the engine interface (the same one `Engine` has, driven by `EngineLoop`):
 
-- `add`: each sequence is one streaming `async_generate` request (input ids = prompt + earlier output,
-  `return_logprob=True`) whose chunks a task consumes on sglang's event loop. That loop runs only inside
+- `add`: each sequence is one streaming request (input ids = prompt + earlier output,
+  `return_logprob=True`) whose chunks a task consumes on the engine's event loop. It is a
+  `GenerateReqInput` with our own `rid` given to `tokenizer_manager.generate_request` (what
+  `Engine.async_generate` does, except that 0.5.3's `async_generate` takes no `rid`, and aborting a
+  request needs its rid from the start). That loop runs only inside
   `step()` and the other methods, all called from the engine-loop thread (sglang's sync methods run
   `loop.run_until_complete` on the same loop, so nothing else may drive it).
 - Tokens and log-probs come from `meta_info["output_token_logprobs"]` ((logprob, token_id, text) triples).
   sglang's default log-prob is log_softmax(logits / T) of the sampled token before top-k/top-p filtering
   (T = 1 when greedy), the same quantity the torch engine records; do not set
   SGLANG_RETURN_ORIGINAL_LOGPROB, which switches it to the untempered distribution.
-- `drain` aborts the requests (`abort_request(rid)`), waits for their last chunks and returns what they
-  generated as ABORTED partials (or as finished, when a request ended before the abort reached it).
+- `drain` aborts the requests (`abort_request(rid)`, sent from a coroutine on `_loop` and repeated every
+  50 ms until the request ends: sglang ignores an abort for a rid it has not registered yet), waits for their
+  last chunks and returns what they generated as ABORTED partials (or as finished, when a request ended
+  before the abort reached it).
 - `update_weights` (and `update_weights_from_distributed`) first takes every running request out the same
   way, swaps the weights with sglang's cache flushed, then resubmits each as a continuation (prompt +
   output so far), so that its prefix is recomputed under the new weights and every token carries the
-  version it was generated under.
+  version it was generated under. sglang re-shares the tensors with its scheduler process
+  (`MultiprocessingSerializer`), and torch refuses to share a CUDA tensor this process received by CUDA
+  IPC, so those are cloned first (`everstep.cuda_ipc.owned`: one device copy, the CUDA IPC push's only one).
+- Memory: `EngineConfig.mem_fraction_static` goes to sglang (0: sglang's default, most of the GPU).
+- Threads: a `Load` builds the engine on a gRPC thread, where sglang's `signal.signal(SIGQUIT, ...)`
+  would raise; see `signal_handlers_skipped_off_main_thread`.
 - Backpressure: at most max_running + max_queued sequences live at once (sglang queues internally), more
   are refused with QueueFullError. `num_queued` is 0: sglang's own queue is not visible here.
 - Per-request seeds are not passed on (sglang's seeding differs by version); the engine seed is sglang's
@@ -31,7 +53,10 @@ How it maps the engine interface (the same one `Engine` has, driven by `EngineLo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import signal
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -39,6 +64,7 @@ from pathlib import Path
 
 import torch
 
+from everstep import cuda_ipc
 from everstep_rollout.config import EngineConfig, resolve_max_seq_len
 from everstep_rollout.engine import QueueFullError, StepStats, ThroughputWindow, read_eos_token_ids
 from everstep_rollout.engines import EngineUnavailableError
@@ -47,9 +73,11 @@ from everstep_rollout.sequence import FinishReason, GenerationRequest, SequenceR
 
 log = logging.getLogger(__name__)
 
-GPU_EXTRA_HINT = "install the optional extra on a CUDA machine: pip install 'everstep-rollout[gpu]'"
+GPU_EXTRA_HINT = ("sglang runs in an environment of its own on a CUDA machine: `make sglang-venv` (then run the "
+                  "rollout server with .venv-sglang/bin/python), or the image deploy/docker/rollout-sglang.Dockerfile")
 _POLL_SECONDS = 0.005
 _ABORT_TIMEOUT_SECONDS = 60.0
+_ABORT_RETRY_SECONDS = 0.05
 _FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORTED}
 
 
@@ -84,8 +112,12 @@ class _Request:
 class SglangEngine:
     """The engine interface over `sglang.Engine`; see the module docstring. Not thread safe (EngineLoop)."""
 
-    def __init__(self, model_dir: str | Path, config: EngineConfig | None = None, *, sglang_engine=None) -> None:
-        """`sglang_engine`: an already built engine object (tests pass a stand-in); built from config otherwise."""
+    def __init__(self, model_dir: str | Path, config: EngineConfig | None = None, *, sglang_engine=None,
+                 request_type=None) -> None:
+        """`sglang_engine`: an already built engine object (tests pass a stand-in); built from config otherwise.
+        `request_type`: the class of a generate request (default: sglang's `GenerateReqInput`).
+
+        Build it on the thread that will drive it or not: every sglang call goes through `_loop`."""
         from transformers import AutoTokenizer
 
         self.config = config or EngineConfig(engine="sglang")
@@ -98,13 +130,11 @@ class SglangEngine:
             sglang = import_sglang()
             if self.config.device == "cpu":
                 raise ValueError("engine 'sglang' runs on a GPU: set device to 'cuda' (or use engine 'torch')")
-            sglang_engine = sglang.Engine(
-                model_path=str(self.model_dir), dtype=self.config.dtype, random_seed=self.config.seed,
-                max_running_requests=self.config.max_running, context_length=self.max_seq_len,
-                log_level="error",
-            )
+            with signal_handlers_skipped_off_main_thread():
+                sglang_engine = sglang.Engine(**self.sglang_arguments())
         self._sgl = sglang_engine
-        self._loop: asyncio.AbstractEventLoop = sglang_engine.loop
+        self._request_type = request_type
+        self._loop: asyncio.AbstractEventLoop = asyncio.new_event_loop()
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.eos_token_ids = read_eos_token_ids(self.model_dir, model_config)
         self.version = self.config.version
@@ -116,6 +146,33 @@ class SglangEngine:
         self.last_step: StepStats | None = None
         log.info("sglang engine over %s (%s, max_running %d)", self.model_dir, self.config.dtype,
                  self.config.max_running)
+
+    def sglang_arguments(self) -> dict:
+        """The keyword arguments of `sglang.Engine` (its ServerArgs fields) this config gives."""
+        arguments = {"model_path": str(self.model_dir), "dtype": self.config.dtype, "random_seed": self.config.seed,
+                     "max_running_requests": self.config.max_running, "context_length": self.max_seq_len,
+                     "log_level": "error"}
+        if self.config.device.startswith("cuda:"):
+            arguments["base_gpu_id"] = int(self.config.device.partition(":")[2] or 0)
+        if self.config.mem_fraction_static:
+            arguments["mem_fraction_static"] = self.config.mem_fraction_static
+        return arguments
+
+    def _new_request(self, **fields):
+        if self._request_type is None:
+            from sglang.srt.managers.io_struct import GenerateReqInput
+
+            self._request_type = GenerateReqInput
+        return self._request_type(**fields)
+
+    def _sync(self, call):
+        """Run a sync sglang method: they all use `asyncio.get_event_loop()` of the calling thread."""
+        asyncio.set_event_loop(self._loop)
+        return call()
+
+    def _run(self, awaitable):
+        asyncio.set_event_loop(self._loop)
+        return self._loop.run_until_complete(awaitable)
 
     # -- state ------------------------------------------------------------------------------------------
 
@@ -183,9 +240,9 @@ class SglangEngine:
 
     async def _consume(self, entry: _Request, input_ids: list[int], sampling_params: dict) -> None:
         try:
-            stream = await self._sgl.async_generate(input_ids=input_ids, sampling_params=sampling_params,
-                                                    return_logprob=True, stream=True, rid=entry.rid)
-            async for chunk in stream:
+            request = self._new_request(input_ids=input_ids, sampling_params=sampling_params, return_logprob=True,
+                                        stream=True, rid=entry.rid)
+            async for chunk in self._sgl.tokenizer_manager.generate_request(request, None):
                 self._absorb(entry, chunk)
         except Exception as e:  # noqa: BLE001 - an aborted request may end in an error; kept on the entry
             entry.error = f"{type(e).__name__}: {e}"
@@ -216,13 +273,22 @@ class SglangEngine:
         return [self._result(e, e.finish or FinishReason.ABORTED) for e in entries]
 
     def _abort(self, entries: list[_Request]) -> None:
-        for e in entries:
-            self._sgl.tokenizer_manager.abort_request(rid=e.rid)
-        tasks = [e.task for e in entries if e.task is not None]
-        if tasks:
-            _, pending = self._loop.run_until_complete(asyncio.wait(tasks, timeout=_ABORT_TIMEOUT_SECONDS))
+        running = {e.task: e.rid for e in entries if e.task is not None}
+
+        async def abort_and_wait() -> None:
+            # On the loop, in a coroutine: abort_request sends on a zmq.asyncio socket (see the module docstring).
+            # sglang ignores an abort for a rid it has not registered yet (a request added just before, whose
+            # task has not reached the scheduler), so the abort is repeated until every task has ended.
+            pending = set(running)
+            deadline = time.monotonic() + _ABORT_TIMEOUT_SECONDS
+            while pending and time.monotonic() < deadline:
+                for task in pending:
+                    self._sgl.tokenizer_manager.abort_request(rid=running[task])
+                _, pending = await asyncio.wait(pending, timeout=_ABORT_RETRY_SECONDS)
             for task in pending:
                 task.cancel()
+
+        self._run(abort_and_wait())
         for e in entries:
             del self._live[e.key]
 
@@ -231,23 +297,24 @@ class SglangEngine:
     def update_weights(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> int:
         """Swap weights through `update_weights_from_tensor`; running requests continue under the new ones."""
         num_bytes = sum(t.numel() * t.element_size() for t in named_tensors.values())
-        self._swap(lambda: self._sgl.update_weights_from_tensor(named_tensors=list(named_tensors.items()),
-                                                                 flush_cache=True), version)
+        owned = [(name, cuda_ipc.owned(t)) for name, t in named_tensors.items()]  # sglang re-shares them
+        self._swap(lambda: self._sync(lambda: self._sgl.update_weights_from_tensor(named_tensors=owned,
+                                                                                    flush_cache=True)), version)
         return num_bytes
 
     def init_weights_update_group(self, *, master_address: str, master_port: int, rank_offset: int,
                                   world_size: int, group_name: str = "everstep", backend: str = "nccl") -> None:
         """Join a torch.distributed group with the trainer (which is rank 0) for broadcast weight updates."""
-        _check(self._sgl.init_weights_update_group(
+        _check(self._sync(lambda: self._sgl.init_weights_update_group(
             master_address=master_address, master_port=master_port, rank_offset=rank_offset,
             world_size=world_size, group_name=group_name, backend=backend,
-        ), "init_weights_update_group")
+        )), "init_weights_update_group")
 
     def update_weights_from_distributed(self, *, names: list[str], dtypes: list[str], shapes: list[list[int]],
                                         version: int, group_name: str = "everstep") -> None:
         """Receive the named tensors the trainer broadcasts on the group (it must broadcast them meanwhile)."""
-        self._swap(lambda: self._sgl.update_weights_from_distributed(
-            names=names, dtypes=dtypes, shapes=shapes, group_name=group_name, flush_cache=True), version)
+        self._swap(lambda: self._sync(lambda: self._sgl.update_weights_from_distributed(
+            names=names, dtypes=dtypes, shapes=shapes, group_name=group_name, flush_cache=True)), version)
 
     def _swap(self, update, version: int) -> None:
         entries = list(self._live.values())
@@ -271,8 +338,7 @@ class SglangEngine:
         before = sum(len(e.output_ids) for e in self._live.values())
         tasks = [e.task for e in self._live.values() if e.task is not None]
         if tasks:
-            self._loop.run_until_complete(asyncio.wait(tasks, timeout=_POLL_SECONDS,
-                                                       return_when=asyncio.FIRST_COMPLETED))
+            self._run(asyncio.wait(tasks, timeout=_POLL_SECONDS, return_when=asyncio.FIRST_COMPLETED))
         generated = sum(len(e.output_ids) for e in self._live.values()) - before
         reasons: dict[FinishReason, int] = {}
         for e in [e for e in self._live.values() if e.task is not None and e.task.done()]:
@@ -297,7 +363,57 @@ class SglangEngine:
         )
 
     def shutdown(self) -> None:
-        self._sgl.shutdown()
+        """Abort what runs, stop sglang's processes (and free the GPU memory they hold), close the loop."""
+        try:
+            if self._live:
+                self._abort(list(self._live.values()))
+        finally:
+            self._sgl.shutdown()
+            self._close_loop()
+
+    def _close_loop(self) -> None:
+        """Cancel what is left on the loop (sglang's output handler among it), then close it."""
+        try:
+            leftover = asyncio.all_tasks(self._loop)
+            for task in leftover:
+                task.cancel()
+            if leftover:
+                self._run(asyncio.wait(leftover, timeout=5.0))
+        except Exception as e:  # noqa: BLE001 - best effort at shutdown
+            log.debug("sglang engine loop: %s while cancelling its tasks", e)
+        finally:
+            self._loop.close()
+
+
+_SIGNAL_PATCH = threading.Lock()
+
+
+@contextlib.contextmanager
+def signal_handlers_skipped_off_main_thread():
+    """Let sglang.Engine be built on a gRPC thread (a `Load` call), not only on the main thread.
+
+    sglang 0.5.3's launch registers a SIGQUIT handler with `signal.signal`, which raises ValueError
+    ("signal only works in main thread") anywhere else. Off the main thread, `signal.signal` is replaced
+    for the duration of the build by one that skips the registration (with a warning) and returns the
+    current handler; a failing sglang child then ends this process by SIGQUIT's default action instead of
+    sglang's handler killing the process tree. On the main thread nothing changes.
+    """
+    if threading.current_thread() is threading.main_thread():
+        yield
+        return
+    original = signal.signal
+
+    def skip(signum, handler):
+        log.warning("sglang's handler for %s not installed: the engine is built off the main thread",
+                    signal.Signals(signum).name)
+        return signal.getsignal(signum)
+
+    with _SIGNAL_PATCH:
+        signal.signal = skip
+        try:
+            yield
+        finally:
+            signal.signal = original
 
 
 def _check(result, what: str) -> None:

@@ -1,11 +1,12 @@
 """The engine's side of the GPU-capable weight carriers: the trainer's broadcast group and CUDA IPC handles.
 
 - `WeightGroupMember`: this engine as rank r of the trainer's weight group (backend nccl on GPUs,
-  gloo on CPUs), built from the trainer's TCPStore under a PrefixStore of the group name; it
-  receives each bucket's flat buffer by broadcast from rank 0.
+  gloo on CPUs), built from the trainer's TCPStore by `everstep.process_group` (the store keys
+  sglang's `init_weights_update_group` uses, so the trainer's one helper serves both), and warmed
+  up before the join returns (NCCL forms its communicator on that first broadcast); it receives
+  each bucket's flat buffer by broadcast from rank 0.
 - `rebuild_cuda_ipc_tensor`: a trainer tensor on this engine's GPU, opened from its CUDA IPC handle
-  with `torch.multiprocessing.reductions.rebuild_cuda_tensor`, on this process's index of the GPU
-  with that UUID.
+  by `everstep.cuda_ipc` (torch only), on this process's index of the GPU with that UUID.
 
 gloo runs in the CPU tests; NCCL and CUDA IPC are not run here (no GPU).
 """
@@ -19,6 +20,7 @@ from typing import Any
 
 import torch
 
+from everstep import cuda_ipc, process_group
 from everstep.v1 import rollout_pb2
 
 __all__ = ["WeightGroupMember", "cuda_device_uuid", "rebuild_cuda_ipc_tensor"]
@@ -39,8 +41,9 @@ class WeightGroupMember:
     process_group: Any
 
     @classmethod
-    def join(cls, request: rollout_pb2.JoinWeightGroupRequest) -> WeightGroupMember:
-        """Form the group with the trainer (blocks until every rank joined); ValueError on a bad request."""
+    def join(cls, request: rollout_pb2.JoinWeightGroupRequest, engine_device: str = "") -> WeightGroupMember:
+        """Form the group with the trainer and receive its warm-up byte (blocks until every rank joined);
+        ValueError on a bad request. `engine_device`: the CUDA device NCCL broadcasts to ("": the current one)."""
         import torch.distributed as dist
 
         if not request.group:
@@ -56,24 +59,24 @@ class WeightGroupMember:
             raise ValueError(f"timeout_seconds: must be >= 0, got {request.timeout_seconds}")
         timeout_seconds = request.timeout_seconds or _DEFAULT_TIMEOUT_SECONDS
         timeout = datetime.timedelta(seconds=timeout_seconds)
+        if request.backend == "nccl" and not hasattr(dist, "ProcessGroupNCCL"):
+            raise ValueError("backend: this torch build has no NCCL")
         store = dist.TCPStore(host.strip("[]"), int(port), request.world_size, False, timeout=timeout)
-        prefixed = dist.PrefixStore(request.group, store)
-        if request.backend == "gloo":
-            process_group = dist.ProcessGroupGloo(prefixed, request.rank, request.world_size, timeout)
-        else:
-            if not hasattr(dist, "ProcessGroupNCCL"):
-                raise ValueError("backend: this torch build has no NCCL")
-            options = dist.ProcessGroupNCCL.Options()
-            options._timeout = timeout
-            process_group = dist.ProcessGroupNCCL(prefixed, request.rank, request.world_size, options)
+        group = process_group.new_group(request.backend, store, group_name=request.group, rank=request.rank,
+                                        world_size=request.world_size, timeout=timeout)
+        try:
+            process_group.warm_up(group, device=_broadcast_device(request.backend, engine_device), timeout=timeout)
+        except BaseException:
+            process_group.shutdown_group(group)
+            raise
         log.info("joined %s weight group %s as rank %d of %d (store %s)", request.backend, request.group,
                  request.rank, request.world_size, request.store_address)
         return cls(request.group, request.backend, request.rank, request.world_size, timeout_seconds, store,
-                   process_group)
+                   group)
 
     def receive(self, num_bytes: int, engine_device: str) -> torch.Tensor:
         """The flat uint8 buffer rank 0 broadcasts next: on the engine's GPU (nccl) or the CPU (gloo)."""
-        device = torch.device(engine_device) if self.backend == "nccl" else torch.device("cpu")
+        device = _broadcast_device(self.backend, engine_device)
         flat = torch.empty(num_bytes, dtype=torch.uint8, device=device)
         self.process_group.broadcast(flat, 0).wait(datetime.timedelta(seconds=self.timeout_seconds))
         if flat.is_cuda:
@@ -81,49 +84,37 @@ class WeightGroupMember:
         return flat
 
     def shutdown(self) -> None:
-        for method in ("shutdown", "abort"):
-            fn = getattr(self.process_group, method, None)
-            if fn is not None:
-                try:
-                    fn()
-                except Exception as e:  # noqa: BLE001 - best effort on a group that may be broken
-                    log.debug("weight group %s: %s() failed: %s", self.name, method, e)
-                return
+        process_group.shutdown_group(self.process_group)
+
+
+def _broadcast_device(backend: str, engine_device: str) -> torch.device:
+    if backend != "nccl":
+        return torch.device("cpu")
+    if engine_device.startswith("cuda"):
+        return torch.device(engine_device)
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def cuda_device_uuid(index: int) -> str:
     """As the trainer computes it: str(torch.cuda.get_device_properties(i).uuid)."""
-    return str(torch.cuda.get_device_properties(index).uuid)
+    return cuda_ipc.device_uuid(index)
 
 
-_uuid_to_index: dict[str, int] = {}
-
-
-def _local_index(device_uuid: str) -> int:
-    if not _uuid_to_index:
-        for index in range(torch.cuda.device_count()):
-            _uuid_to_index[cuda_device_uuid(index)] = index
-    if device_uuid not in _uuid_to_index:
-        raise ValueError(f"device_uuid: GPU {device_uuid} is not visible to this engine")
-    return _uuid_to_index[device_uuid]
+def handle_from_proto(message: rollout_pb2.CudaIpcTensor) -> cuda_ipc.CudaIpcHandle:
+    return cuda_ipc.CudaIpcHandle(
+        name=message.name, dtype=message.dtype, shape=tuple(message.shape), stride=tuple(message.stride),
+        storage_offset=message.storage_offset, device_uuid=message.device_uuid,
+        storage_handle=message.storage_handle, storage_size_bytes=message.storage_size_bytes,
+        storage_offset_bytes=message.storage_offset_bytes, ref_counter_handle=message.ref_counter_handle,
+        ref_counter_offset=message.ref_counter_offset, event_handle=message.event_handle,
+        event_sync_required=message.event_sync_required)
 
 
 def cuda_ipc_args(message: rollout_pb2.CudaIpcTensor, device_index: int) -> tuple:
     """The arguments of `rebuild_cuda_tensor` for one message (the inverse of the trainer's encoding)."""
-    dtype = getattr(torch, message.dtype, None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"tensor {message.name!r}: unknown dtype {message.dtype!r}")
-    if len(message.stride) != len(message.shape):
-        raise ValueError(f"tensor {message.name!r}: {len(message.stride)} strides for {len(message.shape)} dims")
-    return (torch.Tensor, torch.Size(message.shape), tuple(message.stride), message.storage_offset,
-            torch.storage.TypedStorage, dtype, device_index, message.storage_handle, message.storage_size_bytes,
-            message.storage_offset_bytes, False, message.ref_counter_handle, message.ref_counter_offset,
-            message.event_handle if message.event_sync_required else None, message.event_sync_required)
+    return cuda_ipc.rebuild_args(handle_from_proto(message), device_index)
 
 
 def rebuild_cuda_ipc_tensor(message: rollout_pb2.CudaIpcTensor) -> torch.Tensor:
-    from torch.multiprocessing.reductions import rebuild_cuda_tensor
-
-    if not torch.cuda.is_available():
-        raise ValueError(f"tensor {message.name!r}: sent by CUDA IPC to an engine without CUDA")
-    return rebuild_cuda_tensor(*cuda_ipc_args(message, _local_index(message.device_uuid)))
+    """The trainer's tensor, no copy; marked as received (`everstep.cuda_ipc.owned` clones it for re-sharing)."""
+    return cuda_ipc.rebuild(handle_from_proto(message))

@@ -32,7 +32,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "(both on GPUs), shm (same host), else grpc")
     parser.add_argument("--weight-group-host", default="",
                         help="address engines reach this trainer at for a nccl/gloo weight group "
-                             "(default: --host if specific, else what the host name resolves to)")
+                             "(default: --host if specific, else 127.0.0.1, which only engines on this host reach: "
+                             "remote engines need it set)")
     add_transport_arguments(parser)
     parser.add_argument("--sample-log", default=os.environ.get("EVERSTEP_TRAINER_SAMPLE_LOG", ""),
                         help="append one JSON line per train step with its samples to this file ('{pid}' is replaced "

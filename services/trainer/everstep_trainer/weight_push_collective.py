@@ -3,11 +3,20 @@
 With backend "nccl" the buckets go GPU to GPU (the platform's path between GPU hosts); with "gloo"
 the same code runs on CPUs, which is how the tests exercise it (NCCL itself is not run here: no GPU).
 
-The group is a process group of its own, built from a TCPStore the trainer serves (PrefixStore per
-group name), not the default group, so it never interferes with the trainer's FSDP group. It is
-formed on the first push to a set of endpoints (`Rollout.JoinWeightGroup` on each engine while the
-trainer constructs its side) and kept while the set stays the same; a failed push dissolves it and
-the next push forms a new one. Per bucket, the trainer sends the bucket's layout and the version in
+The group is a process group of its own, built from a TCPStore the trainer serves by
+`everstep.process_group` (the same helper and store keys as the engine's side and as sglang's
+`init_weights_update_group`), not the default group, so it never interferes with the trainer's FSDP
+group. It is formed on the first push to a set of endpoints (`Rollout.JoinWeightGroup` on each
+engine while the trainer constructs its side), warmed up at once (one byte broadcast and awaited
+with the timeout on every rank, so that NCCL's lazily created communicator exists before the first
+bucket), and kept while the set stays the same; a failed push dissolves it and the next push forms
+a new one.
+
+The engines reach the trainer's store at `group_host`. Left empty, it is 127.0.0.1 when every
+engine is on this host's loopback, and an error naming `group_host` otherwise: what the host name
+resolves to is often 127.0.1.1 (a stock Debian /etc/hosts), which no other host can reach.
+
+Per bucket, the trainer sends the bucket's layout and the version in
 an UpdateWeights message, then broadcasts one flat uint8 buffer; the engine, on that message,
 receives the broadcast into a buffer of its own and applies everything after the last bucket.
 
@@ -19,8 +28,8 @@ TORCH_NCCL_ASYNC_ERROR_HANDLING, ends the trainer process); gloo raises after `t
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import logging
-import socket
 import threading
 import time
 import uuid
@@ -31,7 +40,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from everstep import transport
+from everstep import process_group, transport
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc
 from everstep_trainer.weight_push_base import (
     DEFAULT_BUCKET_BYTES,
@@ -53,39 +62,43 @@ log = logging.getLogger(__name__)
 BACKENDS = ("nccl", "gloo")
 
 
-def default_group_host() -> str:
-    """An address of this host that engines can reach: what the host name resolves to."""
+def _endpoint_host(endpoint: str) -> str:
+    host = endpoint.split("://", 1)[-1]
+    if host.startswith("["):  # [v6]:port
+        return host[1:].partition("]")[0]
+    return host.rpartition(":")[0] if host.count(":") == 1 else host
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
     try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
-def new_process_group(backend: str, store: Any, rank: int, world_size: int, timeout: datetime.timedelta) -> Any:
-    """A torch.distributed process group outside the default group (gloo blocks until every rank joined)."""
-    import torch.distributed as dist
-
-    if backend == "gloo":
-        return dist.ProcessGroupGloo(store, rank, world_size, timeout)
-    if backend == "nccl":
-        if not hasattr(dist, "ProcessGroupNCCL"):
-            raise RuntimeError("backend: this torch build has no NCCL")
-        options = dist.ProcessGroupNCCL.Options()
-        options._timeout = timeout
-        return dist.ProcessGroupNCCL(store, rank, world_size, options)
-    raise ValueError(f"backend: must be one of {BACKENDS}, got {backend!r}")
+def default_group_host(endpoints: Sequence[str]) -> str:
+    """The store address for engines that did not get an explicit `group_host`: 127.0.0.1 when all of them
+    are on this host's loopback; ValueError naming group_host when any is remote."""
+    remote = [e for e in endpoints if not _is_loopback(_endpoint_host(e))]
+    if remote:
+        raise ValueError(f"group_host: engines {remote[:3]} are not on this host's loopback, so they need an "
+                         f"address of this trainer they can reach (--weight-group-host); the host name's own "
+                         f"address is not used (often 127.0.1.1, unreachable from other hosts)")
+    return "127.0.0.1"
 
 
-def shutdown_process_group(group: Any) -> None:
-    """Free a group's communicators (NCCL holds GPU memory and threads; gloo needs nothing)."""
-    for method in ("shutdown", "abort"):
-        fn = getattr(group, method, None)
-        if fn is not None:
-            try:
-                fn()
-            except Exception as e:  # noqa: BLE001 - best effort on a group that may be broken
-                log.debug("process group %s() failed: %s", method, e)
-            return
+def new_process_group(backend: str, store: Any, rank: int, world_size: int, timeout: datetime.timedelta, *,
+                      group_name: str) -> Any:
+    """The trainer's side of a weight group (see `everstep.process_group`; gloo blocks until every rank joined)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: must be one of {BACKENDS}, got {backend!r}")
+    return process_group.new_group(backend, store, group_name=group_name, rank=rank, world_size=world_size,
+                                   timeout=timeout)
+
+
+shutdown_process_group = process_group.shutdown_group
 
 
 @dataclass
@@ -94,6 +107,7 @@ class _Group:
     endpoints: tuple[str, ...]
     store: Any
     process_group: Any
+    device: torch.device
 
 
 class CollectiveWeightTransport(WeightTransport):
@@ -125,13 +139,17 @@ class CollectiveWeightTransport(WeightTransport):
 
     # -- the group --------------------------------------------------------------------------------------
 
-    def _form_group(self, endpoints: tuple[str, ...]) -> _Group:
+    def _form_group(self, endpoints: tuple[str, ...], device: torch.device) -> _Group:
+        """`device`: where this side broadcasts from (NCCL binds its communicator to it at the warm-up)."""
         import torch.distributed as dist
 
         self._dissolve()
         timeout = datetime.timedelta(seconds=self.timeout_seconds)
         world_size = len(endpoints) + 1
-        host = self.group_host or default_group_host()
+        try:
+            host = self.group_host or default_group_host(endpoints)
+        except ValueError as e:
+            raise WeightPushError(dict.fromkeys(endpoints, str(e))) from None
         store = dist.TCPStore(host, 0, world_size, True, timeout=timeout, wait_for_workers=False)
         name = f"everstep-weights-{uuid.uuid4().hex[:12]}"
         errors: dict[str, str] = {}
@@ -148,10 +166,16 @@ class CollectiveWeightTransport(WeightTransport):
 
         def form() -> None:
             try:
-                formed["group"] = new_process_group(self.backend, dist.PrefixStore(name, store), 0, world_size,
-                                                    timeout)
+                group = new_process_group(self.backend, store, 0, world_size, timeout, group_name=name)
             except Exception as e:  # noqa: BLE001 - reported below
                 formed["error"] = f"forming the {self.backend} group failed: {e}"
+                return
+            formed["group"] = group
+            try:
+                process_group.warm_up(group, device=device, timeout=timeout)
+                formed["warm"] = True
+            except Exception as e:  # noqa: BLE001 - reported below
+                formed["error"] = f"the {self.backend} group's warm-up broadcast failed: {e}"
 
         # The trainer's side blocks until every rank has joined; it runs in a thread of its own so that an
         # engine refusing to join fails the push at once instead of after the whole timeout: the other
@@ -173,16 +197,16 @@ class CollectiveWeightTransport(WeightTransport):
                 channel.close()
         if not errors:
             trainer_side.join(self.timeout_seconds + 10)
-            if "error" in formed or "group" not in formed:
-                errors["trainer"] = formed.get("error", "forming the group timed out")
+            if "error" in formed or "warm" not in formed:
+                errors["trainer"] = formed.get("error", "forming the group (and its warm-up) timed out")
         if errors:
             if "group" in formed:
                 shutdown_process_group(formed["group"])
             raise WeightPushError(errors)
-        process_group = formed["group"]
+        group = formed["group"]
         log.info("formed %s weight group %s with %d engine(s), store at %s:%d", self.backend, name, len(endpoints),
                  host, store.port)
-        self._group = _Group(name, endpoints, store, process_group)
+        self._group = _Group(name, endpoints, store, group, device)
         return self._group
 
     def _dissolve(self) -> None:
@@ -238,8 +262,11 @@ class CollectiveWeightTransport(WeightTransport):
             raise ValueError("endpoints: at least one endpoint is required")
         start = time.perf_counter()
         key = tuple(endpoints)
-        group = self._group if self._group is not None and self._group.endpoints == key else self._form_group(key)
         placements = [TensorPlacement(name, t.detach(), 0, tensor_num_bytes(t)) for name, t in named_tensors]
+        device = self._buffer_device(placements)
+        if self._group is not None and (self._group.endpoints != key or self._group.device != device):
+            self._dissolve()
+        group = self._group or self._form_group(key, device)
         streams: list[EndpointStream] = []
         try:
             run_endpoint_streams(self._buckets(group, placements, version, streams), endpoints,

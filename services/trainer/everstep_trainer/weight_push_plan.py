@@ -3,7 +3,8 @@
 An engine reports a `WeightReceiverInfo` in `Rollout.GetStatus`; the trainer builds the same facts
 about itself (`local_peer`). `choose_transport` then applies, for the setting "auto":
 
-1. cuda_ipc  the trainer's weights and the engine are on the same GPU (same host, same GPU UUID);
+1. cuda_ipc  the trainer's weights and the engine are on the same GPU (same host, same GPU UUID) and
+             share /dev/shm (torch's CUDA IPC ref counters are files there);
 2. nccl      both are on GPUs (a broadcast group over the network or NVLink);
 3. shm       both see the same /dev/shm (same kernel, same tmpfs instance);
 4. grpc      anything else, including an engine whose status does not say (older engines, test doubles).
@@ -110,6 +111,8 @@ def _impossible(setting: str, trainer: PeerInfo, engine: PeerInfo) -> str | None
     if setting == "cuda_ipc" and not (trainer.on_gpu and engine.on_gpu and trainer.gpu_uuid
                                       and trainer.gpu_uuid == engine.gpu_uuid and trainer.boot_id == engine.boot_id):
         return "cuda_ipc needs the engine on the GPU that holds the trainer's weights"
+    if setting == "cuda_ipc" and not (trainer.shm_domain and trainer.shm_domain == engine.shm_domain):
+        return "cuda_ipc needs the engine to share this trainer's /dev/shm (torch's CUDA IPC ref counters live there)"
     return None
 
 
