@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 DATA_SOURCE = "everstep/arith_word_problems"
-INSTRUCTION = "Let's think step by step and output the final answer in \\boxed{}."
+INSTRUCTION = "Put the final answer in \\boxed{}."
 THINGS = ("apples", "pencils", "marbles", "stickers", "books", "cookies", "coins", "shells")
 NAMES = ("Tom", "Ana", "Li", "Sara", "Omar", "Mia", "Ken", "Zoe")
 
