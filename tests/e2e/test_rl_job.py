@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import grpc
 import httpx
 import pytest
+from stack_jobs import run_job
 
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc
 from everstep_controller.local_stack import free_port
@@ -61,13 +62,8 @@ def test_rl_job_through_all_services(tmp_path: Path, demo_model_build: DemoModel
             "seed": 1,
         }
         api = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
-        created = api.post("/v1/jobs", json=spec)
-        assert created.status_code == 201, created.text
-        job_id = created.json()["id"]
-        deadline = time.monotonic() + 600
-        while (job := api.get(f"/v1/jobs/{job_id}").json())["state"] not in ("SUCCEEDED", "FAILED", "CANCELLED"):
-            assert time.monotonic() < deadline, f"job still {job['state']} at step {job['step']}"
-            time.sleep(1)
+        job = run_job(api, spec, timeout_seconds=600)
+        job_id = job["id"]
         assert job["state"] == "SUCCEEDED", job["error"]
         history = api.get(f"/v1/jobs/{job_id}/metrics").json()
         assert [m["step"] for m in history] == list(range(1, 11))

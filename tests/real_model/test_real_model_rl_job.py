@@ -8,13 +8,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import grpc
 import httpx
 import torch
 from safetensors.torch import load_file
+from stack_jobs import run_job
 
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc
 from everstep_controller.job_file import load_job_file
@@ -46,13 +46,8 @@ def test_two_steps_on_the_real_model(tmp_path: Path, smollm2_dir: Path) -> None:
     state = json.loads((tmp_path / "home" / "stack" / "state.json").read_text())
     try:
         api = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
-        created = api.post("/v1/jobs", json=spec)
-        assert created.status_code == 201, created.text
-        job_id = created.json()["id"]
-        deadline = time.monotonic() + 480
-        while (job := api.get(f"/v1/jobs/{job_id}").json())["state"] not in ("SUCCEEDED", "FAILED", "CANCELLED"):
-            assert time.monotonic() < deadline, f"job still {job['state']} at step {job['step']}"
-            time.sleep(2)
+        job = run_job(api, spec, timeout_seconds=480, poll_seconds=2)
+        job_id = job["id"]
         assert job["state"] == "SUCCEEDED", job["error"]
         assert job["dataset"]["num_rows"] == 256 and job["dataset"]["num_skipped"] == 0
         history = api.get(f"/v1/jobs/{job_id}/metrics").json()
