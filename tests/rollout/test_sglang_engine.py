@@ -288,7 +288,10 @@ def test_drain_and_update_from_the_engine_loop_thread_run_on_the_engine_loop(tin
 
     partials = on_thread(start_and_drain)
     assert {p.finish_reason for p in partials} == {FinishReason.ABORTED} and stand_in.aborted
-    engine.add([GenerationRequest(id="a", prompt_ids=PROMPTS["a"], sampling=sampling)])
+    # long enough (the stand-in makes a token per ms) that "a" is still running through both updates, whose
+    # aborts may wait a retry (50 ms) for a request sglang has not registered yet
+    long = SamplingOptions(temperature=1.0, max_new_tokens=400)
+    engine.add([GenerationRequest(id="a", prompt_ids=PROMPTS["a"], sampling=long)])
     on_thread(engine.step)
     # A tensor that came by CUDA IPC is cloned before sglang re-shares it; an owned one is passed as it is.
     received = cuda_ipc.mark_received(torch.tensor([5]))
@@ -298,7 +301,7 @@ def test_drain_and_update_from_the_engine_loop_thread_run_on_the_engine_loop(tin
     on_thread(lambda: engine.update_weights({"offset": owned}, version=2))
     assert stand_in.received_tensors[0] is owned
     result = on_thread(lambda: run(engine))["a"]
-    assert result.output_versions[-1] == 2 and len(result.output_ids) == 50
+    assert result.output_versions[-1] == 2 and len(result.output_ids) == 400
     assert len(stand_in.loops) == 1  # every sglang call ran on the engine's one loop
     on_thread(engine.shutdown)
     assert stand_in.shut_down

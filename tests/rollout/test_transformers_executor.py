@@ -80,3 +80,11 @@ def test_transformers_executor_on_llama_equals_native(tiny_model_dir):
     for key, native in results[0].items():
         assert results[1][key].output_ids == native.output_ids
         assert results[1][key].output_logprobs == pytest.approx(native.output_logprobs, abs=1e-4)
+
+
+def test_gpt2_s_position_limit_is_read_from_n_positions_and_never_exceeded(tiny_gpt2_dir) -> None:
+    """GPT-2 states its limit as n_positions (256 here): the default takes it, a longer request is refused."""
+    engine = Engine(tiny_gpt2_dir, EngineConfig(max_running=2))
+    assert (engine.max_seq_len, engine.position_limit, engine.executor_name) == (256, 256, "transformers")
+    with pytest.raises(ValueError, match=r"max_seq_len \(257\) exceeds the model's max_position_embeddings \(256\)"):
+        Engine(tiny_gpt2_dir, EngineConfig(max_running=2, max_seq_len=257))

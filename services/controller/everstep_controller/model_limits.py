@@ -7,24 +7,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from everstep import model_config
 from everstep_controller.spec import JobSpec
 
 __all__ = ["max_prompt_tokens", "position_limit"]
 
 
 def position_limit(model_path: str) -> int | None:
-    """The model's max_position_embeddings (of its text config for a multimodal one); None when its
-    config.json cannot be read here or states none."""
-    path = Path(model_path) / "config.json"
+    """The model's position limit (`everstep.model_config.position_limit`); None when its config.json cannot be
+    read here or states none."""
     try:
-        config = json.loads(path.read_text())
+        config = json.loads((Path(model_path) / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    for section in (config, config.get("text_config") or {}):
-        value = section.get("max_position_embeddings")
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
+    return model_config.position_limit(config) if isinstance(config, dict) else None
 
 
 def max_prompt_tokens(spec: JobSpec) -> int | None:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from everstep.model_config import position_limit
 from everstep_rollout.config import EngineConfig
 from everstep_rollout.executor import ExecutorOptions, StepBatch, build_executor
 from everstep_rollout.kv_cache import SlotAllocator
@@ -112,7 +113,7 @@ class Engine:
         ))
         self.weights = self.executor.weights
         self.max_seq_len = self.executor.max_seq_len
-        self.position_limit = int(model_config.get("max_position_embeddings") or 0)
+        self.position_limit = position_limit(model_config) or 0
         self.executor_name = "native" if self.executor.__class__.__name__ == "LlamaExecutor" else "transformers"
         self.vocab_size = self.executor.vocab_size
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)

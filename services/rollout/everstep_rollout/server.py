@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from everstep.model_config import position_limit
 from everstep.transport import bind, server_options
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc
 from everstep_rollout import metrics
@@ -68,7 +69,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             max_seq_len=self._defaults.max_seq_len if max_seq_len is None else max_seq_len,
         )
         # Settings the model refuses fail here, with the engine before still serving.
-        resolve_max_seq_len(config.max_seq_len, read_config(Path(model_path)).get("max_position_embeddings"))
+        resolve_max_seq_len(config.max_seq_len, position_limit(read_config(Path(model_path))))
         # The old engine stops first: two engines at once would not fit one GPU (sglang takes most of it).
         with self._lock:
             old, self._loop, self._model_path = self._loop, None, ""

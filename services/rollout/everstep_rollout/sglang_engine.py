@@ -65,6 +65,7 @@ from pathlib import Path
 import torch
 
 from everstep import cuda_ipc
+from everstep.model_config import position_limit
 from everstep_rollout.config import EngineConfig, resolve_max_seq_len
 from everstep_rollout.engine import QueueFullError, StepStats, ThroughputWindow, read_eos_token_ids
 from everstep_rollout.engines import EngineUnavailableError
@@ -123,8 +124,8 @@ class SglangEngine:
         self.config = config or EngineConfig(engine="sglang")
         self.model_dir = Path(model_dir)
         model_config = read_config(self.model_dir)
-        self.max_seq_len = resolve_max_seq_len(self.config.max_seq_len, model_config.get("max_position_embeddings"))
-        self.position_limit = int(model_config.get("max_position_embeddings") or 0)
+        self.position_limit = position_limit(model_config) or 0
+        self.max_seq_len = resolve_max_seq_len(self.config.max_seq_len, self.position_limit or None)
         self.executor_name = "sglang"
         if sglang_engine is None:
             sglang = import_sglang()
