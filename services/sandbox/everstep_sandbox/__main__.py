@@ -37,7 +37,12 @@ def main() -> None:
     parser.add_argument("--isolation", choices=("auto", "bubblewrap", "none"), default="auto",
                         help="auto: bubblewrap when it works here, else a logged fallback")
     parser.add_argument("--default-memory-limit-mb", type=int, default=None,
-                        help="memory limit of a run when a request gives none (default 1024)")
+                        help="memory limit of a run when a request gives none or -1 (default: the slot's "
+                             "ceiling, --max-memory-limit-mb)")
+    parser.add_argument("--max-memory-limit-mb", type=int, default=None,
+                        help="the slot's memory ceiling; a request asking for more is refused (default 8192)")
+    parser.add_argument("--max-timeout-seconds", type=float, default=None,
+                        help="longest compile_timeout or run_timeout a request may ask for (default 1800)")
     add_transport_arguments(parser)
     args = parser.parse_args()
     apply_transport_arguments(parser, args)  # before starting worker processes: they inherit the environment
@@ -55,7 +60,9 @@ def main() -> None:
     from everstep_sandbox.server import serve
 
     overrides = {k: v for k, v in {"workers": args.workers,
-                                   "default_memory_limit_mb": args.default_memory_limit_mb}.items()
+                                   "default_memory_limit_mb": args.default_memory_limit_mb,
+                                   "max_memory_limit_mb": args.max_memory_limit_mb,
+                                   "max_timeout_seconds": args.max_timeout_seconds}.items()
                  if v is not None}
     try:
         serve(SandboxConfig(host=args.host, port=args.port, grpc_port=args.grpc_port, processes=args.processes,

@@ -35,9 +35,13 @@ class SandboxConfig(BaseModel):
                             "fail to start without it; none: no namespaces (trusted code only).")
     default_compile_timeout_seconds: float = Field(10.0, gt=0, description="Used when a request gives 0.")
     default_run_timeout_seconds: float = Field(10.0, gt=0, description="Used when a request gives 0.")
-    max_timeout_seconds: float = Field(120.0, gt=0, description="Requests asking for longer are rejected.")
-    default_memory_limit_mb: int = Field(1024, ge=16, description="Memory limit of a run when a request gives <= 0.")
-    max_memory_limit_mb: int = Field(8192, ge=16, description="Requests asking for more are rejected.")
+    max_timeout_seconds: float = Field(1800.0, gt=0, description="Longest compile_timeout or run_timeout a "
+                                                                 "request may ask for; longer is a 422.")
+    default_memory_limit_mb: int | None = Field(
+        None, ge=16, description="Memory limit of a run when a request gives <= 0 (SandboxFusion's -1: no "
+                                 "per-run limit); None: the slot's ceiling, max_memory_limit_mb.")
+    max_memory_limit_mb: int = Field(8192, ge=16, description="The slot's memory ceiling (its cgroup limit): "
+                                                              "requests asking for more are rejected.")
     compile_memory_limit_mb: int = Field(2048, ge=64, description="Memory limit of a compile.")
     max_output_bytes: int = Field(1 << 20, ge=1024, description="stdout/stderr kept per command; rest dropped.")
     max_file_size_bytes: int = Field(16 << 20, ge=1024,

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from everstep_sandbox.config import SandboxConfig
+from everstep_sandbox.paths import PathPolicy
 
-__all__ = ["RUNTIME_DIR", "IsolationReport", "SlotLayout", "probe", "slot_layout"]
+__all__ = ["RUNTIME_DIR", "IsolationReport", "SlotLayout", "path_policy", "probe", "slot_layout"]
 
 log = logging.getLogger(__name__)
 RUNTIME_DIR = Path(__file__).parent / "runtime"
@@ -106,6 +107,14 @@ def _python_prefix(python_executable: str) -> str | None:
     return str(Path(real).parent.parent)
 
 
+def path_policy(config: SandboxConfig, report: IsolationReport) -> PathPolicy:
+    """Where request files may go on this host (see paths.py): anywhere in the slot's private root
+    needs bubblewrap and a run uid other than the zygote's, which alone may write that root."""
+    prefix = _python_prefix(config.python_executable)
+    return PathPolicy(private_root=report.bubblewrap and report.distinct_uid, mount_namespace=report.bubblewrap,
+                      extra_system_prefixes=(prefix,) if prefix else ())
+
+
 def _readable_parents(path: str) -> list[str]:
     """bwrap creates missing parents of a mount point as 0700: make them traversable by the run uid."""
     argv: list[str] = []
@@ -143,7 +152,11 @@ def slot_layout(config: SandboxConfig, report: IsolationReport, host_dir: Path) 
     argv += ["--perms", "0700", "--size", str(config.work_dir_size_mb << 20), "--tmpfs", "/work"]
     argv += ["--perms", "0700", "--size", str(config.work_dir_size_mb << 20), "--tmpfs", "/tmp"]
     argv += ["--perms", "1777", "--size", str(16 << 20), "--tmpfs", "/dev/shm"]
-    argv += ["--remount-ro", "/", "--chdir", "/work"]
+    if os.geteuid() != 0:
+        argv += ["--remount-ro", "/"]
+    # As root the root tmpfs stays writable, but only by the zygote (it is root's, mode 0755, and runs
+    # have another uid and no capability): it makes the directories of a request's absolute paths.
+    argv += ["--chdir", "/work"]
     if os.geteuid() == 0:
         argv += ["--cap-drop", "ALL"]
         for cap in _ZYGOTE_CAPS:

@@ -83,7 +83,8 @@ def definitions(python_executable: str) -> list[Language]:
                                "{main_class}.java"),
                  artifacts=("*.class",),
                  # -XX:MaxRAM sizes the heap from the run's limit (the JVM cannot see the cgroup).
-                 run_argv=("java", *jvm, "-XX:MaxRAM={memory_mb}m", "-Xss64m", "-cp", ".", "{main_class}"),
+                 # -ea: assertions on, as SandboxFusion runs Java (assert-based graders rely on it).
+                 run_argv=("java", *jvm, "-XX:MaxRAM={memory_mb}m", "-Xss64m", "-ea", "-cp", ".", "{main_class}"),
                  required_tools=("java", "javac"), limit_address_space=False),
         Language(name="go", source_file="solution.go",
                  compile_argv=("go", "build", "-o", "solution", "solution.go"),

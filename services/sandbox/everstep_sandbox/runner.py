@@ -13,7 +13,6 @@ shared), CPU side channels, or reading world-readable files under /usr and /etc.
 
 from __future__ import annotations
 
-import glob
 import logging
 import math
 import shutil
@@ -21,14 +20,15 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from everstep_sandbox import metrics
 from everstep_sandbox.cgroups import CgroupTree
 from everstep_sandbox.compile_cache import CompileCache, CompiledProgram, cache_key
 from everstep_sandbox.config import SandboxConfig
-from everstep_sandbox.isolation import IsolationReport, probe
+from everstep_sandbox.isolation import IsolationReport, path_policy, probe
 from everstep_sandbox.languages import SANDBOX_PATH, Language, ProgramFiles, available_languages
+from everstep_sandbox.paths import PathPolicy, PathRefused
 from everstep_sandbox.process import CommandResult, CommandStatus
 from everstep_sandbox.seccomp import build_filter
 from everstep_sandbox.slots import ExecRequest, Slot, SlotPool
@@ -60,7 +60,7 @@ class ProgramSpec:
     run_timeout_seconds: float = 0.0
     """0 means the configured default; applies to each run."""
     memory_limit_mb: int = -1
-    """<= 0 means the configured default."""
+    """<= 0 means the configured default (by default the slot's ceiling: no per-run limit)."""
     files: Mapping[str, bytes] = field(default_factory=dict)
     """Extra files written into the work directory before compiling, by relative path."""
 
@@ -129,6 +129,7 @@ class SandboxRunner:
         self._pool = pool
         self._cache = cache
         self.isolation = isolation
+        self._paths: PathPolicy = path_policy(config, isolation)
 
     @classmethod
     def start(cls, config: SandboxConfig, languages: Mapping[str, Language] | None = None) -> SandboxRunner:
@@ -162,19 +163,18 @@ class SandboxRunner:
     def run_code(self, spec: ProgramSpec, *, stdin: str = "", fetch_files: Sequence[str] = ()) -> ProgramResult:
         language = self._language(spec.language)
         plan = self._plan(spec, language)
-        for path in fetch_files:
-            _check_path(path)
+        fetch = {path: self._path(path, "fetch_files") for path in fetch_files}
         with metrics.track_request(language.name) as outcome:
             try:
                 with self._pool.acquire() as slot:
+                    slot.make_parent_dirs(list(fetch.values()))
                     compile_result = self._prepare(slot, spec, language, plan)
                     run_result = None
                     if compile_result is None or _compiled(compile_result):
                         run_result = self._run(slot, language, plan, stdin)
-                    files = slot.collect([glob.escape(p) for p in fetch_files], self._config.max_file_size_bytes)
+                    files = slot.fetch(fetch, self._config.max_file_size_bytes)
                     status, message = _status_of(compile_result, run_result)
-                    result = ProgramResult(status, message, compile_result, run_result,
-                                           {p: content for p, (content, _) in files.items()})
+                    result = ProgramResult(status, message, compile_result, run_result, files)
             except Exception as e:  # a fault of the sandbox itself, never of the program
                 log.exception("run_code failed for language %s", language.name)
                 result = ProgramResult(RunStatus.SANDBOX_ERROR, f"sandbox error: {e}")
@@ -218,19 +218,26 @@ class SandboxRunner:
     def _plan(self, spec: ProgramSpec, language: Language) -> _Plan:
         """Checks the request and settles its limits before it takes a slot."""
         config = self._config
-        for path in spec.files:
-            _check_path(path)
+        files = {self._path(path, "files"): content for path, content in spec.files.items()}
         if spec.memory_limit_mb > config.max_memory_limit_mb:
             raise InvalidRequest(f"memory_limit_MB must be at most {config.max_memory_limit_mb}")
-        memory_mb = spec.memory_limit_mb if spec.memory_limit_mb > 0 else config.default_memory_limit_mb
+        memory_mb = spec.memory_limit_mb if spec.memory_limit_mb > 0 else (config.default_memory_limit_mb
+                                                                           or config.max_memory_limit_mb)
         return _Plan(
             files=language.files_for(spec.code),
+            extra_files=files,
             compile_timeout_seconds=self._timeout(spec.compile_timeout_seconds,
                                                   config.default_compile_timeout_seconds, "compile_timeout"),
             run_timeout_seconds=self._timeout(spec.run_timeout_seconds, config.default_run_timeout_seconds,
                                               "run_timeout"),
             memory_mb=memory_mb,
         )
+
+    def _path(self, path: str, field: str) -> str:
+        try:
+            return self._paths.check(path, field)
+        except PathRefused as e:
+            raise InvalidRequest(str(e)) from None
 
     def _timeout(self, requested: float, default: float, name: str) -> float:
         if requested < 0 or requested > self._config.max_timeout_seconds:
@@ -239,13 +246,13 @@ class SandboxRunner:
 
     def _prepare(self, slot: Slot, spec: ProgramSpec, language: Language, plan: _Plan) -> CommandResult | None:
         """Writes the files and the source, then compiles (or takes the compile cache's artifacts)."""
-        files = {path: (content, 0o644) for path, content in spec.files.items()}
+        files = {path: (content, 0o644) for path, content in plan.extra_files.items()}
         files[plan.files.source_file] = (spec.code.encode(), 0o644)
         slot.write_files(files)
         if language.compile_argv is None:
             return None
         argv = self._argv(language.compile_argv, slot, plan, self._config.compile_memory_limit_mb)
-        key = cache_key(language.name, argv, plan.files.source_file, spec.code, spec.files)
+        key = cache_key(language.name, argv, plan.files.source_file, spec.code, plan.extra_files)
         cached = self._cache.get(key)
         metrics.COMPILE_CACHE.labels(language.name, "hit" if cached else "miss").inc()
         if cached is not None:
@@ -291,6 +298,8 @@ class SandboxRunner:
 @dataclass(frozen=True)
 class _Plan:
     files: ProgramFiles
+    extra_files: Mapping[str, bytes]
+    """The request's files by normalised path (relative to the work dir, or absolute)."""
     compile_timeout_seconds: float
     run_timeout_seconds: float
     memory_mb: int
@@ -298,9 +307,3 @@ class _Plan:
 
 def _compiled(result: CommandResult) -> bool:
     return result.status == CommandStatus.FINISHED and result.return_code == 0
-
-
-def _check_path(relative_path: str) -> None:
-    parts = PurePosixPath(relative_path).parts
-    if not relative_path or relative_path.startswith("/") or ".." in parts or "\0" in relative_path:
-        raise InvalidRequest(f"file path {relative_path!r} must be relative and stay inside the work dir")

@@ -149,6 +149,19 @@ class Slot:
                            _REPLY_GRACE_SECONDS * 4)
         return {f["path"]: (base64.b64decode(f["content"]), f["mode"]) for f in reply["files"]}
 
+    def make_parent_dirs(self, paths: Sequence[str]) -> None:
+        """Queues the creation of the parent directories of `paths` (the run may then write there)."""
+        if paths:
+            self._pending.append({"op": "mkdirs", "paths": list(paths)})
+
+    def fetch(self, paths: Mapping[str, str], max_bytes: int) -> dict[str, bytes]:
+        """Regular files (not symlinks, nor through one) at `paths` (request name → sandbox path), by
+        request name; missing or too large ones are left out."""
+        if not paths:
+            return {}
+        reply = self._send({"op": "fetch", "paths": dict(paths), "max_bytes": max_bytes}, _REPLY_GRACE_SECONDS * 4)
+        return {name: base64.b64decode(content) for name, content in reply["files"].items()}
+
     def reset(self) -> None:
         """Starts a full reset (kill every process, wipe /work, /tmp, /dev/shm) and returns at once.
 
