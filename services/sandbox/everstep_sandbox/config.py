@@ -28,7 +28,16 @@ class SandboxConfig(BaseModel):
     processes: int = Field(1, ge=1, description="Worker processes sharing the ports (SO_REUSEPORT), each with "
                                                "`workers` slots.")
     slot_offset: int = Field(0, ge=0, description="Index of this process's first slot (uids and cgroups of "
-                                                  "worker processes must not collide).")
+                                                  "worker processes must not collide: k * max_slots).")
+    max_slots: int | None = Field(
+        128, ge=1, description="Slots this process may run at once: beyond `workers`, elastic slots are started "
+                               "on demand (each run is wall-clock limited, they share the CPU) and stopped when "
+                               "idle. None or <= workers: no elastic slots.")
+    max_queue_wait_seconds: float = Field(10.0, ge=0, description="How long a request waits when all max_slots "
+                                                                  "are busy before it is answered 'busy'.")
+    elastic_idle_seconds: float = Field(30.0, gt=0, description="An elastic slot unused this long is stopped.")
+    shutdown_grace_seconds: float = Field(3.0, ge=0, description="On SIGTERM, how long running requests may "
+                                                                 "go on before their runs are killed.")
     grpc_threads: int = Field(32, ge=1, description="gRPC handler threads (requests beyond `workers` queue).")
     isolation: Literal["auto", "bubblewrap", "none"] = Field(
         "auto", description="auto: bubblewrap when it works here, else a logged fallback; bubblewrap: "

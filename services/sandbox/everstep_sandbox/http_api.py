@@ -24,6 +24,7 @@ from fastapi import FastAPI, HTTPException, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
 from pydantic import BaseModel, Field
 
+from everstep_sandbox.cancel import CancelToken
 from everstep_sandbox.hot_path import HotPathApp, HotRoute
 from everstep_sandbox.process import CommandResult
 from everstep_sandbox.runner import InvalidRequest, ProgramSpec, SandboxRunner, TestCase
@@ -142,8 +143,7 @@ def create_app(runner: SandboxRunner) -> HotPathApp:
 
     # Plain `def` handlers: FastAPI (and the fast path) run them in a thread pool, so a long run never
     # blocks the loop.
-    @app.post("/run_code", response_model=RunCodeResponse, tags=["sandbox"])
-    def run_code(request: RunCodeRequest) -> Response:
+    def run_code(request: RunCodeRequest, cancel: CancelToken | None) -> Response:
         check_language(request.language)
         if request.args:
             log.warning("ignoring `args` %s: only meaningful for pytest, which is not supported", request.args)
@@ -152,7 +152,7 @@ def create_app(runner: SandboxRunner) -> HotPathApp:
                            run_timeout_seconds=request.run_timeout, memory_limit_mb=request.memory_limit_MB,
                            files=_decode_files(request.files))
         try:
-            result = runner.run_code(spec, stdin=request.stdin or "", fetch_files=request.fetch_files)
+            result = runner.run_code(spec, stdin=request.stdin or "", fetch_files=request.fetch_files, cancel=cancel)
         except InvalidRequest as e:
             raise _unprocessable(("body",), str(e)) from None
         return _json_response(RunCodeResponse(
@@ -162,8 +162,7 @@ def create_app(runner: SandboxRunner) -> HotPathApp:
             files={path: base64.b64encode(content).decode() for path, content in result.files.items()},
         ))
 
-    @app.post("/run_tests", response_model=RunTestsResponse, tags=["sandbox"])
-    def run_tests(request: RunTestsRequest) -> Response:
+    def run_tests(request: RunTestsRequest, cancel: CancelToken | None) -> Response:
         check_language(request.language)
         spec = ProgramSpec(code=request.code, language=request.language,
                            compile_timeout_seconds=request.compile_timeout,
@@ -171,7 +170,7 @@ def create_app(runner: SandboxRunner) -> HotPathApp:
                            files=_decode_files(request.files))
         cases = [TestCase(c.stdin, c.expected_stdout) for c in request.cases]
         try:
-            result = runner.run_tests(spec, cases)
+            result = runner.run_tests(spec, cases, cancel=cancel)
         except InvalidRequest as e:
             raise _unprocessable(("body",), str(e)) from None
         return _json_response(RunTestsResponse(
@@ -181,6 +180,15 @@ def create_app(runner: SandboxRunner) -> HotPathApp:
                      for r in result.results],
             executor_pod_name=pod_name,
         ))
+
+    # FastAPI's routes (what the fast path does not take): no disconnect watch.
+    @app.post("/run_code", response_model=RunCodeResponse, tags=["sandbox"])
+    def run_code_route(request: RunCodeRequest) -> Response:
+        return run_code(request, None)
+
+    @app.post("/run_tests", response_model=RunTestsResponse, tags=["sandbox"])
+    def run_tests_route(request: RunTestsRequest) -> Response:
+        return run_tests(request, None)
 
     @app.get("/v1/ping")
     def ping() -> str:
@@ -203,5 +211,7 @@ def create_app(runner: SandboxRunner) -> HotPathApp:
             return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
+    # One handler thread per slot (base and elastic) and some more for requests waiting for one.
     return HotPathApp(app, {"/run_code": HotRoute(RunCodeRequest, run_code),
-                            "/run_tests": HotRoute(RunTestsRequest, run_tests)})
+                            "/run_tests": HotRoute(RunTestsRequest, run_tests)},
+                      max_threads=runner.pool.max_slots + 32)

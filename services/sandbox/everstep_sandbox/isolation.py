@@ -130,10 +130,10 @@ def slot_layout(config: SandboxConfig, report: IsolationReport, host_dir: Path) 
         work, tmp = host_dir / "work", host_dir / "tmp"
         return SlotLayout([config.python_executable, *zygote, str(RUNTIME_DIR / "zygote.py")], str(work),
                           str(tmp), [], False, str(RUNTIME_DIR))
-    # No --die-with-parent: its PR_SET_PDEATHSIG fires when the *thread* that spawned the slot ends.
-    # A slot's zygote exits instead when its channel reaches EOF (the server is gone), and with it
-    # the PID namespace and everything in it.
-    argv = [shutil.which("bwrap") or "bwrap", "--new-session", "--unshare-ipc",
+    # --die-with-parent: bwrap (and so the PID namespace, the zygote and every run in it) gets SIGKILL
+    # when the server dies, SIGKILL included. Its PR_SET_PDEATHSIG fires when the *thread* that forked
+    # bwrap ends: the pool forks every slot from one thread that lives as long as the server.
+    argv = [shutil.which("bwrap") or "bwrap", "--new-session", "--die-with-parent", "--unshare-ipc",
             "--unshare-pid", "--unshare-net", "--unshare-uts", "--hostname", "sandbox"]
     if os.geteuid() != 0:
         argv.append("--unshare-user")

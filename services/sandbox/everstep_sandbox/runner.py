@@ -23,15 +23,17 @@ from enum import StrEnum
 from pathlib import Path
 
 from everstep_sandbox import metrics
+from everstep_sandbox.cancel import Cancelled, CancelToken
 from everstep_sandbox.cgroups import CgroupTree
 from everstep_sandbox.compile_cache import CompileCache, CompiledProgram, cache_key
 from everstep_sandbox.config import SandboxConfig
 from everstep_sandbox.isolation import IsolationReport, path_policy, probe
 from everstep_sandbox.languages import SANDBOX_PATH, Language, ProgramFiles, available_languages
 from everstep_sandbox.paths import PathPolicy, PathRefused
+from everstep_sandbox.pool import PoolBusy, PoolClosed, SlotPool
 from everstep_sandbox.process import CommandResult, CommandStatus
 from everstep_sandbox.seccomp import build_filter
-from everstep_sandbox.slots import ExecRequest, Slot, SlotPool
+from everstep_sandbox.slots import ExecRequest, Slot
 
 __all__ = [
     "InvalidRequest", "ProgramResult", "ProgramSpec", "RunStatus", "SandboxRunner", "TestCase",
@@ -148,6 +150,17 @@ class SandboxRunner:
         runner._cleanup = (cgroups, host_root)
         return runner
 
+    def stop_accepting(self) -> None:
+        """From now on queued and new requests are answered at once (the server is stopping)."""
+        self._pool.close()
+
+    def kill_running(self) -> None:
+        self._pool.kill_running()
+
+    @property
+    def pool(self) -> SlotPool:
+        return self._pool
+
     def close(self) -> None:
         self._pool.stop()
         cgroups, host_root = getattr(self, "_cleanup", (None, None))
@@ -160,54 +173,78 @@ class SandboxRunner:
     def languages(self) -> list[str]:
         return sorted(self._languages)
 
-    def run_code(self, spec: ProgramSpec, *, stdin: str = "", fetch_files: Sequence[str] = ()) -> ProgramResult:
+    def run_code(self, spec: ProgramSpec, *, stdin: str = "", fetch_files: Sequence[str] = (),
+                 cancel: CancelToken | None = None) -> ProgramResult:
         language = self._language(spec.language)
         plan = self._plan(spec, language)
         fetch = {path: self._path(path, "fetch_files") for path in fetch_files}
         with metrics.track_request(language.name) as outcome:
+            cancel = cancel or CancelToken()
             try:
-                with self._pool.acquire() as slot:
+                with self._pool.acquire(cancel) as slot:
                     slot.make_parent_dirs(list(fetch.values()))
                     compile_result = self._prepare(slot, spec, language, plan)
+                    cancel.check()
                     run_result = None
                     if compile_result is None or _compiled(compile_result):
                         run_result = self._run(slot, language, plan, stdin)
+                    cancel.check()
+                    self._check_not_stopped()
                     files = slot.fetch(fetch, self._config.max_file_size_bytes)
                     status, message = _status_of(compile_result, run_result)
                     result = ProgramResult(status, message, compile_result, run_result, files)
-            except Exception as e:  # a fault of the sandbox itself, never of the program
-                log.exception("run_code failed for language %s", language.name)
-                result = ProgramResult(RunStatus.SANDBOX_ERROR, f"sandbox error: {e}")
+            except (PoolBusy, PoolClosed) as e:
+                result = ProgramResult(RunStatus.SANDBOX_ERROR, str(e))
+            except Exception as e:
+                if cancel.cancelled:  # dropped from the queue, or its run killed: nobody is waiting
+                    result = ProgramResult(RunStatus.SANDBOX_ERROR, _abandoned(e))
+                else:  # a fault of the sandbox itself, never of the program
+                    log.exception("run_code failed for language %s", language.name)
+                    result = ProgramResult(RunStatus.SANDBOX_ERROR, f"sandbox error: {e}")
             outcome.status = result.status.value
             return result
 
-    def run_tests(self, spec: ProgramSpec, cases: Sequence[TestCase]) -> TestsResult:
+    def run_tests(self, spec: ProgramSpec, cases: Sequence[TestCase],
+                  cancel: CancelToken | None = None) -> TestsResult:
         language = self._language(spec.language)
         plan = self._plan(spec, language)
         with metrics.track_request(language.name) as outcome:
+            cancel = cancel or CancelToken()
             try:
-                with self._pool.acquire() as slot:
-                    result = self._run_cases(slot, spec, language, plan, cases)
+                with self._pool.acquire(cancel) as slot:
+                    result = self._run_cases(slot, spec, language, plan, cases, cancel)
+            except (PoolBusy, PoolClosed) as e:
+                result = TestsResult(RunStatus.SANDBOX_ERROR, str(e))
             except Exception as e:
-                log.exception("run_tests failed for language %s", language.name)
-                result = TestsResult(RunStatus.SANDBOX_ERROR, f"sandbox error: {e}")
+                if cancel.cancelled:
+                    result = TestsResult(RunStatus.SANDBOX_ERROR, _abandoned(e))
+                else:
+                    log.exception("run_tests failed for language %s", language.name)
+                    result = TestsResult(RunStatus.SANDBOX_ERROR, f"sandbox error: {e}")
             outcome.status = result.status.value
             return result
 
     def _run_cases(self, slot: Slot, spec: ProgramSpec, language: Language, plan: _Plan,
-                   cases: Sequence[TestCase]) -> TestsResult:
+                   cases: Sequence[TestCase], cancel: CancelToken) -> TestsResult:
         compile_result = self._prepare(slot, spec, language, plan)
+        cancel.check()
         if compile_result is not None and not _compiled(compile_result):
             status, message = _status_of(compile_result)
             return TestsResult(status, message, compile_result, [TestCaseResult(False, None) for _ in cases])
         results: list[TestCaseResult] = []
         for case in cases:
             run_result = self._run(slot, language, plan, case.stdin)
+            cancel.check()
+            self._check_not_stopped()
             passed = (run_result.status == CommandStatus.FINISHED and run_result.return_code == 0
                       and outputs_match(run_result.stdout, case.expected_stdout))
             results.append(TestCaseResult(passed, run_result))
         status = RunStatus.SUCCESS if all(r.passed for r in results) else RunStatus.FAILED
         return TestsResult(status, "", compile_result, results)
+
+    def _check_not_stopped(self) -> None:
+        if self._pool.killed_running:
+            raise PoolClosed("the sandbox is stopping: the run was killed")
 
     def _language(self, name: str) -> Language:
         try:
@@ -303,6 +340,14 @@ class _Plan:
     compile_timeout_seconds: float
     run_timeout_seconds: float
     memory_mb: int
+
+
+def _abandoned(error: Exception) -> str:
+    """The message of a request whose client went away (never sent: for the metrics and the log)."""
+    if not (isinstance(error, Cancelled) and error.queued):  # the pool counts those it dropped
+        metrics.ABANDONED.labels("running").inc()
+    log.debug("request abandoned by its client: %s", error)
+    return "cancelled: the client went away"
 
 
 def _compiled(result: CommandResult) -> bool:

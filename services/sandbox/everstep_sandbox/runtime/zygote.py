@@ -70,6 +70,7 @@ import typing  # noqa: F401
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_SET_SECCOMP = 22
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_PDEATHSIG = 1
 _SECCOMP_MODE_FILTER = 2
 _HEADER = struct.Struct("!I")
 _DIAGNOSTICS: io.TextIOWrapper | None = None
@@ -260,6 +261,10 @@ class Zygote:
                 os.setgroups([])
                 os.setresgid(self._run_uid, self._run_uid, self._run_uid)
                 os.setresuid(self._run_uid, self._run_uid, self._run_uid)
+            if not self._pid_namespace:
+                # No PID namespace to end with the zygote: the run dies with it (set after the uid
+                # change, which clears a parent-death signal).
+                _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             # The cgroups, no_new_privs and the seccomp filter came with the fork (see _op_init).
             if request["python_inline"]:
                 code = _run_python(request["argv"][-1], self._work_dir, self._python_streams)
@@ -458,6 +463,9 @@ def main() -> None:
         os.dup2(null, fd)
     os.close(null)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    # Die with the parent (the server, or bubblewrap): the server forks slots from a thread that lives
+    # as long as it does, so this fires when the server dies, SIGKILL included.
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     # Forked runs share this interpreter's pages copy-on-write; a garbage collection in a run would
     # touch (and so copy) every tracked object. Frozen objects are never scanned.
     gc.collect()
