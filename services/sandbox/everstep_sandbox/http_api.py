@@ -3,8 +3,8 @@
 
 Request and response JSON match SandboxFusion's `sandbox/server/sandbox_api.py` field for field,
 so SandboxFusion clients work unchanged. Differences: an unsupported language is a 422 naming the
-supported ones (SandboxFusion's schema also answers 422), `args` (pytest arguments) is accepted and
-ignored with a warning, and `c` is an extra language. `POST /run_tests` is the batch endpoint:
+supported ones (SandboxFusion's schema also answers 422), `args` is passed to pytest and ignored
+with a warning by the other languages, and `c` is an extra language. `POST /run_tests` is the batch endpoint:
 compile once, run every test case. `GET /v1/isolation` says what isolation this host gives.
 The two run endpoints are served through `hot_path.HotPathApp` (same models, same handlers,
 less CPU per request); FastAPI answers everything else.
@@ -63,7 +63,8 @@ class RunCodeRequest(BaseModel):
     language: str = Field(..., examples=["python"], description="the language to run the code in")
     files: dict[str, str | None] = Field({}, description="a dict from file path to base64 encoded file content")
     fetch_files: list[str] = Field([], description="a list of file paths to fetch after code execution")
-    args: list[str] = Field([], description="additional command-line arguments passed to pytest (ignored)")
+    args: list[str] = Field([], description="additional command-line arguments passed to pytest (ignored by "
+                                             "the other languages)")
 
 
 class RunCodeResponse(BaseModel):
@@ -145,12 +146,13 @@ def create_app(runner: SandboxRunner) -> HotPathApp:
     # blocks the loop.
     def run_code(request: RunCodeRequest, cancel: CancelToken | None) -> Response:
         check_language(request.language)
-        if request.args:
-            log.warning("ignoring `args` %s: only meaningful for pytest, which is not supported", request.args)
+        if request.args and request.language != "pytest":
+            log.warning("ignoring `args` %s: only pytest takes them", request.args)
         spec = ProgramSpec(code=request.code, language=request.language,
                            compile_timeout_seconds=request.compile_timeout,
                            run_timeout_seconds=request.run_timeout, memory_limit_mb=request.memory_limit_MB,
-                           files=_decode_files(request.files))
+                           files=_decode_files(request.files),
+                           args=tuple(request.args) if request.language == "pytest" else ())
         try:
             result = runner.run_code(spec, stdin=request.stdin or "", fetch_files=request.fetch_files, cancel=cancel)
         except InvalidRequest as e:

@@ -64,7 +64,9 @@ class ProgramSpec:
     memory_limit_mb: int = -1
     """<= 0 means the configured default (by default the slot's ceiling: no per-run limit)."""
     files: Mapping[str, bytes] = field(default_factory=dict)
-    """Extra files written into the work directory before compiling, by relative path."""
+    """Extra files written before compiling, by path (relative to the work dir, or absolute)."""
+    args: Sequence[str] = ()
+    """Extra command-line arguments of the test framework (SandboxFusion's `args`: pytest's)."""
 
 
 @dataclass(frozen=True)
@@ -263,6 +265,7 @@ class SandboxRunner:
         return _Plan(
             files=language.files_for(spec.code),
             extra_files=files,
+            args=tuple(spec.args),
             compile_timeout_seconds=self._timeout(spec.compile_timeout_seconds,
                                                   config.default_compile_timeout_seconds, "compile_timeout"),
             run_timeout_seconds=self._timeout(spec.run_timeout_seconds, config.default_run_timeout_seconds,
@@ -288,7 +291,8 @@ class SandboxRunner:
         slot.write_files(files)
         if language.compile_argv is None:
             return None
-        argv = self._argv(language.compile_argv, slot, plan, self._config.compile_memory_limit_mb)
+        compile_mb = self._config.compile_memory_limit_mb
+        argv = self._argv(language, language.compile_argv, slot, plan, compile_mb)
         key = cache_key(language.name, argv, plan.files.source_file, spec.code, plan.extra_files)
         cached = self._cache.get(key)
         metrics.COMPILE_CACHE.labels(language.name, "hit" if cached else "miss").inc()
@@ -296,7 +300,8 @@ class SandboxRunner:
             slot.write_files(cached.artifacts)
             return cached.compile_result
         result = slot.execute(ExecRequest(
-            argv=argv, env=self._env(language, slot), stdin=b"", timeout_seconds=plan.compile_timeout_seconds,
+            argv=argv, env=self._env(language, slot, plan, compile_mb), stdin=b"",
+            timeout_seconds=plan.compile_timeout_seconds,
             cpu_seconds=math.ceil(plan.compile_timeout_seconds) + 1,
             memory_bytes=self._config.compile_memory_limit_mb << 20, limit_address_space=False))
         if _compiled(result):
@@ -306,29 +311,42 @@ class SandboxRunner:
 
     def _run(self, slot: Slot, language: Language, plan: _Plan, stdin: str) -> CommandResult:
         return slot.execute(ExecRequest(
-            argv=self._argv(language.run_argv, slot, plan, plan.memory_mb), env=self._env(language, slot),
+            argv=self._argv(language, language.run_argv, slot, plan, plan.memory_mb),
+            env=self._env(language, slot, plan, plan.memory_mb),
             stdin=stdin.encode(), timeout_seconds=plan.run_timeout_seconds,
             cpu_seconds=math.ceil(plan.run_timeout_seconds) + 1, memory_bytes=plan.memory_mb << 20,
             limit_address_space=language.limit_address_space, python_inline=language.python_inline))
 
     @staticmethod
-    def _argv(template: Sequence[str], slot: Slot, plan: _Plan, memory_mb: int) -> list[str]:
-        values = {"{main_class}": plan.files.main_class, "{memory_mb}": str(memory_mb),
-                  "{runtime}": slot.layout.runtime_dir}
-        argv = []
+    def _values(language: Language, slot: Slot, plan: _Plan, memory_mb: int) -> dict[str, str]:
+        jars = sorted(path for path in plan.extra_files if path.endswith(".jar"))
+        return {"{main_class}": plan.files.main_class, "{memory_mb}": str(memory_mb),
+                "{runtime}": slot.layout.runtime_dir, "{classpath}": ":".join([".", *language.classpath, *jars]),
+                "{tmp}": slot.layout.tmp_dir}
+
+    def _argv(self, language: Language, template: Sequence[str], slot: Slot, plan: _Plan,
+              memory_mb: int) -> list[str]:
+        values = self._values(language, slot, plan, memory_mb)
+        argv: list[str] = []
         for arg in template:
+            if arg == "{args}":
+                argv.extend(plan.args)
+                continue
             for placeholder, value in values.items():
                 arg = arg.replace(placeholder, value)
             argv.append(arg)
         return argv
 
-    @staticmethod
-    def _env(language: Language, slot: Slot) -> dict[str, str]:
+    def _env(self, language: Language, slot: Slot, plan: _Plan, memory_mb: int) -> dict[str, str]:
         """A minimal environment: nothing of the server's (tokens, proxies) leaks into user code."""
         tmp = slot.layout.tmp_dir
         env = {"PATH": SANDBOX_PATH, "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8",
                "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"}
-        env.update({name: value.replace("{tmp}", tmp) for name, value in language.env.items()})
+        values = self._values(language, slot, plan, memory_mb)
+        for name, value in language.env.items():
+            for placeholder, replacement in values.items():
+                value = value.replace(placeholder, replacement)
+            env[name] = value
         return env
 
 
@@ -337,6 +355,7 @@ class _Plan:
     files: ProgramFiles
     extra_files: Mapping[str, bytes]
     """The request's files by normalised path (relative to the work dir, or absolute)."""
+    args: tuple[str, ...]
     compile_timeout_seconds: float
     run_timeout_seconds: float
     memory_mb: int
