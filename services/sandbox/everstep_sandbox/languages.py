@@ -20,7 +20,7 @@ import shutil
 from dataclasses import dataclass, field
 
 __all__ = ["JAVATUPLES_JAR", "NODE_LIBRARIES", "SANDBOX_PATH", "TYPESCRIPT_MODULE", "Language", "ProgramFiles",
-           "available_languages", "definitions", "existing"]
+           "available_languages", "definitions", "existing", "tool_exists"]
 
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 JAVA_PUBLIC_CLASS = re.compile(r"^\s*public\s+(?:final\s+|abstract\s+)*class\s+([A-Za-z_$][\w$]*)", re.MULTILINE)
@@ -136,7 +136,7 @@ def existing(*paths: str) -> tuple[str, ...]:
     return tuple(p for p in paths if os.path.exists(p))
 
 
-def _exists(tool: str) -> bool:
+def tool_exists(tool: str) -> bool:
     if tool.startswith("/"):
         return os.path.exists(tool)
     return shutil.which(tool, path=SANDBOX_PATH) is not None
@@ -147,4 +147,4 @@ def available_languages(python_executable: str = "/usr/bin/python3") -> dict[str
     from everstep_sandbox.languages_sandboxfusion import sandboxfusion_definitions
 
     every = [*definitions(python_executable), *sandboxfusion_definitions(python_executable)]
-    return {lang.name: lang for lang in every if all(map(_exists, lang.required_tools))}
+    return {lang.name: lang for lang in every if all(map(tool_exists, lang.required_tools))}

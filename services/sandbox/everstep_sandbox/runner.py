@@ -18,7 +18,7 @@ import math
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 
@@ -28,7 +28,16 @@ from everstep_sandbox.cgroups import CgroupTree
 from everstep_sandbox.compile_cache import CompileCache, CompiledProgram, cache_key
 from everstep_sandbox.config import SandboxConfig
 from everstep_sandbox.isolation import IsolationReport, path_policy, probe
+from everstep_sandbox.jupyter import (
+    JUPYTER_OUTPUT,
+    JupyterResult,
+    JupyterSpec,
+    driver_input,
+    jupyter_language,
+    parse_output,
+)
 from everstep_sandbox.languages import SANDBOX_PATH, Language, ProgramFiles, available_languages
+from everstep_sandbox.languages import tool_exists as _exists
 from everstep_sandbox.paths import PathPolicy, PathRefused
 from everstep_sandbox.pool import PoolBusy, PoolClosed, SlotPool
 from everstep_sandbox.process import CommandResult, CommandStatus
@@ -134,6 +143,8 @@ class SandboxRunner:
         self._cache = cache
         self.isolation = isolation
         self._paths: PathPolicy = path_policy(config, isolation)
+        jupyter = jupyter_language(config.python_executable)
+        self._jupyter: Language | None = jupyter if all(map(_exists, jupyter.required_tools)) else None
 
     @classmethod
     def start(cls, config: SandboxConfig, languages: Mapping[str, Language] | None = None) -> SandboxRunner:
@@ -177,7 +188,27 @@ class SandboxRunner:
 
     def run_code(self, spec: ProgramSpec, *, stdin: str = "", fetch_files: Sequence[str] = (),
                  cancel: CancelToken | None = None) -> ProgramResult:
-        language = self._language(spec.language)
+        return self._run_program(spec, self._language(spec.language), stdin, fetch_files, cancel)
+
+    def run_jupyter(self, spec: JupyterSpec, cancel: CancelToken | None = None) -> JupyterResult:
+        """SandboxFusion's /run_jupyter: the cells in one kernel, in one slot (see jupyter.py)."""
+        if self._jupyter is None:
+            raise InvalidRequest("run_jupyter needs python3-ipykernel (scripts/install-sandbox-toolchains.sh)")
+        total = self._timeout(spec.total_timeout_seconds, 45.0, "total_timeout")
+        if spec.cell_timeout_seconds < 0:
+            raise InvalidRequest("cell_timeout must be >= 0 seconds")
+        program = ProgramSpec(code=driver_input(replace(spec, total_timeout_seconds=total)), language="jupyter",
+                              run_timeout_seconds=min(total + 10, self._config.max_timeout_seconds),
+                              memory_limit_mb=spec.memory_limit_mb, files=spec.files)
+        result = self._run_program(program, self._jupyter, "", [*spec.fetch_files, JUPYTER_OUTPUT], cancel)
+        if result.status == RunStatus.SANDBOX_ERROR:
+            return JupyterResult(result.status.value, result.message, result.run_result)
+        files = dict(result.files)
+        status, cells = parse_output(result.run_result, files.pop(JUPYTER_OUTPUT, None))
+        return JupyterResult(status, "", result.run_result, cells, files)
+
+    def _run_program(self, spec: ProgramSpec, language: Language, stdin: str, fetch_files: Sequence[str],
+                     cancel: CancelToken | None) -> ProgramResult:
         plan = self._plan(spec, language)
         fetch = {path: self._path(path, "fetch_files") for path in fetch_files}
         with metrics.track_request(language.name) as outcome:
