@@ -130,3 +130,10 @@ def test_run_timeout_above_120_seconds_is_allowed_up_to_the_configured_maximum(r
     assert result.status == RunStatus.SUCCESS and result.run_result.stdout == "long allowed\n", result
     with pytest.raises(InvalidRequest, match=r"run_timeout must be in \[0, 1800"):
         runner.run_code(ProgramSpec(code="", language="python", run_timeout_seconds=1801))
+
+
+def test_php_without_an_opening_tag_is_run_as_php(runner: SandboxRunner) -> None:
+    result = runner.run_code(ProgramSpec(code='echo 6 * 7, "\\n";', language="php"))
+    assert result.status == RunStatus.SUCCESS and result.run_result.stdout == "42\n", result
+    tagged = runner.run_code(ProgramSpec(code='text <?php echo 1;', language="php"))
+    assert tagged.run_result.stdout == "text 1", tagged

@@ -16,6 +16,9 @@ import httpx
 import pytest
 from sandbox_procs import alive, descendants, open_request, run_processes, wait_until
 
+from everstep_sandbox.config import SandboxConfig
+from everstep_sandbox.runner import ProgramSpec, RunStatus, SandboxRunner
+
 SPIN = {"code": "while True:\n    pass", "language": "python"}
 
 
@@ -113,7 +116,7 @@ def _post_quietly(url: str, body: dict) -> None:
 
 
 @pytest.mark.parametrize("language", ["python"])
-def test_elastic_slots_run_a_burst_at_once_and_are_retired(service_process, language: str) -> None:
+def test_elastic_slots_run_a_burst_at_once(service_process, language: str) -> None:
     sandbox = service_process("sandbox", "--workers", "1", "--max-slots", "6")
     with httpx.Client(base_url=sandbox.http_url, timeout=60) as client, \
             concurrent.futures.ThreadPoolExecutor(6) as pool:
@@ -124,3 +127,32 @@ def test_elastic_slots_run_a_burst_at_once_and_are_retired(service_process, lang
         assert all(b["run_result"]["status"] == "TimeLimitExceeded" for b in bodies), bodies
         assert elapsed < 2 * 2, f"6 requests on 1 worker and 5 elastic slots took {elapsed:.1f} s"
         assert _metric(client, "everstep_sandbox_slots") == 6
+
+
+def test_idle_elastic_slots_are_stopped_and_the_base_ones_stay() -> None:
+    runner = SandboxRunner.start(SandboxConfig(workers=1, max_slots=3, elastic_idle_seconds=0.5))
+    try:
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            spec = ProgramSpec(code="import time; time.sleep(1); print('ok')", language="python")
+            results = list(pool.map(lambda _: runner.run_code(spec), range(3)))
+        assert [r.run_result.stdout for r in results] == ["ok\n"] * 3, results
+        assert len(runner.pool.slots) == 3
+        wait_until(lambda: len(runner.pool.slots) == 1, 10)
+        assert runner.run_code(spec).run_result.stdout == "ok\n"  # the base slot still serves
+    finally:
+        runner.close()
+
+
+def test_a_request_that_finds_every_slot_busy_is_answered_busy_in_bounded_time() -> None:
+    runner = SandboxRunner.start(SandboxConfig(workers=1, max_slots=1, max_queue_wait_seconds=0.5))
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            holder = pool.submit(runner.run_code, ProgramSpec(code="import time; time.sleep(3)", language="python"))
+            wait_until(lambda: run_processes(), 20)
+            start = time.monotonic()
+            busy = runner.run_code(ProgramSpec(code="print(1)", language="python"))
+            assert time.monotonic() - start < 2
+            assert busy.status == RunStatus.SANDBOX_ERROR and busy.message.startswith("sandbox busy"), busy
+            assert holder.result().status == RunStatus.SUCCESS
+    finally:
+        runner.close()

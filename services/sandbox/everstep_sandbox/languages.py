@@ -66,6 +66,13 @@ class Language:
     """Jars of `{classpath}` after `.` (only those that exist here)."""
     main_pattern: re.Pattern[str] | None = None
     """Finds `{main_class}` in the code (the first group); `Main` when absent."""
+    required_prefix: str = ""
+    """Put before the code (on its own line) when the code does not contain it (PHP's `<?php`)."""
+
+    def source_of(self, code: str) -> str:
+        if self.required_prefix and self.required_prefix not in code:
+            return f"{self.required_prefix}\n{code}"
+        return code
 
     @property
     def is_compiled(self) -> bool:
@@ -122,8 +129,9 @@ def definitions(python_executable: str) -> list[Language]:
                  required_tools=("bash",)),
         Language(name="ruby", source_file="solution.rb", run_argv=("ruby", "solution.rb"),
                  required_tools=("ruby",)),
+        # SandboxFusion adds a missing `<?php` tag: code without one would be printed, not run.
         Language(name="php", source_file="solution.php", run_argv=("php", "-d", "memory_limit=-1", "solution.php"),
-                 required_tools=("php",)),
+                 required_tools=("php",), required_prefix="<?php"),
         Language(name="perl", source_file="solution.pl", run_argv=("perl", "solution.pl"),
                  required_tools=("perl",)),
         Language(name="lua", source_file="solution.lua", run_argv=("lua5.4", "solution.lua"),

@@ -318,7 +318,7 @@ class SandboxRunner:
     def _prepare(self, slot: Slot, spec: ProgramSpec, language: Language, plan: _Plan) -> CommandResult | None:
         """Writes the files and the source, then compiles (or takes the compile cache's artifacts)."""
         files = {path: (content, 0o644) for path, content in plan.extra_files.items()}
-        files[plan.files.source_file] = (spec.code.encode(), 0o644)
+        files[plan.files.source_file] = (language.source_of(spec.code).encode(), 0o644)
         slot.write_files(files)
         if language.compile_argv is None:
             return None
