@@ -35,6 +35,8 @@ class SandboxConfig(BaseModel):
                                "idle. None or <= workers: no elastic slots.")
     max_queue_wait_seconds: float = Field(10.0, ge=0, description="How long a request waits when all max_slots "
                                                                   "are busy before it is answered 'busy'.")
+    elastic_after_seconds: float = Field(0.25, ge=0, description="How long a request waits for a free slot "
+                                                                 "before it starts an elastic one.")
     elastic_idle_seconds: float = Field(30.0, gt=0, description="An elastic slot unused this long is stopped.")
     shutdown_grace_seconds: float = Field(3.0, ge=0, description="On SIGTERM, how long running requests may "
                                                                  "go on before their runs are killed.")

@@ -5,8 +5,9 @@ Every run is wall-clock limited, so slots beyond the CPU count only share the CP
 CPU-bound requests runs all at once (as SandboxFusion does) and each ends at its own timeout,
 rather than waiting in a queue longer than its client does. Elastic slots are isolated exactly as
 the others (own namespaces, uid and cgroup) and are stopped after `elastic_idle_seconds` unused.
-A request that finds all `max_slots` busy waits at most `max_queue_wait_seconds`, then gets a
-`SandboxError` saying the sandbox is busy (`PoolBusy`).
+A request starts an elastic slot only after waiting `elastic_after_seconds` for a free one (short
+requests free theirs within milliseconds), and when all `max_slots` are busy it waits at most
+`max_queue_wait_seconds`, then gets a `SandboxError` saying the sandbox is busy (`PoolBusy`).
 
 Zygotes are started from one long-lived thread (`Spawner`): a parent-death signal (bubblewrap's
 `--die-with-parent`, the zygote's own PR_SET_PDEATHSIG) fires when the *thread* that forked the
@@ -161,7 +162,11 @@ class SlotPool:
             self._release(slot)
 
     def _take(self, cancel: CancelToken) -> tuple[Slot, bool]:
-        deadline = time.monotonic() + self._config.max_queue_wait_seconds
+        now = time.monotonic()
+        deadline = now + self._config.max_queue_wait_seconds
+        # Short requests free a slot within milliseconds: only a request that has waited this long
+        # starts an elastic slot (more slots than cores would only add contention for them).
+        grow_at = now + self._config.elastic_after_seconds
         with self._cond:
             self._waiting += 1
             metrics.QUEUE_DEPTH.set(self._waiting)
@@ -175,19 +180,20 @@ class SlotPool:
                     if self._idle:
                         slot, fresh = self._idle.pop(), False
                         break
-                    if self._num_started < self.max_slots:
+                    now = time.monotonic()
+                    if self._num_started < self.max_slots and now >= grow_at:
                         position = next(i for i in range(self.max_slots)
                                         if i not in self._slots or not self._slots[i].started)
                         slot, fresh = self._slot(position), True
                         slot.started = True  # reserved: started below, outside the lock
                         self._num_started += 1
                         break
-                    left = deadline - time.monotonic()
-                    if left <= 0:
+                    if now >= deadline:
                         metrics.BUSY_REJECTIONS.inc()
                         raise PoolBusy(f"sandbox busy: all {self.max_slots} slots stayed in use for "
                                        f"{self._config.max_queue_wait_seconds:g} s; retry later")
-                    self._cond.wait(left)
+                    wake = deadline if self._num_started >= self.max_slots else min(deadline, grow_at)
+                    self._cond.wait(max(wake - now, 0.001))
                 self._busy.add(slot)
                 return slot, fresh
             finally:
