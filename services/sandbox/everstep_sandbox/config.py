@@ -24,9 +24,10 @@ class SandboxConfig(BaseModel):
     port: int = Field(8080, ge=0, le=65535, description="HTTP port: SandboxFusion API, /metrics, /healthz.")
     grpc_port: int = Field(50055, ge=0, le=65535, description="gRPC port: everstep.v1.Sandbox and health.")
     workers: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1,
-                         description="Sandbox slots of this process (requests running at once); the rest queue.")
-    processes: int = Field(1, ge=1, description="Worker processes sharing the ports (SO_REUSEPORT), each with "
-                                               "`workers` slots.")
+                         description="Base sandbox slots of this process, started at once (more, up to "
+                                     "max_slots, on demand).")
+    processes: int = Field(1, ge=1, description="Worker processes accepting on the first one's HTTP socket, "
+                                               "each with its own slots (gRPC: the first process only).")
     slot_offset: int = Field(0, ge=0, description="Index of this process's first slot (uids and cgroups of "
                                                   "worker processes must not collide: k * max_slots).")
     max_slots: int | None = Field(
@@ -40,7 +41,8 @@ class SandboxConfig(BaseModel):
     elastic_idle_seconds: float = Field(30.0, gt=0, description="An elastic slot unused this long is stopped.")
     shutdown_grace_seconds: float = Field(3.0, ge=0, description="On SIGTERM, how long running requests may "
                                                                  "go on before their runs are killed.")
-    grpc_threads: int = Field(32, ge=1, description="gRPC handler threads (requests beyond `workers` queue).")
+    grpc_threads: int = Field(32, ge=1, description="gRPC handler threads (gRPC requests beyond them wait in "
+                                                    "gRPC's own queue).")
     isolation: Literal["auto", "bubblewrap", "none"] = Field(
         "auto", description="auto: bubblewrap when it works here, else a logged fallback; bubblewrap: "
                             "fail to start without it; none: no namespaces (trusted code only).")
