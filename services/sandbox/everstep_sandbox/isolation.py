@@ -2,7 +2,8 @@
 
 Preferred: bubblewrap with new IPC, PID, network and UTS namespaces (and a user namespace when
 the server is not root); a root file system made of read-only binds of /usr and /etc plus
-size-limited private tmpfs mounts for /work, /tmp and /dev/shm, then remounted read-only; all
+size-limited private tmpfs mounts for /work, /tmp and /dev/shm, then remounted read-only (as root
+it stays writable by the zygote alone, for the directories of absolute request paths); all
 capabilities dropped except those the zygote needs to drop to the run uid (which the run then
 loses with setuid). Where bubblewrap cannot create namespaces the slot runs as a plain process
 and a warning says what is lost (see docs/sandbox.md).
