@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -31,10 +32,11 @@ def _metric(client: httpx.Client, name: str) -> float:
 
 def test_a_second_server_on_a_taken_port_is_refused(service_process, tmp_path) -> None:
     first = service_process("sandbox", "--workers", "1")
-    for taken in (["--port", str(first.http_port), "--grpc-port", "0"],
-                  ["--port", "0", "--grpc-port", str(first.grpc_port)]):
-        second = subprocess.run([sys.executable, "-m", "everstep_sandbox", "--host", "127.0.0.1", *taken],
-                                capture_output=True, text=True, timeout=60, start_new_session=True)
+    everstep = str(Path(sys.executable).parent / "everstep")
+    for command in ([everstep, "serve", "sandbox", "--port", str(first.http_port), "--grpc-port", "0"],
+                    [sys.executable, "-m", "everstep_sandbox", "--port", "0", "--grpc-port", str(first.grpc_port)]):
+        second = subprocess.run([*command, "--host", "127.0.0.1"], capture_output=True, text=True, timeout=60,
+                                start_new_session=True)
         assert second.returncode == 2, second.stderr
         assert "already in use" in second.stderr and "another sandbox" in second.stderr, second.stderr
     with httpx.Client(base_url=first.http_url, timeout=30) as client:  # the first is unaffected
