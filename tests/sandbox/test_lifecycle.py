@@ -13,10 +13,12 @@ import sys
 import time
 from pathlib import Path
 
+import grpc
 import httpx
 import pytest
 from sandbox_procs import alive, descendants, open_request, run_processes, wait_until
 
+from everstep.v1 import sandbox_pb2, sandbox_pb2_grpc
 from everstep_sandbox.config import SandboxConfig
 from everstep_sandbox.runner import ProgramSpec, RunStatus, SandboxRunner
 
@@ -158,3 +160,19 @@ def test_a_request_that_finds_every_slot_busy_is_answered_busy_in_bounded_time()
             assert holder.result().status == RunStatus.SUCCESS
     finally:
         runner.close()
+
+
+def test_a_grpc_call_that_ends_early_has_its_run_killed(service_process) -> None:
+    sandbox = service_process("sandbox", "--workers", "1")
+    before = set(run_processes())
+    with grpc.insecure_channel(sandbox.grpc_address) as channel:
+        stub = sandbox_pb2_grpc.SandboxStub(channel)
+        with pytest.raises(grpc.RpcError) as raised:  # the client's deadline ends the call under the run
+            stub.RunCode(sandbox_pb2.RunCodeRequest(code=SPIN["code"], language="python", run_timeout=60),
+                         timeout=2)
+        assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        ended = time.monotonic()
+        wait_until(lambda: not set(run_processes()) - before, 5)
+        assert time.monotonic() - ended < 1.0
+        reply = stub.RunCode(sandbox_pb2.RunCodeRequest(code="print(5)", language="python"), timeout=30)
+        assert reply.status == "Success" and reply.run_result.stdout == "5\n"
