@@ -11,8 +11,9 @@ from pathlib import Path
 BASE_UID = 61000  # SandboxConfig.base_uid
 
 
-def run_processes() -> list[int]:
-    """Host pids running as any slot uid (every slot of every sandbox uses BASE_UID + i)."""
+def run_processes(below: int | None = None) -> list[int]:
+    """Host pids running as any slot uid (every slot of every sandbox uses BASE_UID + i); with `below`,
+    only those descending from that pid (one service's runs, not another sandbox's on this host)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -23,6 +24,9 @@ def run_processes() -> list[int]:
             continue
         if BASE_UID <= uid < BASE_UID + 4096:
             found.append(int(entry.name))
+    if below is not None:
+        family = descendants(below)
+        found = [pid for pid in found if pid in family]
     return found
 
 
