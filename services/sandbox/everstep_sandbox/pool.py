@@ -52,7 +52,7 @@ class Spawner:
     """Starts processes from one daemon thread that lives until the server process ends."""
 
     def __init__(self) -> None:
-        self._requests: queue.SimpleQueue[tuple[tuple, dict, Future]] = queue.SimpleQueue()
+        self._requests: queue.SimpleQueue[tuple[tuple, dict, Future] | None] = queue.SimpleQueue()
         threading.Thread(target=self._serve, name="sandbox-spawner", daemon=True).start()
 
     def popen(self, *args: object, **kwargs: object) -> subprocess.Popen:
@@ -60,9 +60,16 @@ class Spawner:
         self._requests.put((args, kwargs, future))
         return future.result()
 
+    def stop(self) -> None:
+        """Ends the thread (and so, by their parent-death signal, whatever it started and is still alive)."""
+        self._requests.put(None)
+
     def _serve(self) -> None:
         while True:
-            args, kwargs, future = self._requests.get()
+            request = self._requests.get()
+            if request is None:
+                return
+            args, kwargs, future = request
             try:
                 future.set_result(subprocess.Popen(*args, **kwargs))  # noqa: S603 - the zygote's argv
             except BaseException as e:  # noqa: BLE001 - handed to the caller
@@ -128,6 +135,7 @@ class SlotPool:
         self.kill_running()
         for slot in list(self._slots.values()):
             slot.stop()
+        self._spawner.stop()
 
     @property
     def slots(self) -> list[Slot]:
