@@ -30,7 +30,8 @@ $(VENV)/.installed-deploy: $(VENV)/.installed-dev scripts/install-deploy-tools.s
 	bash scripts/install-deploy-tools.sh $(VENV)
 	touch $@
 
-# the sandbox's 13 language toolchains and bubblewrap (Debian packages, npm's typescript); needs root
+# the sandbox's language toolchains, runtime libraries and bubblewrap (Debian packages, npm's typescript
+# and jest); needs root
 $(VENV)/.installed-toolchains: $(VENV)/.installed scripts/install-sandbox-toolchains.sh
 	bash scripts/install-sandbox-toolchains.sh
 	touch $@

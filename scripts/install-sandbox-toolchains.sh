@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# Installs what the sandbox service runs programs with: bubblewrap (isolation) and the toolchains of
-# its 13 languages, from Debian packages and npm only. Idempotent and fast when everything is there:
-# it installs only the packages whose command is missing, and runs `apt-get update` only then.
-# Usage: bash scripts/install-sandbox-toolchains.sh   (as root, or with sudo available)
+# Installs what the sandbox service runs programs with: bubblewrap (isolation), the toolchains of its
+# languages, the runtime libraries graders import (numpy, pandas, scipy, sympy, networkx,
+# sortedcontainers, requests, lodash, javatuples, Test::Deep, Data::Compare) and ipykernel
+# (POST /run_jupyter), from Debian packages and npm only. With --all (the image) also the heavy
+# toolchains of csharp (Mono), racket and kotlin_script, which `make test` leaves out to stay
+# within its 15 minutes (about 115 s of installs and 700 MB; see docs/sandbox.md). Idempotent and
+# fast when everything is there: it installs only the packages whose command, file or package is
+# missing, and runs `apt-get update` only then. The npm installs run while apt works.
+# Usage: bash scripts/install-sandbox-toolchains.sh [--all]   (as root, or with sudo available)
 set -euo pipefail
 # The sandbox sees only system directories: look for tools there, not in ~/.cargo or ~/.pyenv.
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
@@ -29,7 +34,44 @@ declare -A DEBIAN_PACKAGE=(
     [lua5.4]=lua5.4
     [bash]=bash
     [python3]=python3
+    [scalac]=scala
+    [Rscript]=r-base-core
+    [ldc2]=ldc
+    [iverilog]=iverilog
+    [vvp]=iverilog
+    [sqlite3]=sqlite3
 )
+
+if [[ ${1:-} == --all ]]; then
+    DEBIAN_PACKAGE+=([mcs]=mono-mcs [mono]=mono-runtime [racket]=racket [kotlinc]=kotlin)
+elif [[ -n ${1:-} ]]; then
+    echo "usage: $0 [--all]" >&2
+    exit 2
+fi
+
+# Debian packages without a command of their own (libraries, jars), checked by package name.
+LIBRARY_PACKAGES=(
+    python3-numpy python3-pandas python3-scipy python3-sympy python3-networkx python3-sortedcontainers
+    python3-requests python3-pytest python3-ipykernel node-lodash libjavatuples-java junit5
+    libtest-deep-perl libdata-compare-perl
+)
+
+# npm packages (global), installed in the background while apt-get runs.
+npm_pids=()
+npm_root=""
+npm_missing() {
+    [[ -n $npm_root ]] || npm_root=$(npm root -g 2>/dev/null) || true
+    [[ ! -f "$npm_root/$1/package.json" ]]
+}
+start_npm_install() {  # package spec, module name
+    if command -v npm >/dev/null 2>&1 && npm_missing "$2"; then
+        echo "install-sandbox-toolchains: installing $1 (npm)" >&2
+        $SUDO npm install -g --silent "$1" >/dev/null &
+        npm_pids+=($!)
+    fi
+}
+start_npm_install typescript@5 typescript
+start_npm_install jest@29 jest
 
 missing=()
 for command in "${!DEBIAN_PACKAGE[@]}"; do
@@ -41,6 +83,11 @@ for command in "${!DEBIAN_PACKAGE[@]}"; do
         missing+=("${DEBIAN_PACKAGE[$command]}")
     fi
 done
+for package in "${LIBRARY_PACKAGES[@]}"; do
+    if [[ "$(dpkg-query -W -f='${Status}' "$package" 2>/dev/null)" != "install ok installed" ]]; then
+        missing+=("$package")
+    fi
+done
 
 if ((${#missing[@]})); then
     mapfile -t packages < <(printf '%s\n' "${missing[@]}" | sort -u)
@@ -49,12 +96,21 @@ if ((${#missing[@]})); then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
 fi
 
-if ! command -v tsc >/dev/null 2>&1 || [[ ! -f "$(npm root -g)/typescript/package.json" ]]; then
-    echo "install-sandbox-toolchains: installing typescript (npm)" >&2
-    $SUDO npm install -g --silent typescript@5 >/dev/null
-fi
+for pid in "${npm_pids[@]}"; do
+    wait "$pid"
+done
+npm_pids=()
+# npm came with apt just now (a fresh machine): its installs could not start before.
+start_npm_install typescript@5 typescript
+start_npm_install jest@29 jest
+for pid in "${npm_pids[@]}"; do
+    wait "$pid"
+done
 
-for command in bwrap gcc g++ java javac go rustc node tsc ruby php perl lua5.4 bash python3; do
+for command in "${!DEBIAN_PACKAGE[@]}" tsc; do
     command -v "$command" >/dev/null 2>&1 || { echo "install-sandbox-toolchains: $command still missing" >&2; exit 1; }
+done
+for module in typescript jest; do
+    npm_missing "$module" && { echo "install-sandbox-toolchains: npm's $module still missing" >&2; exit 1; }
 done
 echo "install-sandbox-toolchains: all sandbox toolchains present" >&2

@@ -1,5 +1,6 @@
-# everstep sandbox image (no torch): the service plus bubblewrap and the toolchains of its 13
-# languages, installed by the same script `make test` uses. Build from the repository root:
+# everstep sandbox image (no torch): the service plus bubblewrap and the toolchains and runtime
+# libraries of its languages, installed by the same script `make test` uses, with --all (the heavy
+# toolchains too: Mono, Racket, Kotlin). Build from the repository root:
 #   docker build -f deploy/docker/sandbox.Dockerfile -t everstep-sandbox .
 #
 # Runs as root on purpose: it creates namespaces with bubblewrap, drops every run to a per-slot
@@ -17,7 +18,7 @@ RUN pip wheel --no-cache-dir --wheel-dir /wheels ./proto ./services/sandbox
 FROM python:3.11-slim-bookworm
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 DEBIAN_FRONTEND=noninteractive
 COPY scripts/install-sandbox-toolchains.sh /tmp/install-sandbox-toolchains.sh
-RUN bash /tmp/install-sandbox-toolchains.sh \
+RUN bash /tmp/install-sandbox-toolchains.sh --all \
     && rm -rf /var/lib/apt/lists/* /root/.npm /tmp/install-sandbox-toolchains.sh
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir --no-index --find-links /wheels everstep-proto everstep-sandbox \

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-BASE_UID = 61000  # SandboxConfig.base_uid
+from sandbox_procs import BASE_UID
+from sandbox_procs import run_processes as sandbox_processes_on_host
 
 
 @pytest.fixture(scope="module")
@@ -38,21 +38,6 @@ def run(client: httpx.Client, code: str, language: str = "python", **request) ->
     reply = client.post("/run_code", json={"code": code, "language": language, **request})
     assert reply.status_code == 200, reply.text
     return reply.json()
-
-
-def sandbox_processes_on_host() -> list[int]:
-    """Host pids running as any slot uid (the service's slots use BASE_UID + i)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            uid = entry.stat().st_uid
-        except FileNotFoundError:
-            continue
-        if BASE_UID <= uid < BASE_UID + 64:
-            found.append(int(entry.name))
-    return found
 
 
 def require(isolation: dict, *keys: str) -> None:

@@ -34,10 +34,19 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=1, help="worker processes sharing the ports")
     parser.add_argument("--slot-offset", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--worker-of", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--http-fd", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--max-slots", type=int, default=None,
+                        help="slots this process may run at once: elastic ones beyond --workers are started on "
+                             "demand and stopped when idle (default 128)")
     parser.add_argument("--isolation", choices=("auto", "bubblewrap", "none"), default="auto",
                         help="auto: bubblewrap when it works here, else a logged fallback")
     parser.add_argument("--default-memory-limit-mb", type=int, default=None,
-                        help="memory limit of a run when a request gives none (default 1024)")
+                        help="memory limit of a run when a request gives none or -1 (default: the slot's "
+                             "ceiling, --max-memory-limit-mb)")
+    parser.add_argument("--max-memory-limit-mb", type=int, default=None,
+                        help="the slot's memory ceiling; a request asking for more is refused (default 8192)")
+    parser.add_argument("--max-timeout-seconds", type=float, default=None,
+                        help="longest compile_timeout or run_timeout a request may ask for (default 1800)")
     add_transport_arguments(parser)
     args = parser.parse_args()
     apply_transport_arguments(parser, args)  # before starting worker processes: they inherit the environment
@@ -52,15 +61,21 @@ def main() -> None:
         _exit_with_parent(args.worker_of)
 
     from everstep_sandbox.config import SandboxConfig
-    from everstep_sandbox.server import serve
+    from everstep_sandbox.server import PortInUse, serve
 
     overrides = {k: v for k, v in {"workers": args.workers,
-                                   "default_memory_limit_mb": args.default_memory_limit_mb}.items()
+                                   "default_memory_limit_mb": args.default_memory_limit_mb,
+                                   "max_memory_limit_mb": args.max_memory_limit_mb,
+                                   "max_timeout_seconds": args.max_timeout_seconds,
+                                   "max_slots": args.max_slots}.items()
                  if v is not None}
     try:
         serve(SandboxConfig(host=args.host, port=args.port, grpc_port=args.grpc_port, processes=args.processes,
                             slot_offset=args.slot_offset, isolation=args.isolation, **overrides),
-              argv=sys.argv[1:] if args.worker_of is None else None)
+              argv=sys.argv[1:] if args.worker_of is None else None, http_fd=args.http_fd)
+    except PortInUse as e:
+        logging.getLogger("everstep_sandbox").error("%s", e)
+        sys.exit(2)
     finally:
         if metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)

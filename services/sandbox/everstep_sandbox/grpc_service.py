@@ -5,6 +5,7 @@ from __future__ import annotations
 import grpc
 
 from everstep.v1 import sandbox_pb2, sandbox_pb2_grpc
+from everstep_sandbox.cancel import CancelToken
 from everstep_sandbox.process import CommandResult
 from everstep_sandbox.runner import InvalidRequest, ProgramSpec, SandboxRunner, TestCase
 
@@ -21,6 +22,14 @@ def _command_pb(result: CommandResult | None) -> sandbox_pb2.CommandResult | Non
     )
 
 
+def _cancel_on_termination(context: grpc.ServicerContext) -> CancelToken:
+    """A token that fires when the RPC ends: a cancelled call (client gone) drops its request. After a
+    normal end it fires too, harmlessly: the request is already done."""
+    token = CancelToken()
+    context.add_callback(token.cancel)
+    return token
+
+
 class SandboxServicer(sandbox_pb2_grpc.SandboxServicer):
     def __init__(self, runner: SandboxRunner, pod_name: str) -> None:
         self._runner = runner
@@ -33,7 +42,8 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServicer):
                            run_timeout_seconds=request.run_timeout, memory_limit_mb=request.memory_limit_mb,
                            files=dict(request.files))
         try:
-            result = self._runner.run_code(spec, stdin=request.stdin, fetch_files=list(request.fetch_files))
+            result = self._runner.run_code(spec, stdin=request.stdin, fetch_files=list(request.fetch_files),
+                                           cancel=_cancel_on_termination(context))
         except InvalidRequest as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         return sandbox_pb2.RunCodeResponse(
@@ -49,7 +59,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServicer):
                            run_timeout_seconds=request.run_timeout, memory_limit_mb=request.memory_limit_mb)
         cases = [TestCase(c.stdin, c.expected_stdout) for c in request.cases]
         try:
-            result = self._runner.run_tests(spec, cases)
+            result = self._runner.run_tests(spec, cases, cancel=_cancel_on_termination(context))
         except InvalidRequest as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         return sandbox_pb2.RunTestsResponse(

@@ -6,12 +6,16 @@ with a JSON body, `HotPathApp` validates the body with the endpoint's own pydant
 same handler in a thread pool and sends its response unchanged. Anything else (other paths and
 methods, other content types, a body that does not validate) goes to FastAPI with the body
 replayed, so errors (422 with field paths) and the OpenAPI schema stay FastAPI's own.
+
+While the handler runs, the fast path listens for the client's disconnect: when the client goes
+away the request's CancelToken fires, which drops it from the slot queue or kills its run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -20,6 +24,8 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from everstep_sandbox.cancel import CancelToken
 
 __all__ = ["HotPathApp", "HotRoute"]
 
@@ -30,8 +36,9 @@ log = logging.getLogger(__name__)
 class HotRoute:
     model: type[BaseModel]
     """The request body's model (the one FastAPI validates the same route with)."""
-    handler: Callable[[BaseModel], Response]
-    """Blocking; runs in the thread pool. May raise HTTPException, answered as FastAPI would."""
+    handler: Callable[[BaseModel, CancelToken | None], Response]
+    """Blocking; runs in the thread pool. May raise HTTPException, answered as FastAPI would. The token
+    fires when the client disconnects."""
 
 
 class HotPathApp:
@@ -53,8 +60,20 @@ class HotPathApp:
         except ValidationError:
             await self.app(scope, _replay(body, receive), send)  # FastAPI answers with its 422
             return
+        cancel = CancelToken()
+        work = asyncio.get_running_loop().run_in_executor(self._executor, route.handler, request, cancel)
+        disconnect = asyncio.ensure_future(_disconnected(receive))
         try:
-            response = await asyncio.get_running_loop().run_in_executor(self._executor, route.handler, request)
+            await asyncio.wait((work, disconnect), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            disconnect.cancel()
+        if not work.done():  # the client went away: drop the request, answer nobody
+            cancel.cancel()
+            with contextlib.suppress(Exception):
+                await work
+            return
+        try:
+            response = work.result()
         except HTTPException as e:
             response = JSONResponse({"detail": e.detail}, status_code=e.status_code, headers=e.headers)
         except Exception:
@@ -81,6 +100,12 @@ async def _read_body(receive: Receive) -> bytes | None:
         chunks.append(message.get("body", b""))
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Returns when the client disconnects (after the body, `receive` yields nothing else)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

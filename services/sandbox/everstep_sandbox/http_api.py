@@ -1,12 +1,12 @@
-"""SandboxFusion-compatible HTTP API (`POST /run_code`, `GET /v1/ping`) plus everstep's
+"""SandboxFusion-compatible HTTP API (`POST /run_code`, `POST /run_jupyter`, `GET /v1/ping`) plus everstep's
 `POST /run_tests`, `/healthz` and `/metrics`.
 
 Request and response JSON match SandboxFusion's `sandbox/server/sandbox_api.py` field for field,
 so SandboxFusion clients work unchanged. Differences: an unsupported language is a 422 naming the
-supported ones (SandboxFusion's schema also answers 422), `args` (pytest arguments) is accepted and
-ignored with a warning, and `c` is an extra language. `POST /run_tests` is the batch endpoint:
+supported ones (SandboxFusion's schema also answers 422), `args` is passed to pytest and ignored
+with a warning by the other languages, and `c` is an extra language. `POST /run_tests` is the batch endpoint:
 compile once, run every test case. `GET /v1/isolation` says what isolation this host gives.
-The two run endpoints are served through `hot_path.HotPathApp` (same models, same handlers,
+The three run endpoints are served through `hot_path.HotPathApp` (same models, same handlers,
 less CPU per request); FastAPI answers everything else.
 """
 
@@ -19,12 +19,15 @@ import logging
 import os
 import socket
 from enum import StrEnum
+from typing import Any, Literal
 
 from fastapi import FastAPI, HTTPException, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
 from pydantic import BaseModel, Field
 
+from everstep_sandbox.cancel import CancelToken
 from everstep_sandbox.hot_path import HotPathApp, HotRoute
+from everstep_sandbox.jupyter import JupyterSpec
 from everstep_sandbox.process import CommandResult
 from everstep_sandbox.runner import InvalidRequest, ProgramSpec, SandboxRunner, TestCase
 
@@ -62,7 +65,8 @@ class RunCodeRequest(BaseModel):
     language: str = Field(..., examples=["python"], description="the language to run the code in")
     files: dict[str, str | None] = Field({}, description="a dict from file path to base64 encoded file content")
     fetch_files: list[str] = Field([], description="a list of file paths to fetch after code execution")
-    args: list[str] = Field([], description="additional command-line arguments passed to pytest (ignored)")
+    args: list[str] = Field([], description="additional command-line arguments passed to pytest (ignored by "
+                                             "the other languages)")
 
 
 class RunCodeResponse(BaseModel):
@@ -70,6 +74,33 @@ class RunCodeResponse(BaseModel):
     message: str
     compile_result: CommandRunResult | None = None
     run_result: CommandRunResult | None = None
+    executor_pod_name: str | None = None
+    files: dict[str, str] = {}
+
+
+class RunJupyterRequest(BaseModel):
+    cells: list[str] = Field(..., examples=[["a = 123", "a", "print(a)", "raise RuntimeError('error message')"]],
+                             description="list of code blocks to run in jupyter notebook")
+    cell_timeout: float = Field(0, description="max run time for each of the cells")
+    total_timeout: float = Field(45, description="max run time for all the cells")
+    memory_limit_MB: int = Field(-1, description="maximum memory allowed in megabytes")
+    kernel: Literal["python3"] = "python3"
+    files: dict[str, str | None] = Field({}, description="a dict from file path to base64 encoded file content")
+    fetch_files: list[str] = Field([], description="a list of file paths to fetch after code execution")
+
+
+class CellRunResult(BaseModel):
+    stdout: str
+    stderr: str
+    display: list[dict[str, Any]]
+    error: list[dict[str, Any]]
+
+
+class RunJupyterResponse(BaseModel):
+    status: RunStatus
+    message: str
+    driver: CommandRunResult | None = None
+    cells: list[CellRunResult] = []
     executor_pod_name: str | None = None
     files: dict[str, str] = {}
 
@@ -142,17 +173,17 @@ def create_app(runner: SandboxRunner) -> HotPathApp:
 
     # Plain `def` handlers: FastAPI (and the fast path) run them in a thread pool, so a long run never
     # blocks the loop.
-    @app.post("/run_code", response_model=RunCodeResponse, tags=["sandbox"])
-    def run_code(request: RunCodeRequest) -> Response:
+    def run_code(request: RunCodeRequest, cancel: CancelToken | None) -> Response:
         check_language(request.language)
-        if request.args:
-            log.warning("ignoring `args` %s: only meaningful for pytest, which is not supported", request.args)
+        if request.args and request.language != "pytest":
+            log.warning("ignoring `args` %s: only pytest takes them", request.args)
         spec = ProgramSpec(code=request.code, language=request.language,
                            compile_timeout_seconds=request.compile_timeout,
                            run_timeout_seconds=request.run_timeout, memory_limit_mb=request.memory_limit_MB,
-                           files=_decode_files(request.files))
+                           files=_decode_files(request.files),
+                           args=tuple(request.args) if request.language == "pytest" else ())
         try:
-            result = runner.run_code(spec, stdin=request.stdin or "", fetch_files=request.fetch_files)
+            result = runner.run_code(spec, stdin=request.stdin or "", fetch_files=request.fetch_files, cancel=cancel)
         except InvalidRequest as e:
             raise _unprocessable(("body",), str(e)) from None
         return _json_response(RunCodeResponse(
@@ -162,8 +193,7 @@ def create_app(runner: SandboxRunner) -> HotPathApp:
             files={path: base64.b64encode(content).decode() for path, content in result.files.items()},
         ))
 
-    @app.post("/run_tests", response_model=RunTestsResponse, tags=["sandbox"])
-    def run_tests(request: RunTestsRequest) -> Response:
+    def run_tests(request: RunTestsRequest, cancel: CancelToken | None) -> Response:
         check_language(request.language)
         spec = ProgramSpec(code=request.code, language=request.language,
                            compile_timeout_seconds=request.compile_timeout,
@@ -171,7 +201,7 @@ def create_app(runner: SandboxRunner) -> HotPathApp:
                            files=_decode_files(request.files))
         cases = [TestCase(c.stdin, c.expected_stdout) for c in request.cases]
         try:
-            result = runner.run_tests(spec, cases)
+            result = runner.run_tests(spec, cases, cancel=cancel)
         except InvalidRequest as e:
             raise _unprocessable(("body",), str(e)) from None
         return _json_response(RunTestsResponse(
@@ -181,6 +211,35 @@ def create_app(runner: SandboxRunner) -> HotPathApp:
                      for r in result.results],
             executor_pod_name=pod_name,
         ))
+
+    def run_jupyter(request: RunJupyterRequest, cancel: CancelToken | None) -> Response:
+        spec = JupyterSpec(cells=request.cells, cell_timeout_seconds=request.cell_timeout,
+                           total_timeout_seconds=request.total_timeout, memory_limit_mb=request.memory_limit_MB,
+                           files=_decode_files(request.files), fetch_files=request.fetch_files)
+        try:
+            result = runner.run_jupyter(spec, cancel=cancel)
+        except InvalidRequest as e:
+            raise _unprocessable(("body",), str(e)) from None
+        return _json_response(RunJupyterResponse(
+            status=RunStatus(result.status), message=result.message, driver=_command_json(result.driver),
+            cells=[CellRunResult(stdout=c.stdout, stderr=c.stderr, display=c.display, error=c.error)
+                   for c in result.cells],
+            executor_pod_name=pod_name,
+            files={path: base64.b64encode(content).decode() for path, content in result.files.items()},
+        ))
+
+    # FastAPI's routes (what the fast path does not take): no disconnect watch.
+    @app.post("/run_code", response_model=RunCodeResponse, tags=["sandbox"])
+    def run_code_route(request: RunCodeRequest) -> Response:
+        return run_code(request, None)
+
+    @app.post("/run_tests", response_model=RunTestsResponse, tags=["sandbox"])
+    def run_tests_route(request: RunTestsRequest) -> Response:
+        return run_tests(request, None)
+
+    @app.post("/run_jupyter", name="Run Code in Jupyter", response_model=RunJupyterResponse, tags=["sandbox"])
+    def run_jupyter_route(request: RunJupyterRequest) -> Response:
+        return run_jupyter(request, None)
 
     @app.get("/v1/ping")
     def ping() -> str:
@@ -203,5 +262,8 @@ def create_app(runner: SandboxRunner) -> HotPathApp:
             return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
+    # One handler thread per slot (base and elastic) and some more for requests waiting for one.
     return HotPathApp(app, {"/run_code": HotRoute(RunCodeRequest, run_code),
-                            "/run_tests": HotRoute(RunTestsRequest, run_tests)})
+                            "/run_tests": HotRoute(RunTestsRequest, run_tests),
+                            "/run_jupyter": HotRoute(RunJupyterRequest, run_jupyter)},
+                      max_threads=runner.pool.max_slots + 32)

@@ -2,7 +2,8 @@
 
 Preferred: bubblewrap with new IPC, PID, network and UTS namespaces (and a user namespace when
 the server is not root); a root file system made of read-only binds of /usr and /etc plus
-size-limited private tmpfs mounts for /work, /tmp and /dev/shm, then remounted read-only; all
+size-limited private tmpfs mounts for /work, /tmp and /dev/shm, then remounted read-only (as root
+it stays writable by the zygote alone, for the directories of absolute request paths); all
 capabilities dropped except those the zygote needs to drop to the run uid (which the run then
 loses with setuid). Where bubblewrap cannot create namespaces the slot runs as a plain process
 and a warning says what is lost (see docs/sandbox.md).
@@ -18,8 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from everstep_sandbox.config import SandboxConfig
+from everstep_sandbox.paths import PathPolicy
 
-__all__ = ["RUNTIME_DIR", "IsolationReport", "SlotLayout", "probe", "slot_layout"]
+__all__ = ["RUNTIME_DIR", "IsolationReport", "SlotLayout", "path_policy", "probe", "slot_layout"]
 
 log = logging.getLogger(__name__)
 RUNTIME_DIR = Path(__file__).parent / "runtime"
@@ -106,6 +108,14 @@ def _python_prefix(python_executable: str) -> str | None:
     return str(Path(real).parent.parent)
 
 
+def path_policy(config: SandboxConfig, report: IsolationReport) -> PathPolicy:
+    """Where request files may go on this host (see paths.py): anywhere in the slot's private root
+    needs bubblewrap and a run uid other than the zygote's, which alone may write that root."""
+    prefix = _python_prefix(config.python_executable)
+    return PathPolicy(private_root=report.bubblewrap and report.distinct_uid, mount_namespace=report.bubblewrap,
+                      extra_system_prefixes=(prefix,) if prefix else ())
+
+
 def _readable_parents(path: str) -> list[str]:
     """bwrap creates missing parents of a mount point as 0700: make them traversable by the run uid."""
     argv: list[str] = []
@@ -121,10 +131,10 @@ def slot_layout(config: SandboxConfig, report: IsolationReport, host_dir: Path) 
         work, tmp = host_dir / "work", host_dir / "tmp"
         return SlotLayout([config.python_executable, *zygote, str(RUNTIME_DIR / "zygote.py")], str(work),
                           str(tmp), [], False, str(RUNTIME_DIR))
-    # No --die-with-parent: its PR_SET_PDEATHSIG fires when the *thread* that spawned the slot ends.
-    # A slot's zygote exits instead when its channel reaches EOF (the server is gone), and with it
-    # the PID namespace and everything in it.
-    argv = [shutil.which("bwrap") or "bwrap", "--new-session", "--unshare-ipc",
+    # --die-with-parent: bwrap (and so the PID namespace, the zygote and every run in it) gets SIGKILL
+    # when the server dies, SIGKILL included. Its PR_SET_PDEATHSIG fires when the *thread* that forked
+    # bwrap ends: the pool forks every slot from one thread that lives as long as the server.
+    argv = [shutil.which("bwrap") or "bwrap", "--new-session", "--die-with-parent", "--unshare-ipc",
             "--unshare-pid", "--unshare-net", "--unshare-uts", "--hostname", "sandbox"]
     if os.geteuid() != 0:
         argv.append("--unshare-user")
@@ -143,7 +153,11 @@ def slot_layout(config: SandboxConfig, report: IsolationReport, host_dir: Path) 
     argv += ["--perms", "0700", "--size", str(config.work_dir_size_mb << 20), "--tmpfs", "/work"]
     argv += ["--perms", "0700", "--size", str(config.work_dir_size_mb << 20), "--tmpfs", "/tmp"]
     argv += ["--perms", "1777", "--size", str(16 << 20), "--tmpfs", "/dev/shm"]
-    argv += ["--remount-ro", "/", "--chdir", "/work"]
+    if os.geteuid() != 0:
+        argv += ["--remount-ro", "/"]
+    # As root the root tmpfs stays writable, but only by the zygote (it is root's, mode 0755, and runs
+    # have another uid and no capability): it makes the directories of a request's absolute paths.
+    argv += ["--chdir", "/work"]
     if os.geteuid() == 0:
         argv += ["--cap-drop", "ALL"]
         for cap in _ZYGOTE_CAPS:

@@ -3,10 +3,13 @@
 A language is data, not code: the runner writes the source into the slot's work directory,
 runs `compile_argv` there (if any), keeps the files matching `artifacts` in the compile cache,
 then runs `run_argv`. Commands run inside the sandbox, where PATH is `SANDBOX_PATH` (system
-directories only). Argument templates may use `{main_class}` (Java), `{memory_mb}` (the run's
-memory limit) and `{runtime}` (the directory of the sandbox's helper scripts).
-Language names follow SandboxFusion's (`python`, `cpp`, `nodejs`, `go`, ...); `c` is an addition.
-A language is offered only when every tool in `required_tools` exists.
+directories only). Argument (and environment) templates may use `{main_class}` (Java's public
+class, Scala's object), `{memory_mb}` (the run's memory limit), `{runtime}` (the directory of the
+sandbox's helper scripts), `{classpath}` (`.`, the language's jars, the request's `.jar` files) and,
+as a whole argument, `{args}` (the request's `args`, pytest's). Language names follow
+SandboxFusion's (`python`, `cpp`, `nodejs`, `go`, ...); `c` is an addition; the further keys of
+SandboxFusion (test frameworks, ...) are in `languages_sandboxfusion.py`. A language is offered
+only when every tool in `required_tools` exists.
 """
 
 from __future__ import annotations
@@ -16,13 +19,18 @@ import re
 import shutil
 from dataclasses import dataclass, field
 
-__all__ = ["SANDBOX_PATH", "Language", "ProgramFiles", "available_languages", "definitions"]
+__all__ = ["JAVATUPLES_JAR", "NODE_LIBRARIES", "SANDBOX_PATH", "TYPESCRIPT_MODULE", "Language", "ProgramFiles",
+           "available_languages", "definitions", "existing", "tool_exists"]
 
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
-_JAVA_PUBLIC_CLASS = re.compile(r"^\s*public\s+(?:final\s+|abstract\s+)*class\s+([A-Za-z_$][\w$]*)", re.MULTILINE)
+JAVA_PUBLIC_CLASS = re.compile(r"^\s*public\s+(?:final\s+|abstract\s+)*class\s+([A-Za-z_$][\w$]*)", re.MULTILINE)
 # npm's global root: /usr/lib with NodeSource's nodejs, /usr/local/lib with Debian's npm.
-_TYPESCRIPT_MODULE = next((p for p in ("/usr/lib/node_modules/typescript", "/usr/local/lib/node_modules/typescript")
+TYPESCRIPT_MODULE = next((p for p in ("/usr/lib/node_modules/typescript", "/usr/local/lib/node_modules/typescript")
                            if os.path.isfile(f"{p}/package.json")), "/usr/lib/node_modules/typescript")
+JAVATUPLES_JAR = "/usr/share/java/javatuples.jar"
+"""Debian's libjavatuples-java: on the classpath of Java runs (MultiPL-E's Java prompts import it)."""
+NODE_LIBRARIES = "/usr/share/nodejs"
+"""Debian's Node modules (node-lodash, ...): NODE_PATH of Node and TypeScript runs."""
 
 
 @dataclass(frozen=True)
@@ -53,18 +61,29 @@ class Language:
     python_inline: bool = False
     """Run in the slot's pre-initialised Python interpreter (fork, no exec): the warm pool."""
     env: dict[str, str] = field(default_factory=dict)
-    """Extra environment of its commands."""
+    """Extra environment of its commands (templates as in the arguments, and `{tmp}`)."""
+    classpath: tuple[str, ...] = ()
+    """Jars of `{classpath}` after `.` (only those that exist here)."""
+    main_pattern: re.Pattern[str] | None = None
+    """Finds `{main_class}` in the code (the first group); `Main` when absent."""
+    required_prefix: str = ""
+    """Put before the code (on its own line) when the code does not contain it (PHP's `<?php`)."""
+
+    def source_of(self, code: str) -> str:
+        if self.required_prefix and self.required_prefix not in code:
+            return f"{self.required_prefix}\n{code}"
+        return code
 
     @property
     def is_compiled(self) -> bool:
         return self.compile_argv is not None
 
     def files_for(self, code: str) -> ProgramFiles:
-        if self.name == "java":
-            match = _JAVA_PUBLIC_CLASS.search(code)
-            main_class = match.group(1) if match else "Main"
-            return ProgramFiles(f"{main_class}.java", main_class)
-        return ProgramFiles(self.source_file, "")
+        if self.main_pattern is None:
+            return ProgramFiles(self.source_file, "")
+        match = self.main_pattern.search(code)
+        main_class = match.group(1) if match else "Main"
+        return ProgramFiles(self.source_file.replace("{main_class}", main_class), main_class)
 
 
 def definitions(python_executable: str) -> list[Language]:
@@ -78,12 +97,15 @@ def definitions(python_executable: str) -> list[Language]:
         Language(name="cpp", source_file="solution.cpp",
                  compile_argv=("g++", "-O2", "-std=gnu++17", "-o", "solution", "solution.cpp"),
                  artifacts=("solution",), run_argv=("./solution",), required_tools=("g++",)),
-        Language(name="java", source_file="Main.java",
-                 compile_argv=("javac", *(f"-J{o}" for o in jvm), "-encoding", "UTF-8", "-d", ".",
-                               "{main_class}.java"),
+        Language(name="java", source_file="{main_class}.java", main_pattern=JAVA_PUBLIC_CLASS,
+                 classpath=existing(JAVATUPLES_JAR),
+                 compile_argv=("javac", *(f"-J{o}" for o in jvm), "-encoding", "UTF-8", "-cp", "{classpath}",
+                               "-d", ".", "{main_class}.java"),
                  artifacts=("*.class",),
                  # -XX:MaxRAM sizes the heap from the run's limit (the JVM cannot see the cgroup).
-                 run_argv=("java", *jvm, "-XX:MaxRAM={memory_mb}m", "-Xss64m", "-cp", ".", "{main_class}"),
+                 # -ea: assertions on, as SandboxFusion runs Java (assert-based graders rely on it).
+                 run_argv=("java", *jvm, "-XX:MaxRAM={memory_mb}m", "-Xss64m", "-ea", "-cp", "{classpath}",
+                           "{main_class}"),
                  required_tools=("java", "javac"), limit_address_space=False),
         Language(name="go", source_file="solution.go",
                  compile_argv=("go", "build", "-o", "solution", "solution.go"),
@@ -96,18 +118,20 @@ def definitions(python_executable: str) -> list[Language]:
                                "solution.rs"),
                  artifacts=("solution",), run_argv=("./solution",), required_tools=("rustc",)),
         Language(name="nodejs", source_file="solution.js", run_argv=("node", "solution.js"),
-                 required_tools=("node",), limit_address_space=False),
+                 required_tools=("node",), limit_address_space=False, env={"NODE_PATH": NODE_LIBRARIES}),
         Language(name="typescript", source_file="solution.ts",
-                 compile_argv=("node", "{runtime}/ts_transpile.js", _TYPESCRIPT_MODULE, "solution.ts",
+                 compile_argv=("node", "{runtime}/ts_transpile.js", TYPESCRIPT_MODULE, "solution.ts",
                                "solution.js"),
                  artifacts=("solution.js",), run_argv=("node", "solution.js"),
-                 required_tools=("node", _TYPESCRIPT_MODULE + "/package.json"), limit_address_space=False),
+                 required_tools=("node", TYPESCRIPT_MODULE + "/package.json"), limit_address_space=False,
+                 env={"NODE_PATH": NODE_LIBRARIES}),
         Language(name="bash", source_file="solution.sh", run_argv=("bash", "solution.sh"),
                  required_tools=("bash",)),
         Language(name="ruby", source_file="solution.rb", run_argv=("ruby", "solution.rb"),
                  required_tools=("ruby",)),
+        # SandboxFusion adds a missing `<?php` tag: code without one would be printed, not run.
         Language(name="php", source_file="solution.php", run_argv=("php", "-d", "memory_limit=-1", "solution.php"),
-                 required_tools=("php",)),
+                 required_tools=("php",), required_prefix="<?php"),
         Language(name="perl", source_file="solution.pl", run_argv=("perl", "solution.pl"),
                  required_tools=("perl",)),
         Language(name="lua", source_file="solution.lua", run_argv=("lua5.4", "solution.lua"),
@@ -115,7 +139,12 @@ def definitions(python_executable: str) -> list[Language]:
     ]
 
 
-def _exists(tool: str) -> bool:
+def existing(*paths: str) -> tuple[str, ...]:
+    """The paths of `paths` that exist on this machine."""
+    return tuple(p for p in paths if os.path.exists(p))
+
+
+def tool_exists(tool: str) -> bool:
     if tool.startswith("/"):
         return os.path.exists(tool)
     return shutil.which(tool, path=SANDBOX_PATH) is not None
@@ -123,4 +152,7 @@ def _exists(tool: str) -> bool:
 
 def available_languages(python_executable: str = "/usr/bin/python3") -> dict[str, Language]:
     """Languages whose tools exist on this machine, by name."""
-    return {lang.name: lang for lang in definitions(python_executable) if all(map(_exists, lang.required_tools))}
+    from everstep_sandbox.languages_sandboxfusion import sandboxfusion_definitions
+
+    every = [*definitions(python_executable), *sandboxfusion_definitions(python_executable)]
+    return {lang.name: lang for lang in every if all(map(tool_exists, lang.required_tools))}

@@ -19,6 +19,12 @@ QUEUE_DEPTH = Gauge("everstep_sandbox_queue_depth", "Requests waiting for a free
                     multiprocess_mode="livesum")
 COMPILE_CACHE = Counter("everstep_sandbox_compile_cache_total", "Compile cache lookups by result (hit, miss).",
                         ["language", "result"])
+SLOTS = Gauge("everstep_sandbox_slots", "Sandbox slots started (the base workers and elastic ones).",
+              multiprocess_mode="livesum")
+ABANDONED = Counter("everstep_sandbox_abandoned_requests_total",
+                    "Requests whose client went away: dropped from the queue or their run killed.", ["stage"])
+BUSY_REJECTIONS = Counter("everstep_sandbox_busy_rejections_total",
+                          "Requests answered SandboxError because every slot stayed busy.")
 SLOT_RESTARTS = Counter("everstep_sandbox_slot_restarts_total", "Sandbox slots replaced after a failure.")
 
 

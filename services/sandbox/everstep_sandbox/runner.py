@@ -13,25 +13,36 @@ shared), CPU side channels, or reading world-readable files under /usr and /etc.
 
 from __future__ import annotations
 
-import glob
 import logging
 import math
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from everstep_sandbox import metrics
+from everstep_sandbox.cancel import Cancelled, CancelToken
 from everstep_sandbox.cgroups import CgroupTree
 from everstep_sandbox.compile_cache import CompileCache, CompiledProgram, cache_key
 from everstep_sandbox.config import SandboxConfig
-from everstep_sandbox.isolation import IsolationReport, probe
+from everstep_sandbox.isolation import IsolationReport, path_policy, probe
+from everstep_sandbox.jupyter import (
+    JUPYTER_OUTPUT,
+    JupyterResult,
+    JupyterSpec,
+    driver_input,
+    jupyter_language,
+    parse_output,
+)
 from everstep_sandbox.languages import SANDBOX_PATH, Language, ProgramFiles, available_languages
+from everstep_sandbox.languages import tool_exists as _exists
+from everstep_sandbox.paths import PathPolicy, PathRefused
+from everstep_sandbox.pool import PoolBusy, PoolClosed, SlotPool
 from everstep_sandbox.process import CommandResult, CommandStatus
 from everstep_sandbox.seccomp import build_filter
-from everstep_sandbox.slots import ExecRequest, Slot, SlotPool
+from everstep_sandbox.slots import ExecRequest, Slot
 
 __all__ = [
     "InvalidRequest", "ProgramResult", "ProgramSpec", "RunStatus", "SandboxRunner", "TestCase",
@@ -60,9 +71,11 @@ class ProgramSpec:
     run_timeout_seconds: float = 0.0
     """0 means the configured default; applies to each run."""
     memory_limit_mb: int = -1
-    """<= 0 means the configured default."""
+    """<= 0 means the configured default (by default the slot's ceiling: no per-run limit)."""
     files: Mapping[str, bytes] = field(default_factory=dict)
-    """Extra files written into the work directory before compiling, by relative path."""
+    """Extra files written before compiling, by path (relative to the work dir, or absolute)."""
+    args: Sequence[str] = ()
+    """Extra command-line arguments of the test framework (SandboxFusion's `args`: pytest's)."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +142,9 @@ class SandboxRunner:
         self._pool = pool
         self._cache = cache
         self.isolation = isolation
+        self._paths: PathPolicy = path_policy(config, isolation)
+        jupyter = jupyter_language(config.python_executable)
+        self._jupyter: Language | None = jupyter if all(map(_exists, jupyter.required_tools)) else None
 
     @classmethod
     def start(cls, config: SandboxConfig, languages: Mapping[str, Language] | None = None) -> SandboxRunner:
@@ -147,6 +163,17 @@ class SandboxRunner:
         runner._cleanup = (cgroups, host_root)
         return runner
 
+    def stop_accepting(self) -> None:
+        """From now on queued and new requests are answered at once (the server is stopping)."""
+        self._pool.close()
+
+    def kill_running(self) -> None:
+        self._pool.kill_running()
+
+    @property
+    def pool(self) -> SlotPool:
+        return self._pool
+
     def close(self) -> None:
         self._pool.stop()
         cgroups, host_root = getattr(self, "_cleanup", (None, None))
@@ -159,55 +186,98 @@ class SandboxRunner:
     def languages(self) -> list[str]:
         return sorted(self._languages)
 
-    def run_code(self, spec: ProgramSpec, *, stdin: str = "", fetch_files: Sequence[str] = ()) -> ProgramResult:
-        language = self._language(spec.language)
+    def run_code(self, spec: ProgramSpec, *, stdin: str = "", fetch_files: Sequence[str] = (),
+                 cancel: CancelToken | None = None) -> ProgramResult:
+        return self._run_program(spec, self._language(spec.language), stdin, fetch_files, cancel)
+
+    def run_jupyter(self, spec: JupyterSpec, cancel: CancelToken | None = None) -> JupyterResult:
+        """SandboxFusion's /run_jupyter: the cells in one kernel, in one slot (see jupyter.py)."""
+        if self._jupyter is None:
+            raise InvalidRequest("run_jupyter needs python3-ipykernel (scripts/install-sandbox-toolchains.sh)")
+        total = self._timeout(spec.total_timeout_seconds, 45.0, "total_timeout")
+        if spec.cell_timeout_seconds < 0:
+            raise InvalidRequest("cell_timeout must be >= 0 seconds")
+        program = ProgramSpec(code=driver_input(replace(spec, total_timeout_seconds=total)), language="jupyter",
+                              run_timeout_seconds=min(total + 10, self._config.max_timeout_seconds),
+                              memory_limit_mb=spec.memory_limit_mb, files=spec.files)
+        result = self._run_program(program, self._jupyter, "", [*spec.fetch_files, JUPYTER_OUTPUT], cancel)
+        if result.status == RunStatus.SANDBOX_ERROR:
+            return JupyterResult(result.status.value, result.message, result.run_result)
+        files = dict(result.files)
+        status, cells = parse_output(result.run_result, files.pop(JUPYTER_OUTPUT, None))
+        return JupyterResult(status, "", result.run_result, cells, files)
+
+    def _run_program(self, spec: ProgramSpec, language: Language, stdin: str, fetch_files: Sequence[str],
+                     cancel: CancelToken | None) -> ProgramResult:
         plan = self._plan(spec, language)
-        for path in fetch_files:
-            _check_path(path)
+        fetch = {path: self._path(path, "fetch_files") for path in fetch_files}
         with metrics.track_request(language.name) as outcome:
+            cancel = cancel or CancelToken()
             try:
-                with self._pool.acquire() as slot:
+                with self._pool.acquire(cancel) as slot:
+                    slot.make_parent_dirs(list(fetch.values()))
                     compile_result = self._prepare(slot, spec, language, plan)
+                    cancel.check()
                     run_result = None
                     if compile_result is None or _compiled(compile_result):
                         run_result = self._run(slot, language, plan, stdin)
-                    files = slot.collect([glob.escape(p) for p in fetch_files], self._config.max_file_size_bytes)
+                    cancel.check()
+                    self._check_not_stopped()
+                    files = slot.fetch(fetch, self._config.max_file_size_bytes)
                     status, message = _status_of(compile_result, run_result)
-                    result = ProgramResult(status, message, compile_result, run_result,
-                                           {p: content for p, (content, _) in files.items()})
-            except Exception as e:  # a fault of the sandbox itself, never of the program
-                log.exception("run_code failed for language %s", language.name)
-                result = ProgramResult(RunStatus.SANDBOX_ERROR, f"sandbox error: {e}")
+                    result = ProgramResult(status, message, compile_result, run_result, files)
+            except (PoolBusy, PoolClosed) as e:
+                result = ProgramResult(RunStatus.SANDBOX_ERROR, str(e))
+            except Exception as e:
+                if cancel.cancelled:  # dropped from the queue, or its run killed: nobody is waiting
+                    result = ProgramResult(RunStatus.SANDBOX_ERROR, _abandoned(e))
+                else:  # a fault of the sandbox itself, never of the program
+                    log.exception("run_code failed for language %s", language.name)
+                    result = ProgramResult(RunStatus.SANDBOX_ERROR, f"sandbox error: {e}")
             outcome.status = result.status.value
             return result
 
-    def run_tests(self, spec: ProgramSpec, cases: Sequence[TestCase]) -> TestsResult:
+    def run_tests(self, spec: ProgramSpec, cases: Sequence[TestCase],
+                  cancel: CancelToken | None = None) -> TestsResult:
         language = self._language(spec.language)
         plan = self._plan(spec, language)
         with metrics.track_request(language.name) as outcome:
+            cancel = cancel or CancelToken()
             try:
-                with self._pool.acquire() as slot:
-                    result = self._run_cases(slot, spec, language, plan, cases)
+                with self._pool.acquire(cancel) as slot:
+                    result = self._run_cases(slot, spec, language, plan, cases, cancel)
+            except (PoolBusy, PoolClosed) as e:
+                result = TestsResult(RunStatus.SANDBOX_ERROR, str(e))
             except Exception as e:
-                log.exception("run_tests failed for language %s", language.name)
-                result = TestsResult(RunStatus.SANDBOX_ERROR, f"sandbox error: {e}")
+                if cancel.cancelled:
+                    result = TestsResult(RunStatus.SANDBOX_ERROR, _abandoned(e))
+                else:
+                    log.exception("run_tests failed for language %s", language.name)
+                    result = TestsResult(RunStatus.SANDBOX_ERROR, f"sandbox error: {e}")
             outcome.status = result.status.value
             return result
 
     def _run_cases(self, slot: Slot, spec: ProgramSpec, language: Language, plan: _Plan,
-                   cases: Sequence[TestCase]) -> TestsResult:
+                   cases: Sequence[TestCase], cancel: CancelToken) -> TestsResult:
         compile_result = self._prepare(slot, spec, language, plan)
+        cancel.check()
         if compile_result is not None and not _compiled(compile_result):
             status, message = _status_of(compile_result)
             return TestsResult(status, message, compile_result, [TestCaseResult(False, None) for _ in cases])
         results: list[TestCaseResult] = []
         for case in cases:
             run_result = self._run(slot, language, plan, case.stdin)
+            cancel.check()
+            self._check_not_stopped()
             passed = (run_result.status == CommandStatus.FINISHED and run_result.return_code == 0
                       and outputs_match(run_result.stdout, case.expected_stdout))
             results.append(TestCaseResult(passed, run_result))
         status = RunStatus.SUCCESS if all(r.passed for r in results) else RunStatus.FAILED
         return TestsResult(status, "", compile_result, results)
+
+    def _check_not_stopped(self) -> None:
+        if self._pool.killed_running:
+            raise PoolClosed("the sandbox is stopping: the run was killed")
 
     def _language(self, name: str) -> Language:
         try:
@@ -218,19 +288,27 @@ class SandboxRunner:
     def _plan(self, spec: ProgramSpec, language: Language) -> _Plan:
         """Checks the request and settles its limits before it takes a slot."""
         config = self._config
-        for path in spec.files:
-            _check_path(path)
+        files = {self._path(path, "files"): content for path, content in spec.files.items()}
         if spec.memory_limit_mb > config.max_memory_limit_mb:
             raise InvalidRequest(f"memory_limit_MB must be at most {config.max_memory_limit_mb}")
-        memory_mb = spec.memory_limit_mb if spec.memory_limit_mb > 0 else config.default_memory_limit_mb
+        memory_mb = spec.memory_limit_mb if spec.memory_limit_mb > 0 else (config.default_memory_limit_mb
+                                                                           or config.max_memory_limit_mb)
         return _Plan(
             files=language.files_for(spec.code),
+            extra_files=files,
+            args=tuple(spec.args),
             compile_timeout_seconds=self._timeout(spec.compile_timeout_seconds,
                                                   config.default_compile_timeout_seconds, "compile_timeout"),
             run_timeout_seconds=self._timeout(spec.run_timeout_seconds, config.default_run_timeout_seconds,
                                               "run_timeout"),
             memory_mb=memory_mb,
         )
+
+    def _path(self, path: str, field: str) -> str:
+        try:
+            return self._paths.check(path, field)
+        except PathRefused as e:
+            raise InvalidRequest(str(e)) from None
 
     def _timeout(self, requested: float, default: float, name: str) -> float:
         if requested < 0 or requested > self._config.max_timeout_seconds:
@@ -239,20 +317,22 @@ class SandboxRunner:
 
     def _prepare(self, slot: Slot, spec: ProgramSpec, language: Language, plan: _Plan) -> CommandResult | None:
         """Writes the files and the source, then compiles (or takes the compile cache's artifacts)."""
-        files = {path: (content, 0o644) for path, content in spec.files.items()}
-        files[plan.files.source_file] = (spec.code.encode(), 0o644)
+        files = {path: (content, 0o644) for path, content in plan.extra_files.items()}
+        files[plan.files.source_file] = (language.source_of(spec.code).encode(), 0o644)
         slot.write_files(files)
         if language.compile_argv is None:
             return None
-        argv = self._argv(language.compile_argv, slot, plan, self._config.compile_memory_limit_mb)
-        key = cache_key(language.name, argv, plan.files.source_file, spec.code, spec.files)
+        compile_mb = self._config.compile_memory_limit_mb
+        argv = self._argv(language, language.compile_argv, slot, plan, compile_mb)
+        key = cache_key(language.name, argv, plan.files.source_file, spec.code, plan.extra_files)
         cached = self._cache.get(key)
         metrics.COMPILE_CACHE.labels(language.name, "hit" if cached else "miss").inc()
         if cached is not None:
             slot.write_files(cached.artifacts)
             return cached.compile_result
         result = slot.execute(ExecRequest(
-            argv=argv, env=self._env(language, slot), stdin=b"", timeout_seconds=plan.compile_timeout_seconds,
+            argv=argv, env=self._env(language, slot, plan, compile_mb), stdin=b"",
+            timeout_seconds=plan.compile_timeout_seconds,
             cpu_seconds=math.ceil(plan.compile_timeout_seconds) + 1,
             memory_bytes=self._config.compile_memory_limit_mb << 20, limit_address_space=False))
         if _compiled(result):
@@ -262,45 +342,63 @@ class SandboxRunner:
 
     def _run(self, slot: Slot, language: Language, plan: _Plan, stdin: str) -> CommandResult:
         return slot.execute(ExecRequest(
-            argv=self._argv(language.run_argv, slot, plan, plan.memory_mb), env=self._env(language, slot),
+            argv=self._argv(language, language.run_argv, slot, plan, plan.memory_mb),
+            env=self._env(language, slot, plan, plan.memory_mb),
             stdin=stdin.encode(), timeout_seconds=plan.run_timeout_seconds,
             cpu_seconds=math.ceil(plan.run_timeout_seconds) + 1, memory_bytes=plan.memory_mb << 20,
             limit_address_space=language.limit_address_space, python_inline=language.python_inline))
 
     @staticmethod
-    def _argv(template: Sequence[str], slot: Slot, plan: _Plan, memory_mb: int) -> list[str]:
-        values = {"{main_class}": plan.files.main_class, "{memory_mb}": str(memory_mb),
-                  "{runtime}": slot.layout.runtime_dir}
-        argv = []
+    def _values(language: Language, slot: Slot, plan: _Plan, memory_mb: int) -> dict[str, str]:
+        jars = sorted(path for path in plan.extra_files if path.endswith(".jar"))
+        return {"{main_class}": plan.files.main_class, "{memory_mb}": str(memory_mb),
+                "{runtime}": slot.layout.runtime_dir, "{classpath}": ":".join([".", *language.classpath, *jars]),
+                "{tmp}": slot.layout.tmp_dir}
+
+    def _argv(self, language: Language, template: Sequence[str], slot: Slot, plan: _Plan,
+              memory_mb: int) -> list[str]:
+        values = self._values(language, slot, plan, memory_mb)
+        argv: list[str] = []
         for arg in template:
+            if arg == "{args}":
+                argv.extend(plan.args)
+                continue
             for placeholder, value in values.items():
                 arg = arg.replace(placeholder, value)
             argv.append(arg)
         return argv
 
-    @staticmethod
-    def _env(language: Language, slot: Slot) -> dict[str, str]:
+    def _env(self, language: Language, slot: Slot, plan: _Plan, memory_mb: int) -> dict[str, str]:
         """A minimal environment: nothing of the server's (tokens, proxies) leaks into user code."""
         tmp = slot.layout.tmp_dir
         env = {"PATH": SANDBOX_PATH, "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8",
                "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"}
-        env.update({name: value.replace("{tmp}", tmp) for name, value in language.env.items()})
+        values = self._values(language, slot, plan, memory_mb)
+        for name, value in language.env.items():
+            for placeholder, replacement in values.items():
+                value = value.replace(placeholder, replacement)
+            env[name] = value
         return env
 
 
 @dataclass(frozen=True)
 class _Plan:
     files: ProgramFiles
+    extra_files: Mapping[str, bytes]
+    """The request's files by normalised path (relative to the work dir, or absolute)."""
+    args: tuple[str, ...]
     compile_timeout_seconds: float
     run_timeout_seconds: float
     memory_mb: int
 
 
+def _abandoned(error: Exception) -> str:
+    """The message of a request whose client went away (never sent: for the metrics and the log)."""
+    if not (isinstance(error, Cancelled) and error.queued):  # the pool counts those it dropped
+        metrics.ABANDONED.labels("running").inc()
+    log.debug("request abandoned by its client: %s", error)
+    return "cancelled: the client went away"
+
+
 def _compiled(result: CommandResult) -> bool:
     return result.status == CommandStatus.FINISHED and result.return_code == 0
-
-
-def _check_path(relative_path: str) -> None:
-    parts = PurePosixPath(relative_path).parts
-    if not relative_path or relative_path.startswith("/") or ".." in parts or "\0" in relative_path:
-        raise InvalidRequest(f"file path {relative_path!r} must be relative and stay inside the work dir")

@@ -1,10 +1,9 @@
 """Sandbox slots: long-lived isolated zygotes, reused between requests with a full reset.
 
 A slot is one zygote process (see runtime/zygote.py) inside its own namespaces, with its own
-uid and cgroup. `SlotPool` holds `config.workers` of them; a request takes one (waiting in the
-queue when all are busy), runs its commands there, and gives it back after a reset that kills
-every process of the slot and wipes its work and tmp dirs. A slot whose zygote misbehaves (dies,
-answers garbage, misses a deadline) is replaced by a fresh one.
+uid and cgroup. `pool.SlotPool` holds them; a request takes one, runs its commands there, and
+gives it back after a reset that kills every process of the slot and wipes its work and tmp dirs.
+A slot whose zygote misbehaves (dies, answers garbage, misses a deadline) is replaced by a fresh one.
 """
 
 from __future__ import annotations
@@ -14,25 +13,22 @@ import contextlib
 import json
 import logging
 import os
-import queue
 import select
 import shutil
 import signal
 import struct
 import subprocess
-import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from everstep_sandbox import metrics
-from everstep_sandbox.cgroups import CgroupTree, SlotCgroup
+from everstep_sandbox.cgroups import SlotCgroup
 from everstep_sandbox.config import SandboxConfig
 from everstep_sandbox.isolation import IsolationReport, SlotLayout, slot_layout
 from everstep_sandbox.process import CommandResult, CommandStatus
 
-__all__ = ["ExecRequest", "Slot", "SlotError", "SlotPool"]
+__all__ = ["ExecRequest", "Slot", "SlotError"]
 
 log = logging.getLogger(__name__)
 _HEADER = struct.Struct("!I")
@@ -60,8 +56,11 @@ class ExecRequest:
 
 class Slot:
     def __init__(self, config: SandboxConfig, report: IsolationReport, index: int, seccomp: bytes | None,
-                 cgroup: SlotCgroup | None, host_dir: Path) -> None:
+                 cgroup: SlotCgroup | None, host_dir: Path,
+                 spawn: Callable[..., subprocess.Popen] = subprocess.Popen) -> None:
         self.index = index
+        self._spawn = spawn
+        """Starts the zygote: from a thread that lives as long as the server (see pool.Spawner)."""
         self._config = config
         self._report = report
         self._seccomp = seccomp
@@ -76,6 +75,8 @@ class Slot:
         self.num_requests = 0
         self.broken = False
         """Set when the zygote failed: the pool replaces the slot before it is used again."""
+        self.started = False
+        """In use by the pool (started, or being started); the pool's to set, under its lock."""
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -87,8 +88,8 @@ class Slot:
                 path.chmod(0o711)
         self._cgroup_fds = [os.open(path, os.O_WRONLY) for path in self._cgroup.procs_files] if self._cgroup else []
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
-        self._process = subprocess.Popen(self.layout.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         env=env, pass_fds=self._cgroup_fds, start_new_session=True)
+        self._process = self._spawn(self.layout.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+                                    pass_fds=self._cgroup_fds, start_new_session=True)
         self.num_requests = 0
         self._pending = []
         self._replies_owed = 0
@@ -128,6 +129,18 @@ class Slot:
                 os.close(fd)
         self._cgroup_fds = []
 
+    def kill_run(self) -> None:
+        """Kills the command running now (another thread waits for it): every process of the slot's
+        cgroup but the zygote, which then answers; without cgroups the whole slot, which the pool replaces."""
+        if self._cgroup is not None:
+            self._cgroup.kill_all()
+            return
+        self.broken = True
+        process = self._process
+        if process is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+
     def restart(self) -> None:
         self.stop()
         if not self.layout.pid_namespace:
@@ -148,6 +161,19 @@ class Slot:
         reply = self._send({"op": "collect", "patterns": list(patterns), "max_bytes": max_bytes},
                            _REPLY_GRACE_SECONDS * 4)
         return {f["path"]: (base64.b64decode(f["content"]), f["mode"]) for f in reply["files"]}
+
+    def make_parent_dirs(self, paths: Sequence[str]) -> None:
+        """Queues the creation of the parent directories of `paths` (the run may then write there)."""
+        if paths:
+            self._pending.append({"op": "mkdirs", "paths": list(paths)})
+
+    def fetch(self, paths: Mapping[str, str], max_bytes: int) -> dict[str, bytes]:
+        """Regular files (not symlinks, nor through one) at `paths` (request name → sandbox path), by
+        request name; missing or too large ones are left out."""
+        if not paths:
+            return {}
+        reply = self._send({"op": "fetch", "paths": dict(paths), "max_bytes": max_bytes}, _REPLY_GRACE_SECONDS * 4)
+        return {name: base64.b64decode(content) for name, content in reply["files"].items()}
 
     def reset(self) -> None:
         """Starts a full reset (kill every process, wipe /work, /tmp, /dev/shm) and returns at once.
@@ -284,74 +310,3 @@ def _resident_memory_bytes(pid: int) -> int:
 def _output(captured: dict) -> tuple[str, bool]:
     text = base64.b64decode(captured["data"]).decode("utf-8", errors="replace")
     return (text + _TRUNCATION_NOTE, True) if captured["truncated"] else (text, False)
-
-
-class SlotPool:
-    """`config.workers` slots; `acquire()` waits in a FIFO queue when all are busy."""
-
-    def __init__(self, config: SandboxConfig, report: IsolationReport, seccomp: bytes | None,
-                 cgroups: CgroupTree | None, host_root: Path) -> None:
-        self._config = config
-        self._idle: queue.SimpleQueue[Slot] = queue.SimpleQueue()
-        self._waiting = 0
-        self._lock = threading.Lock()
-        self.slots = [Slot(config, report, config.slot_offset + i, seccomp,
-                           cgroups.slot(config.slot_offset + i) if cgroups else None,
-                           host_root / f"slot-{i}") for i in range(config.workers)]
-
-    def start(self) -> None:
-        threads = [threading.Thread(target=slot.start) for slot in self.slots]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        for slot in self.slots:
-            self._idle.put(slot)
-
-    def stop(self) -> None:
-        for slot in self.slots:
-            slot.stop()
-
-    @contextlib.contextmanager
-    def acquire(self) -> Iterator[Slot]:
-        with self._lock:
-            self._waiting += 1
-            metrics.QUEUE_DEPTH.set(self._waiting)
-        try:
-            slot = self._idle.get()
-        finally:
-            with self._lock:
-                self._waiting -= 1
-                metrics.QUEUE_DEPTH.set(self._waiting)
-        try:
-            self._ready(slot)
-            yield slot
-        finally:
-            self._release(slot)
-
-    def _ready(self, slot: Slot) -> None:
-        """Waits for the slot's reset; replaces the slot if the reset (or an earlier restart) failed."""
-        if not slot.broken:
-            with contextlib.suppress(SlotError):
-                slot.settle()
-        if slot.broken:
-            self._restart(slot)
-            if slot.broken:
-                raise SlotError(f"slot {slot.index} is broken and could not be restarted")
-
-    def _release(self, slot: Slot) -> None:
-        if not slot.broken:
-            slot.reset()
-        if slot.broken or slot.num_requests >= self._config.max_requests_per_slot:
-            self._restart(slot)
-        self._idle.put(slot)
-
-    def _restart(self, slot: Slot) -> None:
-        if slot.broken:
-            metrics.SLOT_RESTARTS.inc()
-            log.warning("slot %d failed: starting a fresh one", slot.index)
-        try:
-            slot.restart()
-        except (SlotError, OSError):
-            log.exception("slot %d could not be restarted; retrying on next use", slot.index)
-            slot.broken = True

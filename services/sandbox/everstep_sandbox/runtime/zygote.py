@@ -13,8 +13,11 @@ Python programs commonly import, then serves length-prefixed JSON frames on stdi
   then execs the command, or for `python_inline` runs the program in this pre-initialised
   interpreter (the warm pool: no interpreter start-up per run). The parent waits with a
   wall-clock timeout, then kills every process of the run.
-- `collect`: files of the work dir matching glob patterns (compile artifacts, fetch_files).
-- `reset`: kill every leftover process and wipe the work and tmp dirs.
+- `collect`: files of the work dir matching glob patterns (compile artifacts).
+- `mkdirs`: the parent directories of paths the run may write (absolute fetch_files).
+- `fetch`: regular files at given paths (fetch_files), never through a symlink.
+- `reset`: kill every leftover process, wipe the work and tmp dirs and remove what `write` and
+  `mkdirs` created elsewhere in the slot's root (absolute paths).
 - `batch`: several of the above in one round trip.
 
 Standard library only, no everstep imports: this file is bind-mounted alone into the sandbox.
@@ -67,6 +70,7 @@ import typing  # noqa: F401
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_SET_SECCOMP = 22
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_PDEATHSIG = 1
 _SECCOMP_MODE_FILTER = 2
 _HEADER = struct.Struct("!I")
 _DIAGNOSTICS: io.TextIOWrapper | None = None
@@ -90,6 +94,8 @@ class Zygote:
         self._python_env: dict | None = None
         """The environment of Python runs, kept in this process's os.environ (see _op_exec)."""
         self._python_streams = _python_streams()
+        self._created: list[str] = []
+        """Top directories (or files) made outside the work and tmp dirs for absolute paths; removed at reset."""
 
     # -- protocol -----------------------------------------------------------------------------
     def serve(self) -> None:
@@ -136,15 +142,32 @@ class Zygote:
 
     def _op_write(self, request: dict) -> dict:
         for entry in request["files"]:
-            target = self._inside(entry["path"])
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            with open(target, "wb") as f:
+            target = self._target(entry["path"])
+            self._make_dirs(os.path.dirname(target))
+            if os.path.lexists(target) and not stat.S_ISREG(os.lstat(target).st_mode):
+                raise ValueError(f"path {entry['path']!r} exists and is not a regular file")
+            if not self._under_private_dirs(target) and not os.path.lexists(target):
+                self._created.append(target)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with open(fd, "wb") as f:
                 f.write(base64.b64decode(entry["content"]))
             os.chmod(target, entry.get("mode", 0o644))
             if self._run_uid is not None:
-                for path in self._owned_chain(target):
-                    os.chown(path, self._run_uid, self._run_uid)
+                os.chown(target, self._run_uid, self._run_uid)
         return {"ok": True}
+
+    def _op_mkdirs(self, request: dict) -> dict:
+        for path in request["paths"]:
+            self._make_dirs(os.path.dirname(self._target(path)))
+        return {"ok": True}
+
+    def _op_fetch(self, request: dict) -> dict:
+        files = {}
+        for name, path in request["paths"].items():
+            content = _read_regular_file(self._target(path), request["max_bytes"])
+            if content is not None and self._fetchable(self._target(path)):
+                files[name] = base64.b64encode(content).decode()
+        return {"files": files}
 
     def _op_collect(self, request: dict) -> dict:
         files = []
@@ -167,6 +190,12 @@ class Zygote:
         self._kill_all()
         for directory in (self._work_dir, self._tmp_dir, *self._extra_wipe):
             _wipe(directory)
+        for path in reversed(self._created):
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            elif os.path.lexists(path):
+                os.unlink(path)
+        self._created = []
         return {"ok": True}
 
     def _op_exec(self, request: dict) -> dict:
@@ -232,6 +261,10 @@ class Zygote:
                 os.setgroups([])
                 os.setresgid(self._run_uid, self._run_uid, self._run_uid)
                 os.setresuid(self._run_uid, self._run_uid, self._run_uid)
+            if not self._pid_namespace:
+                # No PID namespace to end with the zygote: the run dies with it (set after the uid
+                # change, which clears a parent-death signal).
+                _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             # The cgroups, no_new_privs and the seccomp filter came with the fork (see _op_init).
             if request["python_inline"]:
                 code = _run_python(request["argv"][-1], self._work_dir, self._python_streams)
@@ -263,20 +296,38 @@ class Zygote:
             result.append((which, (soft, hard)))
         return result
 
-    def _inside(self, relative_path: str) -> str:
-        root = os.path.realpath(self._work_dir)
-        target = os.path.realpath(os.path.join(root, relative_path))
-        if not target.startswith(root + os.sep):
-            raise ValueError(f"path {relative_path!r} leaves the work dir")
+    def _target(self, path: str) -> str:
+        """The path in this slot: relative ones in the work dir. The server has checked it (no `..`,
+        nothing under the system mounts); symlinks are refused where the file is written or read."""
+        target = os.path.normpath(os.path.join(self._work_dir, path))
+        if ".." in path.split("/") or not target.startswith("/") or target == "/":
+            raise ValueError(f"path {path!r} is not allowed")
         return target
 
-    def _owned_chain(self, target: str) -> list[str]:
-        chain, path = [], target
-        root = os.path.realpath(self._work_dir)
-        while path != root and path.startswith(root):
-            chain.append(path)
-            path = os.path.dirname(path)
-        return chain
+    def _under_private_dirs(self, path: str) -> bool:
+        return any(path == d or path.startswith(d.rstrip("/") + "/") for d in (self._work_dir, self._tmp_dir))
+
+    def _fetchable(self, path: str) -> bool:
+        """Inside the work or tmp dir, or under what this request made for its absolute paths."""
+        return self._under_private_dirs(path) or any(path == c or path.startswith(c + "/") for c in self._created)
+
+    def _make_dirs(self, directory: str) -> None:
+        """Creates `directory` and its missing parents (owned by the run uid), refusing any component that
+        is a symlink or not a directory, so nothing a path names can lead out of the slot's own files."""
+        current = "/"
+        for part in [p for p in directory.split("/") if p]:
+            current = os.path.join(current, part)
+            try:
+                mode = os.lstat(current).st_mode
+            except FileNotFoundError:
+                os.mkdir(current, 0o755)
+                if not self._under_private_dirs(current):
+                    self._created.append(current)
+                if self._run_uid is not None:
+                    os.chown(current, self._run_uid, self._run_uid)
+                continue
+            if not stat.S_ISDIR(mode):
+                raise ValueError(f"{current!r} is a symlink or not a directory")
 
     def _kill_all(self) -> None:
         """SIGKILLs every process of the slot but this one and the namespace's init, and waits until all
@@ -356,6 +407,26 @@ def _signal(pid: int, signum: int) -> None:
         os.kill(pid, signum)
 
 
+def _read_regular_file(path: str, max_bytes: int) -> bytes | None:
+    """The content of a regular file reached without following any symlink, or None (missing, a
+    symlink or a directory on the way, or larger than max_bytes)."""
+    current = "/"
+    parts = [p for p in path.split("/") if p]
+    try:
+        for part in parts[:-1]:
+            current = os.path.join(current, part)
+            if not stat.S_ISDIR(os.lstat(current).st_mode):
+                return None
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return None
+        content = f.read(max_bytes + 1)
+    return content if len(content) <= max_bytes else None
+
+
 def _read_capped(fd: int, max_bytes: int) -> dict:
     size = os.fstat(fd).st_size
     data = os.pread(fd, max_bytes, 0)
@@ -392,6 +463,9 @@ def main() -> None:
         os.dup2(null, fd)
     os.close(null)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    # Die with the parent (the server, or bubblewrap): the server forks slots from a thread that lives
+    # as long as it does, so this fires when the server dies, SIGKILL included.
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     # Forked runs share this interpreter's pages copy-on-write; a garbage collection in a run would
     # touch (and so copy) every tracked object. Frozen objects are never scanned.
     gc.collect()

@@ -1,0 +1,142 @@
+"""SandboxFusion's further keys (test frameworks and the languages of its image) and the runtime
+libraries graders import, through the isolated runner: a passing program is Success, a failing
+test is Failed with the framework's report."""
+
+from __future__ import annotations
+
+import pytest
+
+from everstep_sandbox.languages import available_languages
+from everstep_sandbox.process import CommandStatus
+from everstep_sandbox.runner import ProgramSpec, RunStatus, SandboxRunner
+
+LANGUAGES = available_languages()
+INSTALLED_BY_SCRIPT = ("pytest", "junit", "go_test", "jest", "scala", "R", "D_ut", "verilog", "sql")
+"""Keys whose toolchain scripts/install-sandbox-toolchains.sh installs for `make test` (csharp's, racket's and
+kotlin_script's only with --all)."""
+
+# key → (passing program, its output must contain, failing program, its output must contain)
+CASES: dict[str, tuple[str, str, str, str]] = {
+    "pytest": ("def add(a, b):\n    return a + b\n\ndef test_add():\n    assert add(1, 2) == 3\n", "1 passed",
+               "def test_add():\n    assert 1 + 1 == 3\n", "1 failed"),
+    "junit": ("""import org.junit.jupiter.api.Test;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+public class SolutionTest { @Test void adds() { assertEquals(3, 1 + 2); } }
+""", "1 tests successful", """import org.junit.jupiter.api.Test;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+public class SolutionTest { @Test void adds() { assertEquals(5, 2 + 2); } }
+""", "expected: <5> but was: <4>"),
+    "go_test": ("""package main
+import "testing"
+func add(a, b int) int { return a + b }
+func TestAdd(t *testing.T) { if add(1, 2) != 3 { t.Fatal("wrong") } }
+""", "ok", """package main
+import "testing"
+func TestAdd(t *testing.T) { if 2+2 != 5 { t.Fatalf("two and two is %d", 2+2) } }
+""", "two and two is 4"),
+    "jest": ("""const add = (a: number, b: number): number => a + b;
+describe("add", () => { test("adds", () => { expect(add(1, 2)).toBe(3); }); });
+""", "1 passed, 1 total", """import { expect, test } from "@jest/globals";
+test("adds", () => { expect(2 + 2).toBe(5); });
+""", "Expected: 5"),
+    "D_ut": ("int add(int a, int b) { return a + b; }\nunittest { assert(add(1, 2) == 3); }\n"
+             "void main() {}\n", "1 modules passed unittests",
+             "int add(int a, int b) { return a + b; }\nunittest { assert(add(2, 2) == 5, \"two and two\"); }\n"
+             "void main() {}\n", "two and two"),
+    "csharp": ("using System;\nusing System.Numerics;\nclass Program { static void Main() { "
+               "Console.WriteLine(BigInteger.Pow(2, 70)); } }\n", "1180591620717411303424",
+               "using System;\nclass Program { static void Main() {\n"
+               "  throw new InvalidOperationException(\"boom\"); } }\n",
+               "boom"),
+    "scala": ("object Main { def main(args: Array[String]): Unit = { println(List(1, 2, 3).sum) } }\n", "6",
+              "object Main { def main(args: Array[String]): Unit = { assert(1 == 2, \"scala assert\") } }\n",
+              "scala assert"),
+    "kotlin_script": ("println(listOf(1, 2, 3).sum())\n", "6", "check(1 == 2) { \"kotlin check\" }\n", "kotlin check"),
+    "R": ("x <- c(1, 2, 3)\ncat(sum(x), \"\\n\")\n", "6", "stopifnot(1 == 2)\n", "is not TRUE"),
+    "racket": ("#lang racket\n(displayln (+ 1 2))\n", "3", "#lang racket\n(error 'grader \"racket failed\")\n",
+               "racket failed"),
+    "verilog": ("module tb;\n  initial begin\n    $display(\"sum %0d\", 1 + 2);\n    $finish;\n  end\nendmodule\n",
+                "sum 3", "module tb;\n  initial begin\n    $display(\"x\")\n  end\nendmodule\n", "syntax error"),
+    "sql": ("CREATE TABLE t (x INTEGER);\nINSERT INTO t VALUES (1), (2), (3);\nSELECT SUM(x) FROM t;\n", "6",
+            "SELECT * FROM missing_table;\n", "no such table"),
+}
+
+
+ONE_COMMAND = ("pytest", "go_test", "jest")
+
+
+def _require(language: str) -> None:
+    if language not in LANGUAGES:
+        if language in INSTALLED_BY_SCRIPT:
+            pytest.fail(f"{language} missing: run scripts/install-sandbox-toolchains.sh")
+        pytest.skip(f"{language}'s toolchain is not installed here (install-sandbox-toolchains.sh --all)")
+
+
+@pytest.mark.parametrize("language", sorted(CASES))
+def test_passing_program_succeeds(runner: SandboxRunner, language: str) -> None:
+    _require(language)
+    code, expected, _, _ = CASES[language]
+    result = runner.run_code(ProgramSpec(code=code, language=language, compile_timeout_seconds=60,
+                                         run_timeout_seconds=60))
+    assert result.status == RunStatus.SUCCESS, result
+    assert expected in result.run_result.stdout + result.run_result.stderr, result
+    if language in ONE_COMMAND:  # built and run in one command, as SandboxFusion does
+        assert result.compile_result is None, result
+
+
+@pytest.mark.parametrize("language", sorted(CASES))
+def test_failing_program_or_test_is_failed_with_the_report(runner: SandboxRunner, language: str) -> None:
+    _require(language)
+    _, _, code, expected = CASES[language]
+    result = runner.run_code(ProgramSpec(code=code, language=language, compile_timeout_seconds=60,
+                                         run_timeout_seconds=60))
+    assert result.status == RunStatus.FAILED, result
+    failed = result.run_result if result.run_result is not None else result.compile_result
+    assert failed.status == CommandStatus.FINISHED and failed.return_code != 0, result
+    assert expected in failed.stdout + failed.stderr, result
+
+
+def test_pytest_gets_the_requests_args(runner: SandboxRunner) -> None:
+    _require("pytest")
+    code = "def test_a():\n    pass\n\ndef test_b():\n    pass\n"
+    result = runner.run_code(ProgramSpec(code=code, language="pytest", args=("-k", "test_b", "-v")))
+    assert result.status == RunStatus.SUCCESS, result
+    assert "test_b PASSED" in result.run_result.stdout and "test_a" not in result.run_result.stdout.split(
+        "deselected")[0].split("collected")[-1].split("\n", 1)[-1]
+
+
+def test_junit_sees_the_javatuples_jar(runner: SandboxRunner) -> None:
+    _require("junit")
+    code = """import org.javatuples.Pair;
+import org.junit.jupiter.api.Test;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+public class PairTest { @Test void pair() { assertEquals(3, (int) Pair.with(1, 2).getValue0() + 2); } }
+"""
+    result = runner.run_code(ProgramSpec(code=code, language="junit", compile_timeout_seconds=60,
+                                         run_timeout_seconds=60))
+    assert result.status == RunStatus.SUCCESS, result
+
+
+LIBRARIES = {
+    "python": ("import numpy, pandas, scipy.optimize, sympy, networkx, sortedcontainers, requests\n"
+               "print(int(numpy.arange(4).sum()), len(pandas.DataFrame({'a': [1, 2]})), sympy.factorint(12),"
+               " networkx.path_graph(3).number_of_edges(), list(sortedcontainers.SortedList([3, 1, 2])))\n",
+               "6 2 {2: 2, 3: 1} 2 [1, 2, 3]\n"),
+    "nodejs": ("const _ = require('lodash');\nconsole.log(_.chunk([1, 2, 3, 4], 2).length, _.VERSION > '4');\n",
+               "2 true\n"),
+    "typescript": ("import _ from 'lodash';\nconsole.log(_.sum([1, 2, 3]));\n", "6\n"),
+    "java": ("import org.javatuples.Triplet;\npublic class Main { public static void main(String[] a) { "
+             "System.out.println(Triplet.with(1, \"b\", 3.0)); } }\n", "[1, b, 3.0]\n"),
+    "perl": ("use Test::Deep qw(eq_deeply);\nuse Data::Compare;\n"
+             "print eq_deeply([1, {a => 2}], [1, {a => 2}]) ? 1 : 0, Compare({a => 1}, {a => 1}), \"\\n\";\n",
+             "11\n"),
+}
+
+
+@pytest.mark.parametrize("language", sorted(LIBRARIES))
+def test_runtime_libraries_of_sandboxfusions_image_are_there(runner: SandboxRunner, language: str) -> None:
+    code, expected = LIBRARIES[language]
+    result = runner.run_code(ProgramSpec(code=code, language=language, compile_timeout_seconds=60,
+                                         run_timeout_seconds=60))
+    assert result.status == RunStatus.SUCCESS, result
+    assert result.run_result.stdout == expected
