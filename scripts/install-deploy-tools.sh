@@ -39,7 +39,7 @@ if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
     echo "install-deploy-tools: run as root (or: apt-get install prometheus) to get prometheus and promtool" >&2
     exit 1
   fi
-  apt-get update -q >/dev/null
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null
+  flock /tmp/everstep-apt.lock apt-get -o DPkg::Lock::Timeout=600 update -q >/dev/null  # see install-sandbox-toolchains.sh
+  DEBIAN_FRONTEND=noninteractive flock /tmp/everstep-apt.lock apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends prometheus >/dev/null
 fi
 promtool --version | head -n 1

@@ -92,8 +92,11 @@ done
 if ((${#missing[@]})); then
     mapfile -t packages < <(printf '%s\n' "${missing[@]}" | sort -u)
     echo "install-sandbox-toolchains: installing ${packages[*]}" >&2
-    $SUDO apt-get -o DPkg::Lock::Timeout=600 update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
+    # flock: `make test` runs this beside install-deploy-tools.sh, and a second `apt-get update` does not
+    # wait for the lists lock (DPkg::Lock::Timeout covers only dpkg's)
+    $SUDO flock /tmp/everstep-apt.lock apt-get -o DPkg::Lock::Timeout=600 update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO flock /tmp/everstep-apt.lock apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
+        --no-install-recommends "${packages[@]}" >/dev/null
 fi
 
 for pid in "${npm_pids[@]}"; do

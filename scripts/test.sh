@@ -16,12 +16,21 @@ setsid "$venv/bin/python" tests/demo_model_build.py "$model_dir" >"$model_dir.lo
 build_pgid=$!
 cleanup() {
     kill -KILL -- "-$build_pgid" 2>/dev/null || true
-    rm -rf "$model_dir" "$model_dir.log"
+    rm -rf "$model_dir" "$model_dir.log" "$model_dir.toolchains.log"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-make --no-print-directory VENV="$venv" "$venv/.installed-dev" "$venv/.installed-deploy" "$venv/.installed-toolchains"
+# The sandbox toolchains (apt, npm: minutes on a fresh machine) install beside the pip installs; the two
+# scripts' apt-get calls wait for each other's lock (DPkg::Lock::Timeout).
+toolchains_log="$model_dir.toolchains.log"
+make --no-print-directory VENV="$venv" "$venv/.installed-toolchains" >"$toolchains_log" 2>&1 &
+toolchains_pid=$!
+make --no-print-directory VENV="$venv" "$venv/.installed-dev" "$venv/.installed-deploy"
+if ! wait "$toolchains_pid"; then
+    cat "$toolchains_log" >&2
+    exit 1
+fi
 "$venv/bin/ruff" check .
 renice -n 10 -g "$build_pgid" >/dev/null 2>&1 || true  # it may be done already
 EVERSTEP_TEST_DEMO_MODEL="$model_dir" "$venv/bin/pytest" -q --timeout=900 --durations=30 -m "not faults and not real_model" "$@"
