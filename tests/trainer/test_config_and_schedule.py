@@ -7,6 +7,8 @@ import math
 import pytest
 
 from everstep.v1 import trainer_pb2
+from everstep_controller.spec import JobSpec
+from everstep_controller.training_batch import trainer_config
 from everstep_trainer.batching import split_micro_batches
 from everstep_trainer.config import TrainerConfig
 from everstep_trainer.optim import learning_rate_at
@@ -20,6 +22,39 @@ def test_proto_zero_values_take_the_defaults_and_set_values_are_kept() -> None:
     assert (config.learning_rate, config.correction, config.beta, config.micro_batch_tokens, config.seed,
             config.dtype) == (3e-4, "tis", 8.0, 512, 7, "bfloat16")
     assert config.alpha == 0.5 and config.aggregation == "seq-mean-token-mean"
+
+
+ZEROS = {"clip_low": 0.0, "clip_high": 0.0, "alpha": 0.0, "beta": 0.0, "kl_coef": 0.0, "entropy_coef": 0.0,
+         "warmup_steps": 0, "weight_decay": 0.0, "seed": 0, "total_steps": 0}
+
+
+def test_a_field_set_to_zero_is_zero_not_the_default() -> None:
+    config = config_from_proto(trainer_pb2.TrainerConfig(**ZEROS))
+    assert {name: getattr(config, name) for name in ZEROS} == ZEROS
+    assert (config.learning_rate, config.clip_low) == (1e-5, 0.0), "unset: the default; 0: 0"
+    unset_one = trainer_pb2.TrainerConfig(**{k: v for k, v in ZEROS.items() if k != "clip_low"})
+    assert config_from_proto(unset_one).clip_low == 0.2
+
+
+def test_the_controllers_settings_reach_the_trainer_as_written() -> None:
+    """Through the wire: the controller's TrainerConfig of a spec with zeros, read by the trainer."""
+    spec = JobSpec(model_path="/m", dataset={"train_path": "/d.jsonl"}, steps=3, seed=0,
+                   algorithm={"loss": {"clip_low": 0, "clip_high": 0}},
+                   trainer={"warmup_steps": 0, "kl_coef": 0, "entropy_coef": 0, "weight_decay": 0})
+    message = trainer_config(spec)
+    assert [f.name for f in message.DESCRIPTOR.fields if not message.HasField(f.name)] == [], \
+        "the controller's settings are the whole config"
+    wire = message.SerializeToString()
+    config = config_from_proto(trainer_pb2.TrainerConfig.FromString(wire))
+    assert {name: getattr(config, name) for name in ZEROS} == {**ZEROS, "alpha": 0.5, "beta": 5.0, "total_steps": 3}
+    assert (config.learning_rate, config.correction, config.tis_cap) == (1e-5, "icepop", 2.0)
+
+
+@pytest.mark.parametrize("field", ["learning_rate", "max_grad_norm", "tis_cap", "temperature", "micro_batch_tokens",
+                                   "ppo_epochs", "num_minibatches"])
+def test_a_field_set_to_a_zero_it_cannot_take_is_an_error_not_the_default(field: str) -> None:
+    with pytest.raises(ValueError, match=f"^config.{field}: must be"):
+        config_from_proto(trainer_pb2.TrainerConfig(**{field: 0}))
 
 
 @pytest.mark.parametrize(

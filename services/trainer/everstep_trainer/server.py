@@ -34,16 +34,12 @@ log = logging.getLogger(__name__)
 
 
 def config_from_proto(message: trainer_pb2.TrainerConfig) -> TrainerConfig:
-    """The one place where proto zero values ("", 0) mean "use the TrainerConfig default".
+    """The one place where a proto field left unset means "use the TrainerConfig default".
 
-    Consequence: a setting whose wanted value is 0 but whose default is not (clip_low, alpha, ...)
-    cannot be expressed over gRPC; use a tiny positive value instead.
+    Every field of the message has presence (proto3 `optional`): a field set is used as given, zero
+    included (clip_low 0 trains with 0, learning_rate 0 is an error naming it), and validated.
     """
-    defaults = TrainerConfig()
-    values = {}
-    for f in fields(TrainerConfig):
-        value = getattr(message, f.name)
-        values[f.name] = value if value else getattr(defaults, f.name)
+    values = {f.name: getattr(message, f.name) for f in fields(TrainerConfig) if message.HasField(f.name)}
     try:
         return TrainerConfig(**values)
     except ValueError as e:
