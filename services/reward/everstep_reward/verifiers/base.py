@@ -17,8 +17,10 @@ class ErrorKind(StrEnum):
 
     UNKNOWN_VERIFIER = "unknown_verifier"
     INVALID_SPEC = "invalid_spec"
-    """A field the verifier needs is missing or unusable (math without `answer`, code without tests, a bad
-    `params` key)."""
+    """A field of the item the verifier needs is missing or unusable (math without `answer`, code without
+    tests or language)."""
+    INVALID_PARAMS = "invalid_params"
+    """A key or value of `VerifierSpec.params` the verifier does not take (params.ParamsError)."""
     TIMEOUT = "timeout"
     SANDBOX_UNAVAILABLE = "sandbox_unavailable"
     SANDBOX_ERROR = "sandbox_error"
