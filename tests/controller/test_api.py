@@ -9,10 +9,13 @@ import redis
 from fastapi.testclient import TestClient
 
 from everstep_controller.api import create_app
+from everstep_controller.job_data import load_job_data
 from everstep_controller.job_file import load_job_file
 from everstep_controller.job_manager import JobManager
 from everstep_controller.job_store import JobStore
 from everstep_controller.launchers.shared import SharedLauncher
+from everstep_controller.spec import JobSpec
+from everstep_controller.submission_checks import JobInputError
 
 SPEC = {"model_path": "/models/m", "dataset": {"train_path": "/data/train.jsonl"}, "steps": 3}
 
@@ -52,6 +55,37 @@ def test_bad_spec_gives_422_naming_the_field(client: TestClient, patch: dict, fi
     assert response.status_code == 422
     assert field_path in [e["loc"] for e in response.json()["detail"]]
     assert client.get("/v1/jobs").json() == [], "a rejected spec creates no job"
+
+
+@pytest.mark.parametrize(
+    ("verifiers", "field_path", "message"),
+    [
+        ([{"name": "mathh"}], ["body", "reward", "verifiers", 0, "name"], "unknown verifier 'mathh' (known: code, "),
+        ([{"name": "math", "params": {"nonsense": 1}}], ["body", "reward", "verifiers", 0, "params", "nonsense"],
+         "params.nonsense: unknown option of the math verifier (known: none)"),
+        ([{"name": "math"}, {"name": "length", "params": {"max_length": 64, "max_tokens": 8}}],
+         ["body", "reward", "verifiers", 1, "params", "max_tokens"],
+         "(known: cache_length, fallback_unit, max_length)"),
+    ],
+)
+def test_an_unknown_verifier_or_option_is_a_422_naming_it(client: TestClient, verifiers: list[dict],
+                                                          field_path: list, message: str) -> None:
+    """Refused at submission, not at the first score after the workers have loaded the model."""
+    response = client.post("/v1/jobs", json={**SPEC, "reward": {"verifiers": verifiers}})
+    assert response.status_code == 422, response.text
+    (error,) = response.json()["detail"]
+    assert error["loc"] == field_path and message in error["msg"]
+    assert client.get("/v1/jobs").json() == [], "a rejected spec creates no job"
+    known = [{"name": "math"}, {"name": "length", "params": {"max_length": 64, "cache_length": 8}},
+             {"name": "code", "params": {"reward_mode": "all_pass"}, "language": "python"}]
+    assert client.post("/v1/jobs", json={**SPEC, "reward": {"verifiers": known}}).status_code == 201
+
+
+def test_a_stored_job_with_an_unknown_verifier_fails_at_load_before_any_worker() -> None:
+    """A job stored before the submission check (an older controller) fails the same way when it loads its data."""
+    spec = JobSpec(**{**SPEC, "reward": {"verifiers": [{"name": "mathh"}]}})
+    with pytest.raises(JobInputError, match="unknown verifier 'mathh'"):
+        load_job_data(spec)  # before the model path, which does not exist, is read
 
 
 def test_cross_field_checks(client: TestClient) -> None:

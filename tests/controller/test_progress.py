@@ -9,9 +9,10 @@ import random
 
 import pytest
 import redis
+from pydantic import ValidationError
 
 from everstep.v1 import common_pb2
-from everstep_controller.job_store import JobStore, LostOwnership
+from everstep_controller.job_store import InvalidJobUpdate, JobState, JobStore, LostOwnership
 from everstep_controller.progress_store import JobProgress, ProgressStore, ScoredSample
 from everstep_controller.prompt_order import PromptOrder
 from everstep_controller.scheduler import C3POScheduler, Mode, SchedulerConfig
@@ -118,6 +119,24 @@ def test_commit_is_atomic_and_fenced_by_the_owner(stores: tuple[JobStore, Progre
         store.update(job_id, fence="controller-a", error="late write")
     assert progress.load(job_id).step == 1 and store.metrics(job_id) == [{"step": 1}]
     assert store.get(job_id).error is None
+
+
+def test_an_update_is_validated_before_it_is_written(stores: tuple[JobStore, ProgressStore, str]) -> None:
+    store, _, job_id = stores
+    stored = store.redis.hget(store.key(job_id), "record")
+    with pytest.raises(InvalidJobUpdate, match=r"\['stat'\]"):
+        store.update(job_id, stat=JobState.RUNNING)  # misspelled: not dropped
+    with pytest.raises(InvalidJobUpdate, match=r"\['id', 'spec'\]"):
+        store.update(job_id, id="other", spec=None)  # set once, at create
+    with pytest.raises(ValidationError, match="state"):
+        store.update(job_id, state="BOGUS")
+    with pytest.raises(ValidationError, match="step"):
+        store.record_update(store.redis.pipeline(), store.get(job_id), step="two")
+    assert store.redis.hget(store.key(job_id), "record") == stored, "nothing was written"
+    assert store.get(job_id).state == JobState.PENDING, "the job stays readable"
+
+    updated = store.update(job_id, state="RUNNING", error="e")
+    assert updated.state is JobState.RUNNING and store.get(job_id) == updated
 
 
 def test_checkpoint_restore_forgets_later_work(stores: tuple[JobStore, ProgressStore, str]) -> None:

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import redis
 
+from everstep.v1 import reward_pb2
 from everstep_controller.backoff import Backoff
-from everstep_controller.clients import Deadlines, RolloutClient, ServiceUnavailable
+from everstep_controller.clients import Deadlines, RewardClient, RolloutClient, Service, ServiceUnavailable
 from everstep_controller.job_runner import sample_seed
 from everstep_controller.job_store import JobStore
 from everstep_controller.local_stack import redis_server_binary
@@ -30,7 +31,11 @@ def test_a_call_that_fails_names_the_service_its_address_and_the_deadline() -> N
     nobody = f"127.0.0.1:{free_port()}"
     with pytest.raises(ServiceUnavailable, match=rf"^rollout at {nobody} failed GetStatus: UNAVAILABLE") as down:
         RolloutClient(nobody, Deadlines(rollout_seconds=5)).status()
-    assert down.value.role == "rollout"
+    assert (down.value.service, down.value.role) == (Service.ROLLOUT, Service.ROLLOUT)
+    item = reward_pb2.RewardItem(id="a", verifiers=[reward_pb2.VerifierSpec(name="math", answer="1")])
+    with pytest.raises(ServiceUnavailable, match=rf"^reward service at {nobody} failed Score") as reward_down:
+        RewardClient(nobody, timeout_seconds=5).score([item])
+    assert reward_down.value.service is Service.REWARD and reward_down.value.role is None, "shared: not restarted"
     with socket.socket() as silent:  # accepts connections (the kernel does) and never answers
         silent.bind(("127.0.0.1", 0))
         silent.listen()

@@ -13,6 +13,7 @@ from misbehaving_checks import hang_or_check
 from everstep.v1 import reward_pb2
 from everstep_reward.verifiers import ErrorKind, SpecError
 from everstep_reward.verifiers.math import MathVerifier, extract_boxed_answer, prepare_math_worker
+from everstep_reward.verifiers.params import ParamsError
 from everstep_reward.verifiers.worker_pool import ProcessWorkerPool
 
 
@@ -65,11 +66,12 @@ def test_extract_boxed_answer(text: str, expected: str | None) -> None:
 
 
 def test_missing_answer_or_a_param_is_a_spec_error_not_a_zero(pool: ProcessWorkerPool) -> None:
-    with pytest.raises(SpecError, match="`answer` is empty"):
+    with pytest.raises(SpecError, match="`answer` is empty") as row_error:
         MathVerifier(pool, timeout_seconds=20).score(item("\\boxed{ 1 }"), spec(""))
+    assert not isinstance(row_error.value, ParamsError), "the row's data, not the job's params"
     with_params = spec("1")
     with_params.params.update({"tolerance": 0.1})
-    with pytest.raises(SpecError, match="params.tolerance: unknown option"):
+    with pytest.raises(ParamsError, match="params.tolerance: unknown option"):
         MathVerifier(pool, timeout_seconds=20).score(item("\\boxed{ 1 }"), with_params)
 
 

@@ -127,11 +127,11 @@ def test_items_override_the_service_defaults_through_params() -> None:
     ("format", {"require_think": "maybe"}, "params.require_think:"),
     ("format", {"repetition_min_repeats": 1}, "params.repetition_min_repeats:"),
 ])
-def test_bad_params_are_spec_errors_naming_the_key(verifier: str, params: dict, message: str) -> None:
-    from everstep_reward.verifiers.params import SpecError
+def test_bad_params_are_params_errors_naming_the_key(verifier: str, params: dict, message: str) -> None:
+    from everstep_reward.verifiers.params import ParamsError
 
     rule = LengthVerifier() if verifier == "length" else FormatVerifier()
-    with pytest.raises(SpecError) as error:
+    with pytest.raises(ParamsError) as error:
         rule.score(item("\\boxed{1}"), spec_with(verifier, **params))
     assert message in str(error.value)
 

@@ -76,7 +76,8 @@ def code_spec(**fields: object) -> reward_pb2.VerifierSpec:
 def test_code_spec_errors_name_the_field(spec: reward_pb2.VerifierSpec, message: str) -> None:
     result = make_scorer("127.0.0.1:1").score_item(item("```python\nprint(1)\n```", spec))
     assert message in result.parts[0].error and message in result.error
-    assert result.parts[0].error_kind == "invalid_spec" and result.reward == 0.0
+    kind = "invalid_params" if message.startswith("params.") else "invalid_spec"  # the job's options, or the row's
+    assert result.parts[0].error_kind == kind and result.reward == 0.0
 
 
 def test_code_verifier_errors_are_reported() -> None:

@@ -92,9 +92,9 @@ def test_per_row_specs_and_their_errors(service_process) -> None:
     assert results["unknown-verifier"].reward == 1.0  # its math part still scored
     assert errors["no-answer"] == [("math", "invalid_spec", "`answer` is empty (math needs the reference answer)")]
     assert errors["bad-reference"][0][1] == "invalid_spec" and "does not parse" in errors["bad-reference"][0][2]
-    assert errors["unknown-param"] == [("length", "invalid_spec", "params.max_tokens: unknown option "
+    assert errors["unknown-param"] == [("length", "invalid_params", "params.max_tokens: unknown option "
                                         "(known: max_length, cache_length, fallback_unit)")]
-    assert errors["bad-param-type"][0][:2] == ("format", "invalid_spec")
+    assert errors["bad-param-type"][0][:2] == ("format", "invalid_params")
     assert errors["bad-param-type"][0][2].startswith("params.require_think: ")
     assert errors["code-without-language"][0][:2] == ("code", "invalid_spec")
     assert "`language` is empty" in errors["code-without-language"][0][2]
@@ -105,7 +105,7 @@ def test_per_row_specs_and_their_errors(service_process) -> None:
 
     metrics = httpx.get(f"{reward.http_url}/metrics", timeout=10).text
     for verifier, kind, count in [("unknown", "unknown_verifier", 1), ("math", "invalid_spec", 2),
-                                  ("length", "invalid_spec", 1), ("format", "invalid_spec", 1),
+                                  ("length", "invalid_params", 1), ("format", "invalid_params", 1),
                                   ("code", "invalid_spec", 1), ("none", "invalid_spec", 1)]:
         assert metric(metrics, "everstep_reward_errors_total", verifier=verifier, kind=kind) == count, (verifier, kind)
     assert metric(metrics, "everstep_reward_items_total", verifier="math", outcome="error") == 2.0

@@ -7,33 +7,90 @@ import math
 import pytest
 
 from everstep.v1 import trainer_pb2
+from everstep_controller.spec import Aggregation, Correction, JobSpec
+from everstep_controller.training_batch import trainer_config
 from everstep_trainer.batching import split_micro_batches
-from everstep_trainer.config import TrainerConfig
+from everstep_trainer.config import AGGREGATIONS, CORRECTIONS, TrainerConfig
 from everstep_trainer.optim import learning_rate_at
-from everstep_trainer.server import config_from_proto
+from everstep_trainer.server import PROTO_AGGREGATIONS, PROTO_CORRECTIONS, config_from_proto
 
 
 def test_proto_zero_values_take_the_defaults_and_set_values_are_kept() -> None:
     assert config_from_proto(trainer_pb2.TrainerConfig()) == TrainerConfig()
-    config = config_from_proto(trainer_pb2.TrainerConfig(learning_rate=3e-4, correction="tis", beta=8.0,
+    config = config_from_proto(trainer_pb2.TrainerConfig(learning_rate=3e-4, correction=trainer_pb2.CORRECTION_TIS,
+                                                         beta=8.0,
                                                          micro_batch_tokens=512, seed=7, dtype="bfloat16"))
     assert (config.learning_rate, config.correction, config.beta, config.micro_batch_tokens, config.seed,
             config.dtype) == (3e-4, "tis", 8.0, 512, 7, "bfloat16")
     assert config.alpha == 0.5 and config.aggregation == "seq-mean-token-mean"
 
 
+ZEROS = {"clip_low": 0.0, "clip_high": 0.0, "alpha": 0.0, "beta": 0.0, "kl_coef": 0.0, "entropy_coef": 0.0,
+         "warmup_steps": 0, "weight_decay": 0.0, "seed": 0, "total_steps": 0}
+
+
+def test_a_field_set_to_zero_is_zero_not_the_default() -> None:
+    config = config_from_proto(trainer_pb2.TrainerConfig(**ZEROS))
+    assert {name: getattr(config, name) for name in ZEROS} == ZEROS
+    assert (config.learning_rate, config.clip_low) == (1e-5, 0.0), "unset: the default; 0: 0"
+    unset_one = trainer_pb2.TrainerConfig(**{k: v for k, v in ZEROS.items() if k != "clip_low"})
+    assert config_from_proto(unset_one).clip_low == 0.2
+
+
+def test_the_controllers_settings_reach_the_trainer_as_written() -> None:
+    """Through the wire: the controller's TrainerConfig of a spec with zeros, read by the trainer."""
+    spec = JobSpec(model_path="/m", dataset={"train_path": "/d.jsonl"}, steps=3, seed=0,
+                   algorithm={"loss": {"clip_low": 0, "clip_high": 0}},
+                   trainer={"warmup_steps": 0, "kl_coef": 0, "entropy_coef": 0, "weight_decay": 0})
+    message = trainer_config(spec)
+    assert [f.name for f in message.DESCRIPTOR.fields
+            if not (message.HasField(f.name) if f.has_presence else getattr(message, f.name))] == [], \
+        "the controller's settings are the whole config"
+    wire = message.SerializeToString()
+    config = config_from_proto(trainer_pb2.TrainerConfig.FromString(wire))
+    assert {name: getattr(config, name) for name in ZEROS} == {**ZEROS, "alpha": 0.5, "beta": 5.0, "total_steps": 3}
+    assert (config.learning_rate, config.correction, config.tis_cap) == (1e-5, "icepop", 2.0)
+
+
+@pytest.mark.parametrize("field", ["learning_rate", "max_grad_norm", "tis_cap", "temperature", "micro_batch_tokens",
+                                   "ppo_epochs", "num_minibatches"])
+def test_a_field_set_to_a_zero_it_cannot_take_is_an_error_not_the_default(field: str) -> None:
+    with pytest.raises(ValueError, match=f"^config.{field}: must be"):
+        config_from_proto(trainer_pb2.TrainerConfig(**{field: 0}))
+
+
 @pytest.mark.parametrize(
-    ("kwargs", "field"),
-    [({"correction": "ppo"}, "correction"), ({"alpha": 3.0, "beta": 2.0}, "beta"),
-     ({"aggregation": "sum"}, "aggregation"), ({"micro_batch_tokens": -1}, "micro_batch_tokens"),
-     ({"dtype": "float16"}, "dtype"), ({"warmup_steps": 5, "total_steps": 5}, "total_steps"),
-     ({"learning_rate": math.nan}, "learning_rate")],
+    ("kwargs", "proto_kwargs", "field"),
+    [({"correction": "ppo"}, {"correction": 9}, "correction"), ({"alpha": 3.0, "beta": 2.0}, None, "beta"),
+     ({"aggregation": "sum"}, {"aggregation": 9}, "aggregation"), ({"micro_batch_tokens": -1}, None,
+                                                                  "micro_batch_tokens"),
+     ({"dtype": "float16"}, None, "dtype"), ({"warmup_steps": 5, "total_steps": 5}, None, "total_steps"),
+     ({"learning_rate": math.nan}, None, "learning_rate")],
 )
-def test_invalid_config_names_the_field(kwargs: dict, field: str) -> None:
+def test_invalid_config_names_the_field(kwargs: dict, proto_kwargs: dict | None, field: str) -> None:
+    """proto_kwargs: the proto's form where it differs (an enum number the trainer has no name for)."""
     with pytest.raises(ValueError, match=f"^{field}"):
         TrainerConfig(**kwargs)
     with pytest.raises(ValueError, match=f"^config.{field}"):
-        config_from_proto(trainer_pb2.TrainerConfig(**kwargs))
+        config_from_proto(trainer_pb2.TrainerConfig(**(proto_kwargs or kwargs)))
+
+
+def test_the_enums_name_every_correction_and_aggregation_of_the_spec_and_the_trainer() -> None:
+    assert set(PROTO_CORRECTIONS.values()) == set(CORRECTIONS) == {c.value for c in Correction}
+    assert set(PROTO_AGGREGATIONS.values()) == set(AGGREGATIONS) == {a.value for a in Aggregation}
+    assert set(PROTO_CORRECTIONS) | {0} == set(trainer_pb2.Correction.values())
+    assert set(PROTO_AGGREGATIONS) | {0} == set(trainer_pb2.Aggregation.values())
+    for correction, aggregation in zip(Correction, [*Aggregation, Aggregation.token_mean], strict=True):
+        spec = JobSpec(model_path="/m", dataset={"train_path": "/d.jsonl"},
+                       algorithm={"loss": {"correction": correction, "aggregation": aggregation}})
+        trained = config_from_proto(trainer_pb2.TrainerConfig.FromString(trainer_config(spec).SerializeToString()))
+        assert (trained.correction, trained.aggregation) == (correction.value, aggregation.value)
+
+
+def test_a_config_from_a_sender_built_before_the_enums_is_refused_not_defaulted() -> None:
+    old = b"\x2a\x04none"  # field 5, the string correction = "none" (plain GRPO): never silently icepop
+    with pytest.raises(ValueError, match=r"^config: fields \[5\] are unknown to this trainer"):
+        config_from_proto(trainer_pb2.TrainerConfig.FromString(old))
 
 
 def test_learning_rate_warmup_then_constant_or_cosine() -> None:

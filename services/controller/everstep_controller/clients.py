@@ -12,6 +12,7 @@ import queue
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from enum import StrEnum
 
 import grpc
 
@@ -26,7 +27,8 @@ from everstep.v1 import (
     trainer_pb2_grpc,
 )
 
-__all__ = ["Deadlines", "GenerateStream", "RewardClient", "RolloutClient", "ServiceUnavailable", "TrainerClient"]
+__all__ = ["Deadlines", "GenerateStream", "RewardClient", "RolloutClient", "Service", "ServiceUnavailable",
+           "TrainerClient"]
 
 _MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 _CHANNEL_OPTIONS = [
@@ -56,15 +58,24 @@ class Deadlines:
                 raise ValueError(f"{name} must be positive, got {value}")
 
 
+class Service(StrEnum):
+    """A service the controller calls; the value is its label in messages and in the `service` metric label.
+    ROLLOUT and TRAINER are also the roles of a job's workers (what a launcher restarts)."""
+
+    ROLLOUT = "rollout"
+    TRAINER = "trainer"
+    REWARD = "reward service"
+
+
 class ServiceUnavailable(RuntimeError):
     """A call failed for a cause a retry or a restarted service may fix (see `_RECOVERABLE`).
 
-    `role`: the job worker to restart ('rollout' or 'trainer'), None for the shared reward pool or
-    when the call does not tell which of two workers failed (a weight push).
+    `role`: the job worker to restart (Service.ROLLOUT or Service.TRAINER), None for the shared reward
+    pool or when the call does not tell which of two workers failed (a weight push).
     """
 
-    def __init__(self, service: str, address: str, method: str, error: grpc.RpcError, *, deadline_seconds: float,
-                 role: str | None) -> None:
+    def __init__(self, service: Service, address: str, method: str, error: grpc.RpcError, *,
+                 deadline_seconds: float, role: Service | None) -> None:
         self.service, self.address, self.method, self.code, self.role = service, address, method, error.code(), role
         if self.code == grpc.StatusCode.DEADLINE_EXCEEDED:
             cause = f"did not answer {method} within {deadline_seconds:g}s (DEADLINE_EXCEEDED)"
@@ -74,8 +85,8 @@ class ServiceUnavailable(RuntimeError):
 
 
 @contextlib.contextmanager
-def _calling(service: str, address: str, method: str, deadline_seconds: float,
-             role: str | None) -> Iterator[None]:
+def _calling(service: Service, address: str, method: str, deadline_seconds: float,
+             role: Service | None) -> Iterator[None]:
     try:
         yield
     except grpc.RpcError as e:
@@ -117,7 +128,7 @@ class GenerateStream:
         self._requests.put(self._END)
 
     def results(self) -> Iterator[common_pb2.Sequence]:
-        with _calling("rollout", self._address, "Generate", self._timeout_seconds, "rollout"):
+        with _calling(Service.ROLLOUT, self._address, "Generate", self._timeout_seconds, Service.ROLLOUT):
             for response in self._call:
                 yield from response.sequences
 
@@ -133,7 +144,7 @@ class RolloutClient:
         self._stub = rollout_pb2_grpc.RolloutStub(self._channel)
 
     def _calling(self, method: str) -> contextlib.AbstractContextManager[None]:
-        return _calling("rollout", self.address, method, self.deadlines.rollout_seconds, "rollout")
+        return _calling(Service.ROLLOUT, self.address, method, self.deadlines.rollout_seconds, Service.ROLLOUT)
 
     def load(self, model_path: str, *, dtype: str, version: int, seed: int, max_running: int,
              max_seq_len: int) -> rollout_pb2.LoadModelResponse:
@@ -175,9 +186,9 @@ class TrainerClient:
         self._channel = transport.channel(address, options=_CHANNEL_OPTIONS)
         self._stub = trainer_pb2_grpc.TrainerStub(self._channel)
 
-    def _call(self, method: str, request: object, *, role: str | None = "trainer") -> object:
+    def _call(self, method: str, request: object, *, role: Service | None = Service.TRAINER) -> object:
         timeout = self.deadlines.trainer_seconds
-        with _calling("trainer", self.address, method, timeout, role):
+        with _calling(Service.TRAINER, self.address, method, timeout, role):
             return getattr(self._stub, method)(request, timeout=timeout)
 
     def load(self, model_path: str, config: trainer_pb2.TrainerConfig, version: int) -> trainer_pb2.TrainerLoadResponse:
@@ -212,7 +223,7 @@ class RewardClient:
         """Scores a batch; returns every result by item id, or raises if any is missing."""
         if not items:
             return {}
-        with _calling("reward service", self.address, "Score", self.timeout_seconds, None):
+        with _calling(Service.REWARD, self.address, "Score", self.timeout_seconds, None):
             results = {r.id: r for r in self._stub.Score(reward_pb2.ScoreRequest(items=items),
                                                          timeout=self.timeout_seconds)}
         missing = {item.id for item in items} - set(results)

@@ -12,6 +12,7 @@ from everstep_controller.job_store import DatasetReport
 from everstep_controller.model_limits import max_prompt_tokens, position_limit
 from everstep_controller.prompt_rendering import load_prompt_encoder
 from everstep_controller.spec import JobSpec
+from everstep_controller.submission_checks import check_verifiers
 
 __all__ = ["JobData", "load_job_data"]
 
@@ -29,6 +30,7 @@ class JobData:
 
 
 def load_job_data(spec: JobSpec) -> JobData:
+    check_verifiers(spec)  # as at submission: a job stored before that check fails here, before any worker
     if not Path(spec.model_path).is_dir():
         raise FileNotFoundError(f"model_path {spec.model_path!r} is not a directory")
     encoder = load_prompt_encoder(spec.model_path, load_tokenizer(spec.model_path), spec.prompt)

@@ -34,7 +34,7 @@ import redis
 
 from everstep.v1 import common_pb2
 from everstep_controller import metrics
-from everstep_controller.clients import RewardClient, ServiceUnavailable
+from everstep_controller.clients import RewardClient, Service, ServiceUnavailable
 from everstep_controller.dataset import PromptRow
 from everstep_controller.evaluation import evaluate
 from everstep_controller.job_data import load_job_data
@@ -260,7 +260,7 @@ class JobRunner:
         metrics.WORKER_FAILURES.labels(service=error.service).inc()
         if self.interrupt.wait(pause):
             raise RunnerInterrupted
-        if error.service == "reward service":  # the shared pool: nothing to restart, the call is retried
+        if error.service is Service.REWARD:  # the shared pool: nothing to restart, the call is retried
             return
         self._stop_scorers()
         roles = {error.role} if error.role else set()

@@ -129,7 +129,10 @@ class JobStore:
         return [r for r in (self.get(i.decode() if isinstance(i, bytes) else i) for i in ids) if r]
 
     def update(self, job_id: str, *, fence: str | None = None, **changes: Any) -> JobRecord:
-        """Read-modify-write of one record. With `fence`, only while that controller owns the job."""
+        """Read-modify-write of one record. With `fence`, only while that controller owns the job.
+
+        `changes` are validated with the merged record before anything is written (see `_changed`).
+        """
         key = self.key(job_id)
         with self.redis.pipeline(transaction=True) as pipe:
             while True:
@@ -140,8 +143,7 @@ class JobStore:
                     raw = pipe.hget(key, "record")
                     if not raw:
                         raise KeyError(job_id)
-                    record = JobRecord.model_validate_json(raw)
-                    updated = record.model_copy(update={**changes, "updated_at": time.time()})
+                    updated = _changed(JobRecord.model_validate_json(raw), changes)
                     pipe.multi()
                     pipe.hset(key, "record", updated.model_dump_json())
                     pipe.execute()
@@ -151,7 +153,7 @@ class JobStore:
 
     def record_update(self, pipe: redis.client.Pipeline, record: JobRecord, **changes: Any) -> JobRecord:
         """Queues the write of `record` with `changes` on a transaction the caller runs."""
-        updated = record.model_copy(update={**changes, "updated_at": time.time()})
+        updated = _changed(record, changes)
         pipe.hset(self.key(record.id), "record", updated.model_dump_json())
         return updated
 
@@ -189,6 +191,28 @@ class JobStore:
 
     def clear_workers(self, job_id: str) -> None:
         self.redis.delete(self.key(job_id, ":workers"))
+
+
+_FIXED_FIELDS = frozenset({"id", "name", "created_at", "updated_at", "spec"})
+UPDATABLE_FIELDS = frozenset(JobRecord.model_fields) - _FIXED_FIELDS
+"""The record fields `update` and `record_update` may change; the others are set once, at `create`
+(`updated_at` by every write)."""
+
+
+class InvalidJobUpdate(ValueError):
+    """A change to a job record that is not a field `update` may change."""
+
+
+def _changed(record: JobRecord, changes: dict[str, Any]) -> JobRecord:
+    """`record` with `changes`, validated as a whole: a key that is not an updatable field raises
+    InvalidJobUpdate naming it, and a value of the wrong type (state="BOGUS") pydantic's
+    ValidationError naming the field; either before anything is written, so the stored record stays
+    readable."""
+    unknown = sorted(set(changes) - UPDATABLE_FIELDS)
+    if unknown:
+        raise InvalidJobUpdate(f"job record fields {unknown} cannot be updated (updatable: "
+                               f"{sorted(UPDATABLE_FIELDS)})")
+    return JobRecord.model_validate({**dict(record), **changes, "updated_at": time.time()})
 
 
 def _text(value: bytes | str | None) -> str | None:

@@ -8,8 +8,8 @@ decide what happens instead:
   language the sandbox does not know). The sample's whole group is left out of training, counted
   and reported with its row; the job goes on.
 - `job_spec`: the job's reward spec, which every row shares, is wrong: `unknown_verifier` (rows
-  can name only the job's verifiers, checked at load), or `invalid_spec` of `params` (only the job
-  spec sets params; the service names the key as `params.<key>`). The job fails with the cause:
+  can name only the job's verifiers, checked at load) or `invalid_params` (only the job spec sets
+  params; names and keys are checked at submission, values only here). The job fails with the cause:
   dropping every group instead would train nothing, quietly.
 - `transient`: `timeout`, `sandbox_unavailable`, `sandbox_error`, `worker_crashed`. The scorer
   asks again a few times (`ScorerPool`), then the error fails the job with its cause.
@@ -28,8 +28,8 @@ from everstep.v1 import reward_pb2
 __all__ = ["ErrorClass", "PartError", "RewardFailed", "classify", "describe", "part_errors", "row_error"]
 
 _ROW_KIND = "invalid_spec"
+_JOB_SPEC_KINDS = frozenset({"unknown_verifier", "invalid_params"})
 _TRANSIENT_KINDS = frozenset({"timeout", "sandbox_unavailable", "sandbox_error", "worker_crashed"})
-_PARAMS_PREFIX = "params."  # how the reward service names a bad option (verifiers/params.py there)
 
 
 class ErrorClass(StrEnum):
@@ -65,8 +65,7 @@ def classify(errors: list[PartError], error: str) -> ErrorClass | None:
         return None
     if not errors:  # an item-level error without parts (e.g. no verifiers): the controller built it wrong
         return ErrorClass.FATAL
-    if any(e.kind == "unknown_verifier" or (e.kind == _ROW_KIND and e.message.startswith(_PARAMS_PREFIX))
-           for e in errors):
+    if any(e.kind in _JOB_SPEC_KINDS for e in errors):
         return ErrorClass.JOB_SPEC
     if any(e.kind not in _TRANSIENT_KINDS and e.kind != _ROW_KIND for e in errors):
         return ErrorClass.FATAL

@@ -11,6 +11,8 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
+from everstep.verifiers import VERIFIER_PARAMS
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -110,14 +112,16 @@ class PromptSpec(_Section):
 class VerifierWeight(_Section):
     """One verifier, its weight and its options."""
 
-    name: str = Field(min_length=1, description="Verifier name: 'math', 'code', 'format', 'length' or 'model'.")
+    name: str = Field(min_length=1, description=f"Verifier name: {', '.join(map(repr, VERIFIER_PARAMS))}; another "
+                                                "is refused at submission (422 naming it).")
     weight: float = Field(default=1.0, allow_inf_nan=False,
                           description="Weight of this verifier's score in the reward.")
     params: dict[str, JsonValue] = Field(
         default_factory=dict,
         description="Options of this verifier, sent with every item as VerifierSpec.params (keys per verifier in "
                     "docs/reward.md, e.g. code: reward_mode, run_timeout_seconds; length: max_length, cache_length). "
-                    "The reward service checks them: a key it does not know fails the job with an error naming it.",
+                    "A key the verifier does not read is refused at submission (422 naming it); the values are "
+                    "the reward service's to check: a bad one fails the job with an error naming it.",
     )
     language: str | None = Field(
         default=None, min_length=1,

@@ -16,9 +16,11 @@ def trainer_config(spec: JobSpec, start_step: int = 0) -> trainer_pb2.TrainerCon
     loss, opt = spec.algorithm.loss, spec.trainer
     return trainer_pb2.TrainerConfig(
         learning_rate=opt.learning_rate, weight_decay=opt.weight_decay, max_grad_norm=opt.max_grad_norm,
-        warmup_steps=max(0, opt.warmup_steps - start_step), correction=loss.correction.value, alpha=loss.alpha,
+        warmup_steps=max(0, opt.warmup_steps - start_step),
+        correction=trainer_pb2.Correction.Value(f"CORRECTION_{loss.correction.name.upper()}"), alpha=loss.alpha,
         beta=loss.beta, tis_cap=loss.tis_cap, clip_low=loss.clip_low, clip_high=loss.clip_high,
-        aggregation=loss.aggregation.value, temperature=spec.sampling.temperature,
+        aggregation=trainer_pb2.Aggregation.Value(f"AGGREGATION_{loss.aggregation.name.upper()}"),
+        temperature=spec.sampling.temperature,
         micro_batch_tokens=opt.micro_batch_tokens, ppo_epochs=opt.ppo_epochs,
         num_minibatches=opt.num_minibatches, kl_coef=opt.kl_coef, entropy_coef=opt.entropy_coef,
         seed=spec.seed, dtype="float32", total_steps=max(0, spec.steps - start_step),

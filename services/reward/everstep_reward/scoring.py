@@ -18,6 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from everstep.v1 import reward_pb2
 from everstep_reward import metrics
 from everstep_reward.verifiers import ErrorKind, SpecError, VerifierRegistry, VerifierResult
+from everstep_reward.verifiers.params import ParamsError
 
 __all__ = ["RewardScorer"]
 
@@ -75,6 +76,8 @@ class RewardScorer:
         else:
             try:
                 result = verifier.score(item, spec)
+            except ParamsError as e:
+                result = VerifierResult.failure(ErrorKind.INVALID_PARAMS, str(e))
             except SpecError as e:
                 result = VerifierResult.failure(ErrorKind.INVALID_SPEC, str(e))
             except Exception as e:  # a bug in a verifier must cost one part, not the batch

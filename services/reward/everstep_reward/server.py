@@ -14,6 +14,7 @@ from prometheus_client import start_http_server
 
 from everstep.transport import bind, server_options
 from everstep.v1 import reward_pb2, reward_pb2_grpc
+from everstep.verifiers import VERIFIER_PARAMS
 from everstep_reward.config import RewardConfig
 from everstep_reward.item_log import ItemLog
 from everstep_reward.scoring import RewardScorer
@@ -98,6 +99,9 @@ def serve(config: RewardConfig) -> None:
                                     fallback_unit=config.length_unit)),
         model_verifier,
     ])
+    if registry.names != sorted(VERIFIER_PARAMS):  # callers let through every name the shared table lists
+        raise RuntimeError(f"verifiers {registry.names} are not those of everstep.verifiers.VERIFIER_PARAMS "
+                           f"{sorted(VERIFIER_PARAMS)}")
     scorer = RewardScorer(registry, max_concurrent_items=config.max_concurrent_items)
     item_log = ItemLog(config.item_log) if config.item_log else None
     reward_pb2_grpc.add_RewardServicer_to_server(RewardServicer(scorer, item_log), grpc_server)

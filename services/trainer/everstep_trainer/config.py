@@ -1,7 +1,7 @@
 """Trainer configuration: one keyword-only dataclass, validated on construction.
 
-Field meanings mirror proto `everstep.v1.TrainerConfig`; proto zero values are mapped to these
-defaults in one place, `everstep_trainer.server.config_from_proto`.
+Field meanings mirror proto `everstep.v1.TrainerConfig`; a proto field left unset gets its default
+here, in one place, `everstep_trainer.server.config_from_proto` (a field set to 0 is 0).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import grpc
 import torch
+from google.protobuf.unknown_fields import UnknownFieldSet
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
 
@@ -28,22 +29,40 @@ from everstep_trainer.rank_commands import CommandRunner, follow
 from everstep_trainer.sample_log import SampleLog
 from everstep_trainer.weight_push import GRPC_MAX_MESSAGE_BYTES, SETTINGS, WeightPusher, WeightPushError
 
-__all__ = ["TrainerService", "config_from_proto", "serve", "serve_distributed", "stats_to_proto"]
+__all__ = ["PROTO_AGGREGATIONS", "PROTO_CORRECTIONS", "TrainerService", "config_from_proto", "serve",
+           "serve_distributed", "stats_to_proto"]
 
 log = logging.getLogger(__name__)
 
 
-def config_from_proto(message: trainer_pb2.TrainerConfig) -> TrainerConfig:
-    """The one place where proto zero values ("", 0) mean "use the TrainerConfig default".
+PROTO_CORRECTIONS: dict[int, str] = {trainer_pb2.CORRECTION_ICEPOP: "icepop", trainer_pb2.CORRECTION_TIS: "tis",
+                                      trainer_pb2.CORRECTION_NONE: "none"}
+PROTO_AGGREGATIONS: dict[int, str] = {trainer_pb2.AGGREGATION_SEQ_MEAN_TOKEN_MEAN: "seq-mean-token-mean",
+                                       trainer_pb2.AGGREGATION_TOKEN_MEAN: "token-mean"}
+_ENUM_FIELDS = {"correction": PROTO_CORRECTIONS, "aggregation": PROTO_AGGREGATIONS}
+"""The proto enums as TrainerConfig's values; UNSPECIFIED (0) is unset."""
 
-    Consequence: a setting whose wanted value is 0 but whose default is not (clip_low, alpha, ...)
-    cannot be expressed over gRPC; use a tiny positive value instead.
+
+def config_from_proto(message: trainer_pb2.TrainerConfig) -> TrainerConfig:
+    """The one place where a proto field left unset means "use the TrainerConfig default".
+
+    Every scalar field of the message has presence (proto3 `optional`): a field set is used as given,
+    zero included (clip_low 0 trains with 0, learning_rate 0 is an error naming it), and validated; an
+    enum is unset at UNSPECIFIED. Fields this trainer does not know (the strings `correction` and
+    `aggregation` of a sender built before the enums) are an error, never a silent default.
     """
-    defaults = TrainerConfig()
-    values = {}
+    unknown = sorted({f.field_number for f in UnknownFieldSet(message)})
+    if unknown:
+        raise ValueError(f"config: fields {unknown} are unknown to this trainer (5, 11: the strings correction and "
+                         "aggregation of a sender built before trainer.proto's enums)")
+    values: dict[str, object] = {}
     for f in fields(TrainerConfig):
-        value = getattr(message, f.name)
-        values[f.name] = value if value else getattr(defaults, f.name)
+        if f.name in _ENUM_FIELDS:
+            number = getattr(message, f.name)
+            if number:  # a number this trainer has no name for stays a number: TrainerConfig names the field
+                values[f.name] = _ENUM_FIELDS[f.name].get(number, number)
+        elif message.HasField(f.name):
+            values[f.name] = getattr(message, f.name)
     try:
         return TrainerConfig(**values)
     except ValueError as e:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from everstep.verifiers import VERIFIER_PARAMS
 from everstep_reward.verifiers.base import ErrorKind, Verifier, VerifierResult
 from everstep_reward.verifiers.params import SpecError
 
@@ -16,6 +17,7 @@ class VerifierRegistry:
         for verifier in verifiers:
             if verifier.name in self._verifiers:
                 raise ValueError(f"two verifiers named {verifier.name!r}")
+            _check_shared_table(verifier)
             self._verifiers[verifier.name] = verifier
 
     @property
@@ -24,3 +26,15 @@ class VerifierRegistry:
 
     def get(self, name: str) -> Verifier | None:
         return self._verifiers.get(name)
+
+
+def _check_shared_table(verifier: Verifier) -> None:
+    """Callers check a job's verifiers and params against everstep.verifiers.VERIFIER_PARAMS before
+    scoring; a verifier that table does not describe exactly would let them pass bad params or refuse
+    good ones, so it is refused here, at the service's start."""
+    if verifier.name not in VERIFIER_PARAMS:
+        raise ValueError(f"verifier {verifier.name!r} is not in everstep.verifiers.VERIFIER_PARAMS")
+    options, listed = frozenset(verifier.params_model.model_fields), VERIFIER_PARAMS[verifier.name]
+    if options != listed:
+        raise ValueError(f"verifier {verifier.name!r}: the options of {verifier.params_model.__name__} "
+                         f"{sorted(options)} differ from everstep.verifiers.VERIFIER_PARAMS {sorted(listed)}")

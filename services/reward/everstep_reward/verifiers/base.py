@@ -1,12 +1,13 @@
-"""What every verifier is: a name and `score(item, spec) -> VerifierResult`."""
+"""What every verifier is: a name, its options model and `score(item, spec) -> VerifierResult`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from everstep.v1 import reward_pb2
+from everstep_reward.verifiers.params import VerifierParams
 
 __all__ = ["ErrorKind", "Outcome", "Verifier", "VerifierResult"]
 
@@ -16,8 +17,10 @@ class ErrorKind(StrEnum):
 
     UNKNOWN_VERIFIER = "unknown_verifier"
     INVALID_SPEC = "invalid_spec"
-    """A field the verifier needs is missing or unusable (math without `answer`, code without tests, a bad
-    `params` key)."""
+    """A field of the item the verifier needs is missing or unusable (math without `answer`, code without
+    tests or language)."""
+    INVALID_PARAMS = "invalid_params"
+    """A key or value of `VerifierSpec.params` the verifier does not take (params.ParamsError)."""
     TIMEOUT = "timeout"
     SANDBOX_UNAVAILABLE = "sandbox_unavailable"
     SANDBOX_ERROR = "sandbox_error"
@@ -71,6 +74,9 @@ class VerifierResult:
 
 class Verifier(Protocol):
     name: str
+    params_model: ClassVar[type[VerifierParams]]
+    """What the verifier reads `VerifierSpec.params` into; its fields are the option keys, which
+    everstep.verifiers.VERIFIER_PARAMS lists for callers (checked by VerifierRegistry)."""
 
     def score(self, item: reward_pb2.RewardItem, spec: reward_pb2.VerifierSpec) -> VerifierResult:
         """Scores `item.response` by `spec`. A failure to score is a result with `error` set; only a

@@ -93,6 +93,7 @@ class CodeVerifier:
     """Scores a response's last fenced code block by the spec's test cases, run in `spec.language`."""
 
     name = "code"
+    params_model = CodeParams
 
     def __init__(self, sandbox_endpoint: str | None, *, timeout_seconds: float,
                  defaults: CodeParams | None = None) -> None:

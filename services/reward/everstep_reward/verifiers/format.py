@@ -117,6 +117,7 @@ class FormatVerifier:
     """Scores 1.0 for a response that keeps every rule, else 0.0; reads only `params`."""
 
     name = "format"
+    params_model = FormatRules
 
     def __init__(self, rules: FormatRules | None = None) -> None:
         self._rules = rules or FormatRules()

@@ -79,6 +79,7 @@ class LengthVerifier:
     """Scores the overlong penalty of the response; reads `num_response_tokens` and `params`."""
 
     name = "length"
+    params_model = LengthParams
 
     def __init__(self, params: LengthParams | None = None) -> None:
         self._params = params or LengthParams()

@@ -87,6 +87,7 @@ class MathVerifier:
     """Scores 1.0 when the response's final answer equals `spec.answer`, else 0.0."""
 
     name = "math"
+    params_model = NoParams
 
     def __init__(self, pool: ProcessWorkerPool, *, timeout_seconds: float,
                  check: Callable[[str, str], MathCheck] = check_math_answer) -> None:
@@ -95,7 +96,7 @@ class MathVerifier:
         self._check = check
 
     def score(self, item: reward_pb2.RewardItem, spec: reward_pb2.VerifierSpec) -> VerifierResult:
-        read_params(spec, NoParams())
+        read_params(spec, self.params_model())
         if not spec.answer.strip():
             raise SpecError("`answer` is empty (math needs the reference answer)")
         try:

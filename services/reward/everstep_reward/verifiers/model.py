@@ -109,6 +109,7 @@ class ModelVerifier:
     """Scores the response with the reward model; an error naming `--reward-model` when none is loaded."""
 
     name = "model"
+    params_model = NoParams
 
     def __init__(self, model: RewardModel | None, *, timeout_seconds: float, batch_size: int = 16,
                  batch_wait_seconds: float = 0.005) -> None:
@@ -123,7 +124,7 @@ class ModelVerifier:
             self._batcher.start()
 
     def score(self, item: reward_pb2.RewardItem, spec: reward_pb2.VerifierSpec) -> VerifierResult:
-        read_params(spec, NoParams())
+        read_params(spec, self.params_model())
         if self._model is None:
             return VerifierResult.failure(ErrorKind.MODEL_UNAVAILABLE,
                                           "no reward model loaded (start the reward service with --reward-model)")
