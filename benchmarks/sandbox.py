@@ -43,11 +43,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_service(workers: int) -> tuple[subprocess.Popen, int]:
+def start_service(workers: int, *extra_args: str) -> tuple[subprocess.Popen, int]:
+    """A sandbox server in its own session (stop it by its process group); returns it and its HTTP port."""
     http_port, grpc_port = _free_port(), _free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "everstep_sandbox", "--host", "127.0.0.1", "--port", str(http_port),
-         "--grpc-port", str(grpc_port), "--workers", str(workers)],
+         "--grpc-port", str(grpc_port), "--workers", str(workers), *extra_args],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -165,7 +166,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="sandbox slots")
     parser.add_argument("--rounds", type=int, default=4, help="alternating service/baseline rounds (at most)")
     args = parser.parse_args()
-    process, port = _start_service(args.workers)
+    process, port = start_service(args.workers)
     summary: dict[str, float | int | str | bool] = {}
     try:
         connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)

@@ -32,34 +32,10 @@ import threading
 import time
 from collections import Counter
 
+from benchmarks.sandbox import start_service
+
 SPIN = "while True:\n    pass\n"
 _SHAPE = {"status", "message", "compile_result", "run_result", "executor_pod_name", "files"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start_service(workers: int, max_slots: int) -> tuple[subprocess.Popen, int]:
-    http_port, grpc_port = _free_port(), _free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "everstep_sandbox", "--host", "127.0.0.1", "--port", str(http_port),
-         "--grpc-port", str(grpc_port), "--workers", str(workers), "--max-slots", str(max_slots)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"sandbox exited with {process.returncode}")
-        try:
-            connection = http.client.HTTPConnection("127.0.0.1", http_port, timeout=2)
-            connection.request("GET", "/v1/ping")
-            if connection.getresponse().status == 200:
-                return process, http_port
-        except OSError:
-            time.sleep(0.1)
-    raise TimeoutError("sandbox did not start")
 
 
 def _metric(port: int, name: str) -> float:
@@ -145,7 +121,7 @@ def main() -> None:
     parser.add_argument("--max-slots", type=int, default=128, help="slots with the elastic ones")
     args = parser.parse_args()
     load = os.getloadavg()[0]
-    process, port = _start_service(args.workers, args.max_slots)
+    process, port = start_service(args.workers, "--max-slots", str(args.max_slots))
     try:
         latencies, statuses = _burst(port, args.requests, args.run_timeout)
         answered = sorted(x for x in latencies if x is not None)
