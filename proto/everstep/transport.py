@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Mapping, Sequence
+from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +42,7 @@ __all__ = [
     "channel",
     "max_message_bytes",
     "message_size_options",
+    "new_server",
     "server_options",
     "tls_from_env",
 ]
@@ -119,10 +121,22 @@ def server_options(default_max_message_bytes: int, extra: Sequence[tuple[str, in
     return [*message_size_options(max_message_bytes(default_max_message_bytes)), *extra]
 
 
+def new_server(max_workers: int, default_max_message_bytes: int, *, thread_name_prefix: str = "grpc",
+               extra_options: Sequence[tuple[str, int | str]] = ()) -> grpc.Server:
+    """The gRPC server of every service: `server_options`, and never SO_REUSEPORT, which gRPC turns on by
+    default: with it, a second server on a port already served binds too and silently takes half its calls."""
+    return grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=thread_name_prefix),
+                       options=server_options(default_max_message_bytes, [("grpc.so_reuseport", 0), *extra_options]))
+
+
 def bind(server: grpc.Server, address: str) -> int:
-    """Adds the listening port, with mutual TLS when the environment configures it; OSError if it cannot bind."""
+    """Adds the listening port, with mutual TLS when the environment configures it; OSError naming the address
+    if it cannot bind (a port another process serves included)."""
     tls = tls_from_env()
-    port = server.add_secure_port(address, tls.server_credentials()) if tls else server.add_insecure_port(address)
+    try:
+        port = server.add_secure_port(address, tls.server_credentials()) if tls else server.add_insecure_port(address)
+    except RuntimeError as e:  # grpcio raises this where older releases returned 0
+        raise OSError(f"cannot bind gRPC port {address}: {e}") from None
     if port == 0:
         raise OSError(f"cannot bind gRPC port {address}")
     return port

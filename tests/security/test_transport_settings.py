@@ -9,7 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from everstep.transport import ENV_CA, ENV_CERT, ENV_KEY, ENV_MAX_MESSAGE_BYTES, max_message_bytes, tls_from_env
+from everstep.transport import (
+    ENV_CA,
+    ENV_CERT,
+    ENV_KEY,
+    ENV_MAX_MESSAGE_BYTES,
+    bind,
+    max_message_bytes,
+    new_server,
+    tls_from_env,
+)
 
 
 def test_tls_needs_all_three_paths_or_none(tmp_path: Path) -> None:
@@ -45,3 +54,16 @@ def test_a_service_with_incomplete_transport_settings_does_not_start(args: list[
                                  "EVERSTEP_GRPC_TLS_CA": "", "EVERSTEP_GRPC_MAX_MESSAGE_BYTES": ""})
     assert result.returncode == 2, result.stderr
     assert "--grpc-tls-cert/--grpc-tls-key/--grpc-tls-ca" in result.stderr, result.stderr
+
+
+def test_a_second_server_on_a_served_port_is_refused(free_port: int) -> None:
+    """gRPC's default SO_REUSEPORT would let both bind and split the calls; every service's server refuses."""
+    first, second = new_server(2, 1024), new_server(2, 1024)
+    try:
+        assert bind(first, f"127.0.0.1:{free_port}") == free_port
+        first.start()
+        with pytest.raises(OSError, match=f"127.0.0.1:{free_port}"):
+            bind(second, f"127.0.0.1:{free_port}")
+    finally:
+        first.stop(None)
+        second.stop(None)

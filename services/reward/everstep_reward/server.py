@@ -6,13 +6,12 @@ import logging
 import signal
 import threading
 from collections.abc import Sequence
-from concurrent import futures
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
 
-from everstep.transport import bind, server_options
+from everstep.transport import bind, new_server
 from everstep.v1 import reward_pb2, reward_pb2_grpc
 from everstep.verifiers import VERIFIER_PARAMS
 from everstep_reward.config import RewardConfig
@@ -74,8 +73,7 @@ def serve(config: RewardConfig) -> None:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
 
     start_http_server(config.port, addr=config.host)
-    grpc_server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.grpc_threads),
-                              options=server_options(GRPC_MAX_MESSAGE_BYTES))
+    grpc_server = new_server(config.grpc_threads, GRPC_MAX_MESSAGE_BYTES)
     health_servicer = health.HealthServicer()
     # HealthServicer starts out SERVING for "": hold that back until the math workers are warm.
     health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)

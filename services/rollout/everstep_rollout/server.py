@@ -7,7 +7,6 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
-from concurrent import futures
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from everstep.model_config import position_limit
-from everstep.transport import bind, server_options
+from everstep.transport import bind, new_server
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc
 from everstep_rollout import metrics
 from everstep_rollout.config import EngineConfig, resolve_max_seq_len
@@ -269,12 +268,7 @@ def build_server(servicer: RolloutServicer, host: str, grpc_port: int, *, max_wo
     grpc.Server, health.HealthServicer
 ]:
     """A started gRPC server with the Rollout and health services (health not yet SERVING)."""
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
-        # gRPC binds with SO_REUSEPORT by default: a second server on a taken port would start
-        # and share its traffic with the first instead of failing.
-        options=server_options(MAX_MESSAGE_BYTES, [("grpc.so_reuseport", 0)]),
-    )
+    server = new_server(max_workers, MAX_MESSAGE_BYTES)
     rollout_pb2_grpc.add_RolloutServicer_to_server(servicer, server)
     health_servicer = health.HealthServicer()
     # HealthServicer reports "" as SERVING from the start; readiness waits for set_serving().

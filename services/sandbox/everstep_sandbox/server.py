@@ -22,14 +22,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent import futures
 from types import FrameType
 
-import grpc
 import uvicorn
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from everstep.transport import bind, server_options
+from everstep.transport import bind, new_server
 from everstep.v1 import sandbox_pb2_grpc
 from everstep_sandbox.config import SandboxConfig
 from everstep_sandbox.grpc_service import SandboxServicer
@@ -102,8 +100,7 @@ def serve(config: SandboxConfig, argv: list[str] | None = None, http_fd: int | N
     grpc_server = None
     health_servicer = health.HealthServicer()
     if http_fd is None:
-        grpc_server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.grpc_threads),
-                                  options=server_options(GRPC_MAX_MESSAGE_BYTES, [("grpc.so_reuseport", 0)]))
+        grpc_server = new_server(config.grpc_threads, GRPC_MAX_MESSAGE_BYTES)
         # HealthServicer starts out SERVING for "": hold that back until both APIs are up.
         health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, grpc_server)

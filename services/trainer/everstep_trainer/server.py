@@ -7,7 +7,6 @@ import signal
 import sys
 import threading
 import time
-from concurrent import futures
 from dataclasses import fields
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
 
-from everstep.transport import bind, server_options
+from everstep.transport import bind, new_server
 from everstep.v1 import trainer_pb2, trainer_pb2_grpc
 from everstep_trainer import metrics
 from everstep_trainer.batching import TrainSample, validate_samples
@@ -234,8 +233,7 @@ def _serve_grpc(runner: CommandRunner, *, host: str, port: int, grpc_port: int, 
     service = TrainerService(runner, WeightPusher(setting=weight_transport, group_host=weight_group_host),
                              SampleLog(sample_log) if sample_log else None)
     start_http_server(port, addr=host)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
-                         options=server_options(GRPC_MAX_MESSAGE_BYTES))
+    server = new_server(max_workers, GRPC_MAX_MESSAGE_BYTES)
     trainer_pb2_grpc.add_TrainerServicer_to_server(service, server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
