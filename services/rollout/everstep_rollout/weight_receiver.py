@@ -24,33 +24,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from everstep.peer_identity import SHM_DIR, boot_id, shm_domain
 from everstep.v1 import rollout_pb2
 from everstep_rollout.proto_convert import tensor_from_proto
 from everstep_rollout.weight_group import WeightGroupMember, cuda_device_uuid, rebuild_cuda_ipc_tensor
 
-__all__ = ["SHM_DIR", "WeightUpdate", "receiver_info", "shm_domain"]
+__all__ = ["SHM_DIR", "WeightUpdate", "receiver_info"]
 
-SHM_DIR = Path("/dev/shm")
 _SEGMENT_NAME = re.compile(r"everstep-weights-[A-Za-z0-9_-]+")
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14+; Python names it from 3.13
-
-
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
-
-
-def shm_domain(directory: Path = SHM_DIR) -> str:
-    """Identifies the /dev/shm this process sees (kernel boot id, device, inode); the trainer computes the
-    same, and equal values mean a segment it creates is visible here."""
-    boot_id = _boot_id()
-    try:
-        st = os.stat(directory)
-    except OSError:
-        return ""
-    return f"{boot_id}:{st.st_dev}:{st.st_ino}" if boot_id else ""
 
 
 def receiver_info(device: str) -> rollout_pb2.WeightReceiverInfo:
@@ -58,7 +40,7 @@ def receiver_info(device: str) -> rollout_pb2.WeightReceiverInfo:
     gpu_uuid = ""
     if device.startswith("cuda") and torch.cuda.is_available():
         gpu_uuid = cuda_device_uuid(torch.device(device).index or 0)
-    return rollout_pb2.WeightReceiverInfo(shm_domain=shm_domain(), boot_id=_boot_id(), device=device,
+    return rollout_pb2.WeightReceiverInfo(shm_domain=shm_domain(), boot_id=boot_id(), device=device,
                                           gpu_uuid=gpu_uuid)
 
 

@@ -17,13 +17,12 @@ silent fallback.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 
 from everstep import transport
+from everstep.peer_identity import boot_id, shm_domain
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc
 
 __all__ = ["SETTINGS", "TRANSPORTS", "PeerInfo", "choose_transport", "local_peer", "probe_peer", "shm_domain",
@@ -54,32 +53,14 @@ class PeerInfo:
         return cls(boot_id=info.boot_id, shm_domain=info.shm_domain, device=info.device, gpu_uuid=info.gpu_uuid)
 
 
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
-
-
-def shm_domain(directory: Path = Path("/dev/shm")) -> str:
-    """Equal on two processes iff a file one creates in `directory` is visible to the other (same kernel,
-    same tmpfs mount); "" when there is no such directory. The rollout service computes it the same way."""
-    boot_id = _boot_id()
-    try:
-        st = os.stat(directory)
-    except OSError:
-        return ""
-    return f"{boot_id}:{st.st_dev}:{st.st_ino}" if boot_id else ""
-
-
 def local_peer(device: str) -> PeerInfo:
     """This process, holding its weights on `device`."""
     gpu_uuid = ""
     if device.startswith("cuda"):
-        from everstep_trainer.weight_push_cuda_ipc import cuda_device_uuid
+        from everstep.cuda_ipc import device_uuid as cuda_device_uuid
 
         gpu_uuid = cuda_device_uuid(device)
-    return PeerInfo(boot_id=_boot_id(), shm_domain=shm_domain(), device=device, gpu_uuid=gpu_uuid)
+    return PeerInfo(boot_id=boot_id(), shm_domain=shm_domain(), device=device, gpu_uuid=gpu_uuid)
 
 
 def probe_peer(endpoint: str, timeout_seconds: float = 10.0) -> PeerInfo:
