@@ -64,6 +64,15 @@ def start_service(workers: int, *extra_args: str) -> tuple[subprocess.Popen, int
     raise TimeoutError("sandbox did not start")
 
 
+def stop_service(process: subprocess.Popen) -> None:
+    """SIGTERM to the server's process group (start_service made it one), SIGKILL after 15 s."""
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+
+
 @dataclass
 class _Sample:
     latencies: list[float] = field(default_factory=list)
@@ -192,11 +201,7 @@ def main() -> None:
                     print(f"{key}: {rps:.1f} rps p50 {p50:.1f} ms | baseline {base_rps:.1f} rps "
                           f"p50 {base_p50:.1f} ms", file=sys.stderr, flush=True)
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+        stop_service(process)
     summary["cpu_count"] = os.cpu_count() or 1
     print(json.dumps(summary))
 

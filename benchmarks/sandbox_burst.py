@@ -23,16 +23,14 @@ import argparse
 import http.client
 import json
 import os
-import signal
 import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
 from collections import Counter
 
-from benchmarks.sandbox import start_service
+from benchmarks.sandbox import start_service, stop_service
 
 SPIN = "while True:\n    pass\n"
 _SHAPE = {"status", "message", "compile_result", "run_result", "executor_pod_name", "files"}
@@ -131,11 +129,7 @@ def main() -> None:
         print(f"abandoned: {dropped:.0f}/{args.abandoned} dropped, none in flight after {drain:.2f} s",
               file=sys.stderr, flush=True)
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+        stop_service(process)
     print(json.dumps({
         "burst_requests": args.requests, "burst_run_timeout_seconds": args.run_timeout,
         "burst_answered_in_time": len(answered),

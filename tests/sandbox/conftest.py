@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from everstep_controller.processes import free_port, spawn, stop_processes, wait_grpc_serving
@@ -43,3 +44,10 @@ def sandbox_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runnin
         yield RunningSandbox(f"http://127.0.0.1:{http_port}", process.grpc_address, log_path, process.pid)
     finally:
         stop_processes([process])
+
+
+@pytest.fixture(scope="module")
+def client(sandbox_service: RunningSandbox) -> Iterator[httpx.Client]:
+    """An HTTP client of the module's sandbox service."""
+    with httpx.Client(base_url=sandbox_service.http_url, timeout=60) as http:
+        yield http

@@ -17,12 +17,6 @@ from sandbox_procs import run_processes as sandbox_processes_on_host
 
 
 @pytest.fixture(scope="module")
-def client(sandbox_service) -> httpx.Client:
-    with httpx.Client(base_url=sandbox_service.http_url, timeout=60) as http:
-        yield http
-
-
-@pytest.fixture(scope="module")
 def isolation(client: httpx.Client) -> dict:
     return client.get("/v1/isolation").json()
 

@@ -5,17 +5,10 @@ from __future__ import annotations
 import base64
 
 import httpx
-import pytest
 
 # Field sets of SandboxFusion's RunCodeResponse and CommandRunResult (sandbox/server/sandbox_api.py).
 RUN_CODE_RESPONSE_FIELDS = {"status", "message", "compile_result", "run_result", "executor_pod_name", "files"}
 COMMAND_RESULT_FIELDS = {"status", "execution_time", "return_code", "stdout", "stderr"}
-
-
-@pytest.fixture(scope="module")
-def client(sandbox_service) -> httpx.Client:
-    with httpx.Client(base_url=sandbox_service.http_url, timeout=30) as http:
-        yield http
 
 
 def run_code(client: httpx.Client, **request) -> dict:

@@ -18,12 +18,6 @@ RESPONSE_FIELDS = {"status", "message", "driver", "cells", "executor_pod_name", 
 CELL_FIELDS = {"stdout", "stderr", "display", "error"}
 
 
-@pytest.fixture(scope="module")
-def client(sandbox_service) -> httpx.Client:
-    with httpx.Client(base_url=sandbox_service.http_url, timeout=60) as http:
-        yield http
-
-
 def run_jupyter(client: httpx.Client, **request) -> dict:
     reply = client.post("/run_jupyter", json=request)
     assert reply.status_code == 200, reply.text

@@ -9,7 +9,7 @@ from typing import Any
 from everstep_controller.dataset import LoadedDataset, PromptRow, RowFields, load_prompt_rows, load_tokenizer
 from everstep_controller.dataset_columns import check_dataset_fields
 from everstep_controller.job_store import DatasetReport
-from everstep_controller.model_limits import max_prompt_tokens, position_limit
+from everstep_controller.model_limits import max_prompt_tokens
 from everstep_controller.prompt_rendering import load_prompt_encoder
 from everstep_controller.spec import JobSpec
 from everstep_controller.submission_checks import check_verifiers
@@ -40,9 +40,6 @@ def load_job_data(spec: JobSpec) -> JobData:
                        function_name=d.function_name_field, language=d.language_field, verifiers=d.verifiers_field)
     names = [v.name for v in spec.reward.verifiers]
     longest = max_prompt_tokens(spec)  # a row whose prompt + max_new_tokens passes the model's positions is skipped
-    if longest is not None and longest < 1:
-        raise ValueError(f"sampling.max_new_tokens ({spec.sampling.max_new_tokens}) leaves no room for a prompt "
-                         f"within the model's max_position_embeddings ({position_limit(spec.model_path)})")
     train = load_prompt_rows(d.train_path, encoder, fields=fields, file_format=d.format.value, verifier_names=names,
                              max_prompt_tokens=longest)
     eval_rows: list[PromptRow] = []

@@ -24,6 +24,12 @@ def position_limit(model_path: str) -> int | None:
 
 
 def max_prompt_tokens(spec: JobSpec) -> int | None:
-    """The longest prompt a row may have: the position limit less max_new_tokens (None: no limit known)."""
+    """The longest prompt a row may have: the position limit less max_new_tokens (None: no limit known).
+    ValueError naming sampling.max_new_tokens when that leaves no room for any prompt."""
     limit = position_limit(spec.model_path)
-    return None if limit is None else limit - spec.sampling.max_new_tokens
+    if limit is None:
+        return None
+    if spec.sampling.max_new_tokens >= limit:
+        raise ValueError(f"sampling.max_new_tokens ({spec.sampling.max_new_tokens}) leaves no room for a prompt "
+                         f"within the model's max_position_embeddings ({limit})")
+    return limit - spec.sampling.max_new_tokens

@@ -18,7 +18,7 @@ from typing import Any
 from everstep.verifiers import VERIFIER_PARAMS
 from everstep_controller.chat_template import ChatTemplateError, read_chat_template
 from everstep_controller.dataset_columns import DatasetFieldError, check_dataset_fields
-from everstep_controller.model_limits import position_limit
+from everstep_controller.model_limits import max_prompt_tokens
 from everstep_controller.prompt_rendering import resolve_prompt_format
 from everstep_controller.spec import JobSpec, PromptFormat
 
@@ -60,10 +60,10 @@ def check_verifiers(spec: JobSpec) -> None:
 
 
 def _check_lengths(spec: JobSpec) -> None:
-    limit = position_limit(spec.model_path)
-    if limit is not None and spec.sampling.max_new_tokens >= limit:
-        raise JobInputError(("sampling", "max_new_tokens"), f"{spec.sampling.max_new_tokens} leaves no room for a "
-                            f"prompt within the model's max_position_embeddings ({limit})")
+    try:
+        max_prompt_tokens(spec)
+    except ValueError as e:
+        raise JobInputError(("sampling", "max_new_tokens"), str(e)) from None
 
 
 def _check_prompt_format(spec: JobSpec) -> None:

@@ -114,7 +114,7 @@ class Engine:
         self.weights = self.executor.weights
         self.max_seq_len = self.executor.max_seq_len
         self.position_limit = position_limit(model_config) or 0
-        self.executor_name = "native" if self.executor.__class__.__name__ == "LlamaExecutor" else "transformers"
+        self.executor_name = self.executor.name
         self.vocab_size = self.executor.vocab_size
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.eos_token_ids = read_eos_token_ids(self.model_dir, model_config)

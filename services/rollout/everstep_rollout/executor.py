@@ -54,6 +54,8 @@ class WeightStore(Protocol):
 
 
 class Executor(Protocol):
+    name: str
+    """"native" or "transformers" (reported by LoadModel)."""
     model_type: str
     vocab_size: int
     max_seq_len: int

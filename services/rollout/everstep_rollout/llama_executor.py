@@ -236,6 +236,8 @@ class LlamaExecutor:
     mostly the number of torch operations, which is what this layout keeps low.
     """
 
+    name = "native"
+
     def __init__(self, spec: LlamaSpec, weights: LlamaWeights, cache: KVCache) -> None:
         self.spec, self.weights, self.cache = spec, weights, cache
         self.model_type = spec.model_type

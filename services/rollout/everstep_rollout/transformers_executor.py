@@ -124,6 +124,8 @@ def _slot_layer_class():
 class TransformersExecutor:
     """`Executor` over `AutoModelForCausalLM`; see the module docstring."""
 
+    name = "transformers"
+
     def __init__(self, model, options: ExecutorOptions, max_seq_len: int) -> None:
         from transformers.cache_utils import Cache
 
