@@ -5,7 +5,6 @@ Keys (prefix `everstep:job:{id}`):
 - `:carried`                  hash sample id -> `Sequence` bytes: partial rollouts carried into the next step
 - `:scored`                   hash sample id -> JSON `ScoredSample`: finished rollouts with their reward,
                               kept until their group is trained or dropped
-- `:rollouts`                 stream of finished rollouts waiting to be scored (consumer group `scorers`)
 - `:training`                 set while a train step is in flight: the trainer's version is then unknown
 - `:checkpoint`, `:checkpoint:carried`, `:checkpoint:scored`
                               the same three at the latest checkpoint, with the checkpoint's path
@@ -27,9 +26,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from everstep.v1 import common_pb2, reward_pb2
 from everstep_controller.job_store import JobRecord, JobStore, LostOwnership
 from everstep_controller.reward_errors import ErrorClass, PartError, classify, part_errors
-from everstep_controller.streams import WorkStream
 
-SCORER_GROUP = "scorers"
+LEGACY_KEYS = (":rollouts",)
+"""Keys older controllers wrote (a Redis stream of finished rollouts to score): removed with the job's
+other transient keys."""
 
 
 class ScoredSample(BaseModel):
@@ -79,10 +79,6 @@ class ProgressStore:
 
     def _key(self, job_id: str, suffix: str) -> str:
         return self.store.key(job_id, suffix)
-
-    def rollouts(self, job_id: str) -> WorkStream:
-        """The job's stream of finished rollouts waiting to be scored."""
-        return WorkStream(self.redis, self._key(job_id, ":rollouts"), SCORER_GROUP)
 
     # -- reads -----------------------------------------------------------------------------
     def load(self, job_id: str) -> JobProgress | None:
@@ -181,7 +177,7 @@ class ProgressStore:
                 pipe.ltrim(self._key(job_id, ":metrics"), 0, progress.step - 1)
             else:
                 pipe.delete(self._key(job_id, ":metrics"))
-            pipe.delete(self._key(job_id, ":rollouts"), self._key(job_id, ":training"))
+            pipe.delete(self._key(job_id, ":training"))
             evaluation = {k: v for k, v in record.evaluation.items() if int(k) <= progress.step}
             self.store.record_update(pipe, record, step=progress.step, evaluation=evaluation)
 
@@ -190,13 +186,13 @@ class ProgressStore:
 
     def prepare_resume(self, job_id: str, owner: str, keep_scored: set[str]) -> None:
         """Before continuing from the live progress: drop the work of the step that was cut short
-        (its finished rollouts, queued or scored), keeping the scores the progress refers to."""
+        (its scored rollouts), keeping the scores the progress refers to."""
         stale = [k.decode() for k in self.redis.hkeys(self._key(job_id, ":scored")) if k.decode() not in keep_scored]
 
         def write(pipe: redis.client.Pipeline, _: JobRecord) -> None:
             if stale:
                 pipe.hdel(self._key(job_id, ":scored"), *stale)
-            pipe.delete(self._key(job_id, ":rollouts"))
+            pipe.delete(*(self._key(job_id, k) for k in LEGACY_KEYS))
 
         self._fenced(job_id, owner, write)
 
@@ -214,8 +210,8 @@ class ProgressStore:
         self.redis.delete(*self._transient_keys(job_id))
 
     def _transient_keys(self, job_id: str) -> list[str]:
-        parts = (":progress", ":carried", ":scored", ":rollouts", ":training", ":checkpoint",
-                 ":checkpoint:carried", ":checkpoint:scored")
+        parts = (":progress", ":carried", ":scored", ":training", ":checkpoint", ":checkpoint:carried",
+                 ":checkpoint:scored", *LEGACY_KEYS)
         return [self._key(job_id, p) for p in parts]
 
     def _fenced(self, job_id: str, owner: str, write: Callable[[redis.client.Pipeline, JobRecord], Any],
