@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from step_rows import step_row
 
 from everstep.v1 import reward_pb2
 from everstep_controller.backoff import Backoff
@@ -91,8 +92,8 @@ def test_a_step_commit_applied_twice_is_stored_once(redis_url: str) -> None:
         state = JobProgress(step=step, version=step, prompt_epoch=0, prompt_cursor=step, group_counter=step,
                             scheduler={}, num_trained_samples=step)
         progress.commit_step(job_id, "controller-a", progress=state, carried=[], closed_sample_ids=[],
-                             metrics={"step": step}, record_changes={"step": step})
-    assert store.metrics(job_id) == [{"step": 1}, {"step": 2}]
+                             metrics=step_row(step), record_changes={"step": step})
+    assert [m.step for m in store.metrics(job_id)] == [1, 2]
 
 
 def test_backoff_doubles_up_to_its_cap_with_jitter() -> None:

@@ -19,6 +19,7 @@ from everstep_controller.follow import follow_job
 from everstep_controller.job_file import load_job_file
 from everstep_controller.local_stack import LocalStack, free_port
 from everstep_controller.rest_client import ControllerClient
+from everstep_controller.step_metrics import Evaluation, StepMetrics
 
 log = logging.getLogger(__name__)
 
@@ -50,48 +51,51 @@ def run_demo(spec_path: Path, out: Path, *, port: int = 0) -> dict[str, Any]:
     if record["state"] != "SUCCEEDED":
         raise RuntimeError(f"demo job {job_id} ended {record['state']}: {record.get('error')}; "
                            f"logs in {out / 'stack' / 'logs'}")
-    evaluation = record["evaluation"]
-    base, final = evaluation["0"], evaluation[str(record["spec"]["steps"])]
+    evaluation = {int(step): Evaluation.model_validate(e) for step, e in record["evaluation"].items()}
+    base, final = evaluation[0], evaluation[record["spec"]["steps"]]
+    steps = [StepMetrics.model_validate(m) for m in history]
+    first, last = steps[: max(1, len(steps) // 5)], steps[-max(1, len(steps) // 5):]
     summary = {
         "job_id": job_id,
-        "base_accuracy": base["accuracy"],
-        "final_accuracy": final["accuracy"],
-        "base_greedy_accuracy": base["greedy_accuracy"],
-        "final_greedy_accuracy": final["greedy_accuracy"],
-        "eval_samples_per_prompt": final["k"],
-        "eval_prompts": final["num_prompts"],
+        "base_accuracy": base.accuracy,
+        "final_accuracy": final.accuracy,
+        "base_greedy_accuracy": base.greedy_accuracy,
+        "final_greedy_accuracy": final.greedy_accuracy,
+        "eval_samples_per_prompt": final.k,
+        "eval_prompts": final.num_prompts,
         "steps": record["step"],
-        "reward_first_steps": _mean([m["reward_mean"] for m in history[: max(1, len(history) // 5)]]),
-        "reward_last_steps": _mean([m["reward_mean"] for m in history[-max(1, len(history) // 5):]]),
-        "response_tokens_first_steps": _mean([_response_tokens(m) for m in history[: max(1, len(history) // 5)]]),
-        "response_tokens_last_steps": _mean([_response_tokens(m) for m in history[-max(1, len(history) // 5):]]),
+        "reward_first_steps": _mean([m.reward_mean for m in first]),
+        "reward_last_steps": _mean([m.reward_mean for m in last]),
+        "response_tokens_first_steps": _mean([_response_tokens(m) for m in first]),
+        "response_tokens_last_steps": _mean([_response_tokens(m) for m in last]),
         "job_seconds": round(job_seconds, 1),
         "wall_seconds": round(time.monotonic() - started, 1),
         "plot": str(out / "demo.png"),
     }
     (out / "metrics.json").write_text(json.dumps(history, indent=1))
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    plot_demo(history, evaluation, out / "demo.png")
+    plot_demo(steps, evaluation, out / "demo.png")
     return summary
 
 
-def plot_demo(history: list[dict[str, Any]], evaluation: dict[str, Any], path: Path) -> None:
+def plot_demo(history: list[StepMetrics], evaluation: dict[int, Evaluation], path: Path) -> None:
+    """evaluation: by step."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    ax.plot([m["step"] for m in history], [m["reward_mean"] for m in history], label="training reward (mean)")
-    steps = sorted(int(s) for s in evaluation)
-    ax.plot(steps, [evaluation[str(s)]["accuracy"] for s in steps], "o-",
-            label=f"held-out accuracy avg@{evaluation[str(steps[-1])]['k']}")
-    if evaluation[str(steps[-1])].get("greedy_accuracy") is not None:
-        ax.plot(steps, [evaluation[str(s)]["greedy_accuracy"] for s in steps], "s--", label="held-out greedy")
+    ax.plot([m.step for m in history], [m.reward_mean for m in history], label="training reward (mean)")
+    steps = sorted(evaluation)
+    ax.plot(steps, [evaluation[s].accuracy for s in steps], "o-",
+            label=f"held-out accuracy avg@{evaluation[steps[-1]].k}")
+    if evaluation[steps[-1]].greedy_accuracy is not None:
+        ax.plot(steps, [evaluation[s].greedy_accuracy for s in steps], "s--", label="held-out greedy")
     ax.set_xlabel("step")
     ax.set_ylim(0, 1)
     lengths = ax.twinx()  # RL on the demo model learns to show its work: solutions get longer
-    lengths.plot([m["step"] for m in history], [_response_tokens(m) for m in history], ":", color="gray",
+    lengths.plot([m.step for m in history], [_response_tokens(m) for m in history], ":", color="gray",
                  label="response tokens (mean)")
     lengths.set_ylabel("response tokens")
     lengths.set_ylim(bottom=0)
@@ -109,6 +113,6 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def _response_tokens(metrics: dict[str, Any]) -> float:
+def _response_tokens(metrics: StepMetrics) -> float:
     """Mean length of the rollouts that finished in a step."""
-    return metrics["finished_tokens"] / max(1, metrics["num_finished_rollouts"])
+    return metrics.finished_tokens / max(1, metrics.num_finished_rollouts)

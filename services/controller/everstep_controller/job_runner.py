@@ -347,9 +347,9 @@ class JobRunner:
         history = dict(record.evaluation) if record else {}
         history[str(step)] = evaluation
         self.store.update(self.job_id, fence=self.owner, evaluation=history)
-        metrics.EVAL_ACCURACY.labels(job_id=self.job_id, kind="sampled").set(evaluation["accuracy"] or 0.0)
-        if evaluation["greedy_accuracy"] is not None:
-            metrics.EVAL_ACCURACY.labels(job_id=self.job_id, kind="greedy").set(evaluation["greedy_accuracy"])
+        metrics.EVAL_ACCURACY.labels(job_id=self.job_id, kind="sampled").set(evaluation.accuracy or 0.0)
+        if evaluation.greedy_accuracy is not None:
+            metrics.EVAL_ACCURACY.labels(job_id=self.job_id, kind="greedy").set(evaluation.greedy_accuracy)
         log.info("job %s eval at step %d: %s", self.job_id, step, evaluation)
 
     def _checkpoint(self) -> None:

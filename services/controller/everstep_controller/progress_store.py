@@ -16,7 +16,6 @@ stored yet, so one whose reply was lost is not applied twice.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from everstep.v1 import common_pb2, reward_pb2
 from everstep_controller.job_store import JobRecord, JobStore, LostOwnership
 from everstep_controller.reward_errors import ErrorClass, PartError, classify, part_errors
+from everstep_controller.step_metrics import StepMetrics
 
 LEGACY_KEYS = (":rollouts",)
 """Keys older controllers wrote (a Redis stream of finished rollouts to score): removed with the job's
@@ -120,7 +120,7 @@ class ProgressStore:
         self._fenced(job_id, owner, lambda pipe, _: pipe.set(self._key(job_id, ":training"), step))
 
     def commit_step(self, job_id: str, owner: str, *, progress: JobProgress, carried: list[common_pb2.Sequence],
-                    closed_sample_ids: list[str], metrics: dict[str, Any], record_changes: dict[str, Any]) -> None:
+                    closed_sample_ids: list[str], metrics: StepMetrics, record_changes: dict[str, Any]) -> None:
         """Atomically: the progress after the step, its carried partials, the scores it consumed
         dropped, its metrics row appended, the job record updated, the training mark cleared."""
 
@@ -137,7 +137,7 @@ class ProgressStore:
                 pipe.hset(self._key(job_id, ":carried"), mapping={s.id: s.SerializeToString() for s in carried})
             if closed_sample_ids:
                 pipe.hdel(self._key(job_id, ":scored"), *closed_sample_ids)
-            pipe.rpush(self._key(job_id, ":metrics"), json.dumps(metrics))
+            pipe.rpush(self._key(job_id, ":metrics"), metrics.model_dump_json())
             self.store.record_update(pipe, record, **record_changes)
             pipe.delete(self._key(job_id, ":training"))
 
@@ -201,7 +201,7 @@ class ProgressStore:
 
         def write(pipe: redis.client.Pipeline, record: JobRecord) -> None:
             pipe.delete(*self._transient_keys(job_id), self._key(job_id, ":metrics"))
-            self.store.record_update(pipe, record, step=0, evaluation={}, metrics={})
+            self.store.record_update(pipe, record, step=0, evaluation={}, metrics=None)
 
         self._fenced(job_id, owner, write)
 

@@ -76,4 +76,4 @@ class StepCommit:
         metrics.observe_iteration(self.job_id, record, [scheduler.retention_age(s) for s in outcome.carried_samples],
                                   trained.staleness)
         log.info("job %s step %d: reward %.3f, %d samples trained, %.1fs", self.job_id, trained.step,
-                 record["reward_mean"], len(trained.batch.samples), record["iteration_seconds"])
+                 record.reward_mean, len(trained.batch.samples), record.iteration_seconds)
