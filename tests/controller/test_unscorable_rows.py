@@ -83,7 +83,7 @@ def test_a_bad_rows_group_is_left_out_and_counted_while_the_others_train(
     scored, _ = _score(progress, reward_address, verifiers, {"m0": math_row, "m1": math_row, "c0": code_row,
                                                              "c1": code_row})
     assert scored["c0"].error_class == ErrorClass.ROW and "language" in scored["c0"].error
-    assert [(e.verifier, e.kind) for e in scored["c0"].part_errors] == [("code", "invalid_spec")]
+    assert [(e.verifier, e.label) for e in scored["c0"].part_errors] == [("code", "invalid_spec")]
 
     scheduler = _scheduler({"gm": ["m0", "m1"], "gc": ["c0", "c1"]})
     batch = build_batch(["gm", "gc"], scheduler, scored, drop_zero_signal=True, normalize_std=True)

@@ -195,7 +195,7 @@ class ScorerPool:
             if scored.error_class == ErrorClass.TRANSIENT and self._try_again(sample_id):
                 again.append((by_id[sample_id], result.error))
                 for error in scored.part_errors:
-                    metrics.REWARD_RETRIES.labels(kind=error.kind).inc()
+                    metrics.REWARD_RETRIES.labels(kind=error.label).inc()
                 continue
             if not self.progress.store_scored(self.job_id, sample_id, scored):  # scored before: keep that one
                 metrics.DUPLICATE_DELIVERIES.labels(queue="rollouts").inc()
