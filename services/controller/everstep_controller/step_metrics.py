@@ -21,8 +21,9 @@ class _EveryStep(BaseModel):
 
     step: int = Field(description="The training step (1 for the first).")
     policy_version: int = Field(description="Version of the policy after the step.")
-    reward_mean: float = Field(description="Mean reward of the trained groups' members that have one (0 if none).")
-    num_samples_scored: int = Field(description="Trained groups' members with a reward.")
+    reward_mean: float = Field(description="Mean reward of the surviving members of the step's trainable groups "
+                                           "that have one (0 if none).")
+    num_samples_scored: int = Field(description="Surviving members of the step's trainable groups with a reward.")
     num_samples_trained: int = Field(description="Samples in the step's training batch.")
     num_trained_samples_total: int = Field(description="Samples trained on since the job started.")
     num_groups_trained: int = Field(description="Groups in the training batch.")
@@ -31,7 +32,8 @@ class _EveryStep(BaseModel):
                                                    "scored (JobRecord.dataset.unscorable names the rows).")
     num_samples_unscorable: int = Field(description="Members of the unscorable groups whose row could not be scored.")
     num_groups_dropped: int = Field(description="Complete groups dropped with fewer than two surviving members.")
-    num_samples_purged: int = Field(description="Unfinished rollouts purged (C3PO++: too many steps old).")
+    num_samples_purged: int = Field(description="Unfinished rollouts purged (C3PO++: already carried "
+                                                "scheduler.retention times).")
     partial_buffer_size: int = Field(description="Unfinished rollouts carried into the next step.")
     num_finished_rollouts: int = Field(description="Rollouts that finished during the step.")
     finished_tokens: int = Field(description="Output tokens of the rollouts that finished during the step.")
@@ -52,15 +54,17 @@ class StepMetrics(_EveryStep):
 
     # One line per statistic: TRAIN_STAT_FIELDS lists them, and step_record copies each from TrainStats.
     loss: float | None = Field(default=None, description="Policy loss, mean over the optimizer steps.")
-    grad_norm: float | None = Field(default=None, description="Gradient norm before clipping, mean over the "
+    grad_norm: float | None = Field(default=None, description="Gradient norm (before clipping), mean over the "
                                                               "optimizer steps.")
-    masked_fraction: float | None = Field(default=None, description="Fraction of tokens the mismatch correction "
-                                                                    "gave weight 0 (IcePop).")
-    mismatch_kl: float | None = Field(default=None, description="KL between the engine's and the trainer's "
-                                                                "log-probs of the sampled tokens.")
+    masked_fraction: float | None = Field(default=None, description="Fraction of tokens whose IcePop weight is 0 "
+                                                                    "(k = pi_train/pi_infer outside [alpha, beta]; "
+                                                                    "computed for every correction).")
+    mismatch_kl: float | None = Field(default=None, description="k3 estimate of KL(pi_infer || pi_train) over the "
+                                                                "batch at the step's starting weights.")
     logp_diff_abs_mean: float | None = Field(default=None, description="Mean |trainer - engine| log-prob per token.")
     logp_diff_max: float | None = Field(default=None, description="Largest |trainer - engine| log-prob of a token.")
-    clip_fraction: float | None = Field(default=None, description="Fraction of tokens whose ratio was clipped.")
+    clip_fraction: float | None = Field(default=None, description="Fraction of tokens on the clipped PPO branch "
+                                                                  "(no policy gradient).")
     entropy: float | None = Field(default=None, description="Mean token entropy of the policy.")
     learning_rate: float | None = Field(default=None, description="Learning rate of the step.")
 
