@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from everstep.model_manifest import MANIFEST_NAME, verify_manifest
-from everstep_controller.demo import demo_figure, ensure_demo_model, use_demo_model
+from everstep_controller.cli import build_parser
+from everstep_controller.demo import REBUILD_DIR, demo_figure, ensure_demo_model, use_demo_model
 from everstep_controller.job_file import load_job_file
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -65,6 +66,12 @@ def test_a_damaged_copy_is_refused_by_file_name_and_not_rebuilt(tmp_path: Path, 
     assert "everstep demo --rebuild" in str(caught.value)
     assert _tree(copy) == before
     assert not (tmp_path / "demo-model.partial").exists()
+
+
+def test_demo_rebuild_is_an_option_and_builds_outside_the_shipped_folder() -> None:
+    assert build_parser().parse_args(["demo", "--rebuild"]).rebuild
+    assert not build_parser().parse_args(["demo"]).rebuild
+    assert Path("outputs/demo-model") == REBUILD_DIR  # ignored by git (.gitignore: /outputs/)
 
 
 def test_a_rebuilt_model_takes_the_spec_model_and_its_data_files(tmp_path: Path) -> None:

@@ -147,7 +147,7 @@ def demo_figure(history: list[dict[str, Any]], evaluation: dict[str, Any]) -> Fi
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = plt.subplots(figsize=(8, 5.2))
     ax.plot([m["step"] for m in history], [m["reward_mean"] for m in history], label="training reward (mean)")
     # Held-out accuracy is known only at the steps it was evaluated: markers, no line between them,
     # which would read as progress measured in between.
@@ -168,7 +168,8 @@ def demo_figure(history: list[dict[str, Any]], evaluation: dict[str, Any]) -> Fi
     ax.set_title("everstep demo: GRPO + IcePop with C3PO++ rollouts")
     handles, labels = ax.get_legend_handles_labels()
     more_handles, more_labels = lengths.get_legend_handles_labels()
-    ax.legend(handles + more_handles, labels + more_labels, loc="lower right")
+    # below the axes: inside, it hid the late steps of the curves
+    ax.legend(handles + more_handles, labels + more_labels, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
