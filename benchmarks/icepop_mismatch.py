@@ -14,8 +14,9 @@ masked fraction, reward, ...) and OUT/icepop_mismatch.png, and prints as its las
 `{"none": {...}, "tis": {...}, "icepop": {...}}` with final_reward (mean over the last 10% of
 steps), masked_fraction_mean, mismatch_kl_first and mismatch_kl_last per run.
 
-The model defaults to the demo model at outputs/demo-model (built there first if missing, once, a few
-minutes). Small models and few steps show the mechanics, not the paper's long-horizon collapse.
+The model defaults to the demo model shipped in examples/demo-model (a --model folder that has no
+model yet is built first, a few minutes). Small models and few steps show the mechanics, not the
+paper's long-horizon collapse.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 CORRECTIONS = ("none", "tis", "icepop")
-DEFAULT_MODEL = Path("outputs/demo-model")
+DEFAULT_MODEL = Path("examples/demo-model")
 
 log = logging.getLogger("benchmarks.icepop_mismatch")
 
