@@ -112,6 +112,10 @@ def test_deterministic_mode_seeds_each_sample_and_needs_the_sync_scheduler() -> 
     JobSpec(**SPEC, deterministic=True, scheduler={"mode": "sync"})
     with pytest.raises(ValueError, match="deterministic needs scheduler.mode 'sync'"):
         JobSpec(**SPEC, deterministic=True)
+    with pytest.raises(ValueError, match=r"deterministic needs scheduler.overlap 0 \(got 1\)"):
+        JobSpec(**SPEC, deterministic=True, scheduler={"mode": "sync", "overlap": 1})
+    with pytest.raises(ValueError, match="scheduler.overlap"):
+        JobSpec(**SPEC, scheduler={"overlap": -1})
 
 
 def test_controller_options_set_every_deadline_and_retry_limit() -> None:

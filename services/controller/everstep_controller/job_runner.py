@@ -10,6 +10,11 @@ The runner drives the job's steps and owns its workers; the parts are their own 
   Redis transaction holding everything needed to continue after it;
 - `job_recovery` decides where a job continues from after a takeover or a failed worker, and how
   many restarts are left.
+
+With `scheduler.overlap` N >= 1, a step's train step, weight push and commit run on the runner's
+trainer thread while the next iteration's rollout phase runs here; at most N steps are in flight
+(`_train_iteration`). Steps commit in order, each from the `IterationEnd` taken when its iteration
+ended, so a resumed job continues from the last committed step as with N = 0.
 """
 
 from __future__ import annotations
@@ -17,7 +22,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import redis
@@ -35,7 +43,7 @@ from everstep_controller.launchers import Launcher, WorkerRequest, Workers
 from everstep_controller.progress_store import ProgressStore
 from everstep_controller.reward_items import RewardItemBuilder
 from everstep_controller.rollout_phase import RolloutPhase, RolloutResult, sample_seed
-from everstep_controller.run_state import RunState, scheduler_config
+from everstep_controller.run_state import IterationEnd, RunState, scheduler_config
 from everstep_controller.runner_errors import JobCancelled, RunnerInterrupted, WorkersFailed
 from everstep_controller.runner_settings import RunnerSettings
 from everstep_controller.scoring import ScorerPool, ScoringDepth
@@ -49,6 +57,10 @@ __all__ = ["JobCancelled", "JobRunner", "RunOutcome", "RunnerInterrupted", "Runn
            "sample_seed", "scheduler_config"]
 
 log = logging.getLogger(__name__)
+
+
+class _Skipped(Exception):
+    """A step in flight behind one that failed: not trained; the job continues from its last commit."""
 
 
 @dataclass
@@ -76,6 +88,10 @@ class JobRunner:
         self.recovery = Recovery(job_id, spec, store, progress, owner, self.settings, self.interrupt)
         self.commit = StepCommit(job_id, owner, progress)
         self.state: RunState | None = None  # set once the workers are attached
+        self.next_step = 0  # the last step whose rollout phase ran (committed or in flight)
+        self._trainer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"train-{job_id}")
+        self._in_flight: deque[Future[None]] = deque()  # trained steps not yet joined, oldest first
+        self._failed_in_flight = threading.Event()  # a step in flight failed: those behind it are skipped
         self.train_rows: list[PromptRow] = []
         self.rows_by_index: dict[int, PromptRow] = {}
         self.eval_rows: list[PromptRow] = []
@@ -106,6 +122,7 @@ class JobRunner:
             self.store.update(self.job_id, fence=self.owner, state=JobState.SUCCEEDED)
             return RunOutcome(True)
         except JobCancelled:
+            self._settle_in_flight()
             self.store.update(self.job_id, fence=self.owner, state=JobState.CANCELLED)
             return RunOutcome(True, "cancelled")
         except LostOwnership as e:
@@ -120,6 +137,7 @@ class JobRunner:
                 log.info("job %s interrupted at step %d by the controller's shutdown", self.job_id, self.step)
                 return RunOutcome(False, "interrupted")
             log.exception("job %s failed", self.job_id)  # the job fails with its cause; the controller goes on
+            self._settle_in_flight()
             try:
                 self.store.update(self.job_id, fence=self.owner, state=JobState.FAILED,
                                   error=f"{type(e).__name__}: {e}")
@@ -127,6 +145,8 @@ class JobRunner:
                 return RunOutcome(False, "lost ownership")
             return RunOutcome(True, "failed")
         finally:
+            self._settle_in_flight()
+            self._trainer_thread.shutdown(wait=True)
             log.info("job %s: runner ended after %.1fs at step %d", self.job_id, time.monotonic() - started,
                      self.step)
             self._stop_scorers()
@@ -148,14 +168,16 @@ class JobRunner:
 
     def _step_or_finish(self) -> bool:
         """One step, or the end of the job (True)."""
-        self._after_step()
-        if self.state.step >= self.spec.steps or self._enough_samples():
+        if not self._in_flight:  # a step in flight has nothing due after it (`_must_wait`)
+            self._after_step()
+        if self.next_step >= self.spec.steps or self._enough_samples():
+            self._join_in_flight()
             self._evaluate_once(self.state.step)
             if self.state.last_checkpoint_step != self.state.step:
                 self._checkpoint()
             return True
         self._honour_requests()
-        self._train_iteration(self.state.step + 1)
+        self._train_iteration(self.next_step + 1)
         return False
 
     def _enough_samples(self) -> bool:
@@ -208,6 +230,7 @@ class JobRunner:
     def _recover(self, error: ServiceUnavailable) -> None:
         """After a failed call: a pause, then the failed worker, and any that died, started anew, and the
         job continued from where its state allows (`job_recovery`)."""
+        self._settle_in_flight()
         self.recovery.failed(error)
         if error.service is Service.REWARD:  # the shared pool: nothing to restart, the call is retried
             return
@@ -222,6 +245,7 @@ class JobRunner:
     def _continue(self, *, trainer_kept: bool, reason: str) -> None:
         self.state = self.recovery.continue_from(self.workers, self.rows_by_index, trainer_kept=trainer_kept,
                                                  reason=reason)
+        self.next_step = self.state.step
         self._start_scorers()
 
     def _start_scorers(self) -> None:
@@ -242,8 +266,10 @@ class JobRunner:
         self.reward = RewardClient(self.reward_address, timeout_seconds=self.settings.deadlines.reward_seconds)
 
     def _honour_requests(self) -> None:
-        """Between steps: cancel, or pause until resumed."""
+        """Between steps: cancel, or pause until resumed (once the steps in flight are committed)."""
         action = self.store.requested(self.job_id)
+        if action in (Action.cancel, Action.pause):
+            self._join_in_flight()
         if action == Action.cancel:
             raise JobCancelled
         if action == Action.pause:
@@ -261,24 +287,76 @@ class JobRunner:
 
     # -- one training step -------------------------------------------------------------------
     def _train_iteration(self, step: int) -> None:
-        """Rollout, the wait for the scores, the batch, the train step and push, then the commit."""
-        state, scorers = self.state, self.scorers
+        """The rollout phase here, then the step's training and commit: at once (overlap 0, or a step that
+        something waits for), or on the trainer thread while the next rollout phase runs."""
         t0 = time.monotonic()
         rollout = self._rollout_phase()
-        t_rollout = time.monotonic() - t0
-        outcome = state.scheduler.end_iteration({p.id: len(p.output_ids) for p in rollout.partials})
+        end = self.state.end_iteration(rollout.partials)
+        self.next_step = step
+        train = partial(self._train_and_commit, step, end, rollout, self.scorers, t0, time.monotonic() - t0)
+        if self._must_wait(step):
+            self._join_in_flight()
+            train()
+            return
+        self._in_flight.append(self._trainer_thread.submit(self._in_order, train))
+        self._join_in_flight(keep=self.spec.scheduler.overlap)
 
+    def _must_wait(self, step: int) -> bool:
+        """True when step `step` trains before the next rollout phase: no overlap, the last step, one with an
+        evaluation or checkpoint due after it, or a job bounded by trained samples."""
+        spec, e, c = self.spec, self.spec.evaluation, self.spec.checkpoint
+        return (not spec.scheduler.overlap or step >= spec.steps or bool(spec.max_trained_samples)
+                or bool(e.every and step % e.every == 0) or bool(c.interval and step % c.interval == 0))
+
+    def _in_order(self, train: partial[None]) -> None:
+        """A step in flight, on the trainer thread; skipped when one before it failed."""
+        if self._failed_in_flight.is_set():
+            raise _Skipped
+        try:
+            train()
+        except BaseException:
+            self._failed_in_flight.set()
+            raise
+
+    def _join_in_flight(self, keep: int = 0) -> None:
+        """Waits for the oldest steps in flight until at most `keep` are left; when one failed, waits for
+        all of them and raises its error."""
+        while len(self._in_flight) > keep:
+            try:
+                self._in_flight[0].result()
+            except BaseException:
+                self._settle_in_flight()
+                raise
+            self._in_flight.popleft()
+
+    def _settle_in_flight(self) -> None:
+        """Waits for every step in flight, whatever it ends with (a failure is logged: the caller already
+        handles one, or is about to go back to the last committed step)."""
+        while self._in_flight:
+            future = self._in_flight.popleft()
+            try:
+                future.result()
+            except _Skipped:
+                pass
+            except BaseException as e:  # noqa: BLE001 - superseded by the caller's own handling
+                log.warning("job %s: a step in flight failed: %s: %s", self.job_id, type(e).__name__, e)
+        self._failed_in_flight.clear()
+
+    def _train_and_commit(self, step: int, end: IterationEnd, rollout: RolloutResult, scorers: ScorerPool,
+                          started: float, rollout_seconds: float) -> None:
+        """The wait for the scores, the batch, the train step and push, then the commit."""
+        state = self.state
         t1 = time.monotonic()
         # every finished rollout is scored before the commit, which refers to the scores of open groups
         scorers.wait_scored(rollout.finished_ids, self.settings.scoring_timeout_seconds)
-        train_ids = state.scheduler.trainable_samples(outcome)
+        train_ids = end.train_ids
         scored = scorers.scored(train_ids)
         t_reward = time.monotonic() - t1
 
-        batch = build_batch(outcome.trainable_groups, state.scheduler, scored,
+        batch = build_batch(end.outcome.trainable_groups, end, scored,
                             drop_zero_signal=self.spec.algorithm.drop_zero_signal_groups,
                             normalize_std=self.spec.algorithm.normalize_std)
-        rows = {g: state.scheduler.prompt_index(g) for g in batch.unscorable}
+        rows = {g: end.prompt_indices[g] for g in batch.unscorable}
         record_changes = {"dataset": self.unscorable.report} if self.unscorable.note(batch.unscorable, rows) else {}
         staleness = [state.version - v for s in batch.samples for v in s.output_versions]
         t2 = time.monotonic()
@@ -301,11 +379,11 @@ class JobRunner:
                 push_seconds = push.seconds
         t_train = time.monotonic() - t2
 
-        times = StepTimes(rollout_seconds=t_rollout, reward_seconds=t_reward, train_seconds=t_train,
-                          weight_push_seconds=push_seconds, iteration_seconds=time.monotonic() - t0)
+        times = StepTimes(rollout_seconds=rollout_seconds, reward_seconds=t_reward, train_seconds=t_train,
+                          weight_push_seconds=push_seconds, iteration_seconds=time.monotonic() - started)
         rewards = [scored[s].reward for s in train_ids if not scored[s].error]
-        self.commit.commit(state, TrainedStep(step=step, outcome=outcome, rollout=rollout, batch=batch,
-                                              rewards=rewards, staleness=staleness, stats=stats, times=times,
+        self.commit.commit(state, TrainedStep(step=step, end=end, rollout=rollout, batch=batch, rewards=rewards,
+                                              staleness=staleness, stats=stats, times=times,
                                               record_changes=record_changes), scorers)
         self.recovery.step_completed()
         if push_failure is not None:

@@ -17,8 +17,7 @@ from everstep.v1 import trainer_pb2
 from everstep_controller import metrics
 from everstep_controller.progress_store import ProgressStore
 from everstep_controller.rollout_phase import RolloutResult
-from everstep_controller.run_state import RunState
-from everstep_controller.scheduler import IterationOutcome
+from everstep_controller.run_state import IterationEnd, RunState
 from everstep_controller.scoring import ScorerPool
 from everstep_controller.step_record import StepTimes, step_record
 from everstep_controller.training_batch import StepBatch
@@ -33,7 +32,7 @@ class TrainedStep:
     """What one iteration did."""
 
     step: int
-    outcome: IterationOutcome
+    end: IterationEnd
     rollout: RolloutResult
     batch: StepBatch
     rewards: list[float]
@@ -55,25 +54,20 @@ class StepCommit:
 
     def commit(self, state: RunState, trained: TrainedStep, scorers: ScorerPool | None) -> None:
         """Advances `state` past the step and commits it; `scorers` forget the scores the step consumed."""
-        outcome, scheduler = trained.outcome, state.scheduler
-        partials = {p.id: p for p in trained.rollout.partials}
-        closed = scheduler.closed_samples(outcome)
-        state.step, state.carried = trained.step, [partials[s] for s in outcome.carried_samples]
+        end = trained.end
+        state.step = trained.step
         state.num_trained_samples += len(trained.batch.samples)
-        record = step_record(step=trained.step, version=state.version, outcome=outcome, batch=trained.batch,
+        record = step_record(step=trained.step, version=state.version, outcome=end.outcome, batch=trained.batch,
                              rewards=trained.rewards, num_trained_samples_total=state.num_trained_samples,
-                             num_carried=len(state.carried), num_finished=len(trained.rollout.finished_ids),
+                             num_carried=len(end.carried), num_finished=len(trained.rollout.finished_ids),
                              generated_tokens=trained.rollout.generated_tokens, staleness=trained.staleness,
                              times=trained.times, stats=trained.stats)
-        self.progress_store.commit_step(self.job_id, self.owner, progress=state.progress(), carried=state.carried,
-                                        closed_sample_ids=closed, metrics=record,
+        self.progress_store.commit_step(self.job_id, self.owner, progress=state.progress(end), carried=end.carried,
+                                        closed_sample_ids=end.closed, metrics=record,
                                         record_changes={**trained.record_changes, "step": trained.step,
                                                         "metrics": record})
-        for sample_id in closed:
-            state.samples.pop(sample_id, None)
         if scorers is not None:
-            scorers.forget(closed)
-        metrics.observe_iteration(self.job_id, record, [scheduler.retention_age(s) for s in outcome.carried_samples],
-                                  trained.staleness)
+            scorers.forget(end.closed)
+        metrics.observe_iteration(self.job_id, record, end.retention_ages, trained.staleness)
         log.info("job %s step %d: reward %.3f, %d samples trained, %.1fs", self.job_id, trained.step,
                  record.reward_mean, len(trained.batch.samples), record.iteration_seconds)
