@@ -68,6 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     real.add_argument("--workers", choices=("fresh", "shared"), default="fresh",
                       help="fresh: own rollout and trainer processes per run; shared: one pair for both")
     real.add_argument("--threads-per-worker", type=int, default=0, help="torch threads per worker (0: default)")
+    real.add_argument("--overlap", type=int, default=0,
+                      help="also run c3po with scheduler.overlap N for as many steps as the c3po run (0: not)")
     real.add_argument("--keep-zero-signal-groups", action="store_true",
                       help="train groups whose rewards are all equal (needed when the model never scores)")
     return p.parse_args(argv)
@@ -115,6 +117,7 @@ def main(argv: list[str] | None = None) -> None:
             max_new_tokens=args.max_new_tokens, token_budget=args.token_budget, retention=args.retention,
             learning_rate=args.learning_rate, seed=args.seed, workers=args.workers,
             threads_per_worker=args.threads_per_worker, keep_zero_signal_groups=args.keep_zero_signal_groups,
+            overlap=args.overlap,
         )
         result = run_real(config)
     result["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]

@@ -52,6 +52,7 @@ class RealConfig:
     workers: str = "fresh"  # or "shared"
     threads_per_worker: int = 0
     keep_zero_signal_groups: bool = False  # train groups whose rewards are all equal (a random model's are)
+    overlap: int = 0  # > 0: a third run, c3po with scheduler.overlap, as many steps as the c3po run took
 
     @property
     def max_steps(self) -> int:
@@ -64,18 +65,23 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _spec(config: RealConfig, mode: str, budget: int, checkpoint_dir: Path) -> JobSpec:
+def _spec(config: RealConfig, mode: str, budget: int, checkpoint_dir: Path, *, overlap: int = 0,
+          steps: int = 0) -> JobSpec:
+    """steps: run exactly this many (and no trained-samples bound: with overlap, a step's trained samples are
+    known only after the next step started)."""
+    name = f"{mode}-overlap{overlap}" if overlap else mode
     return JobSpec.model_validate({
-        "name": f"c3po-benchmark-{mode}", "model_path": config.model, "dataset": {"train_path": config.dataset},
+        "name": f"c3po-benchmark-{name}", "model_path": config.model, "dataset": {"train_path": config.dataset},
         "algorithm": {"group_size": config.group_size,
                       "drop_zero_signal_groups": not config.keep_zero_signal_groups},
         "sampling": {"temperature": config.temperature, "max_new_tokens": config.max_new_tokens},
         "scheduler": {"mode": mode, "token_budget": max(1, budget), "retention": config.retention,
                       "pool_capacity": config.prompts_per_iteration * config.group_size,
-                      "prompts_per_iteration": config.prompts_per_iteration},
+                      "prompts_per_iteration": config.prompts_per_iteration, "overlap": overlap},
         "trainer": {"learning_rate": config.learning_rate},
-        "checkpoint": {"dir": str(checkpoint_dir / mode)},
-        "steps": config.max_steps, "max_trained_samples": config.trained_samples, "seed": config.seed,
+        "checkpoint": {"dir": str(checkpoint_dir / name)},
+        "steps": steps or config.max_steps, "max_trained_samples": 0 if steps else config.trained_samples,
+        "seed": config.seed,
     })
 
 
@@ -135,7 +141,9 @@ class _Services:
         stop_processes(self.processes)
 
 
-def _run_job(manager: JobManager, store: JobStore, spec: JobSpec) -> list[StepMetrics]:
+def _run_job(manager: JobManager, store: JobStore, spec: JobSpec) -> tuple[list[StepMetrics], float]:
+    """The job's metrics rows, and its wall seconds from submission to its end."""
+    started = time.monotonic()
     job_id = manager.submit(spec).id
     last_step = -1
     while (record := store.get(job_id)).state not in TERMINAL_STATES:
@@ -147,14 +155,15 @@ def _run_job(manager: JobManager, store: JobStore, spec: JobSpec) -> list[StepMe
         time.sleep(0.2)
     if record.state.value != "SUCCEEDED":
         raise RuntimeError(f"{spec.name} ended {record.state.value}: {record.error}")
-    return store.metrics(job_id)
+    return store.metrics(job_id), time.monotonic() - started
 
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def _summary(history: list[StepMetrics]) -> dict[str, Any]:
+def _summary(run: tuple[list[StepMetrics], float]) -> dict[str, Any]:
+    history, wall_seconds = run
     last = history[-max(1, round(len(history) * 0.2)):]
     trained = sum(m.num_samples_trained for m in history)
     return {
@@ -162,6 +171,7 @@ def _summary(history: list[StepMetrics]) -> dict[str, Any]:
         "trained_samples": trained,
         "rollout_seconds": round(sum(m.rollout_seconds for m in history), 2),
         "e2e_seconds": round(sum(m.iteration_seconds for m in history), 2),
+        "wall_seconds": round(wall_seconds, 2),
         "train_seconds": round(sum(m.train_seconds + m.weight_push_seconds for m in history), 2),
         "generated_tokens": sum(m.generated_tokens for m in history),
         "mean_response_tokens": round(sum(m.finished_tokens for m in history)
@@ -191,6 +201,11 @@ def run_real(config: RealConfig) -> dict[str, Any]:
                                                   * sync["mean_response_tokens"])
             _log(f"c3po: pool {config.prompts_per_iteration * config.group_size}, token budget {budget}")
             c3po = _summary(_run_job(manager, store, _spec(config, "c3po", budget, Path(tmp))))
+            overlapped = None
+            if config.overlap:
+                _log(f"c3po with overlap {config.overlap}: {c3po['steps']} steps")
+                overlapped = _summary(_run_job(manager, store, _spec(config, "c3po", budget, Path(tmp),
+                                                                     overlap=config.overlap, steps=c3po["steps"])))
         finally:
             manager.stop()
 
@@ -206,4 +221,11 @@ def run_real(config: RealConfig) -> dict[str, Any]:
         if sync["reward_last_20pct"] else None,
         "reached_trained_samples": min(sync["trained_samples"], c3po["trained_samples"]) >= config.trained_samples,
         "token_budget": budget, "sync": sync, "c3po": c3po, "config": asdict(config),
+        # with overlap the steps' iteration_seconds overlap: its end-to-end speedup is by wall time (the job's,
+        # from submission to end), against the sync and c3po runs' own wall times
+        **({"c3po_overlap": overlapped,
+            "wall_speedup_c3po": round(per_sample(sync, "wall_seconds") / per_sample(c3po, "wall_seconds"), 3),
+            "wall_speedup_overlap": round(per_sample(sync, "wall_seconds") / per_sample(overlapped, "wall_seconds"),
+                                          3),
+            "reward_overlap": overlapped["reward_last_20pct"]} if overlapped else {}),
     }

@@ -73,7 +73,7 @@ def test_real_run_at_tiny_size(tiny_model_dir: Path, tmp_path: Path) -> None:
     dataset.write_text("".join(json.dumps(r) + "\n" for r in rows))
     result = _run("--model", str(tiny_model_dir), "--dataset", str(dataset), "--prompts-per-iteration", "2",
                   "--group-size", "4", "--trained-samples", "16", "--max-new-tokens", "16", "--workers", "shared",
-                  "--threads-per-worker", "1", "--keep-zero-signal-groups", timeout=600)
+                  "--threads-per-worker", "1", "--keep-zero-signal-groups", "--overlap", "1", timeout=600)
     assert result["simulate"] is False and result["reached_trained_samples"] is True
     for key in ("rollout_speedup", "e2e_speedup"):
         assert isinstance(result[key], float) and result[key] > 0
@@ -84,3 +84,7 @@ def test_real_run_at_tiny_size(tiny_model_dir: Path, tmp_path: Path) -> None:
     expected_ratio = round(result["reward_c3po"] / result["reward_sync"], 3) if result["reward_sync"] else None
     assert result["reward_ratio"] == expected_ratio
     assert result["sync"]["max_staleness"] == 0, "the baseline never trains stale tokens"
+    overlapped = result["c3po_overlap"]
+    assert overlapped["steps"] == result["c3po"]["steps"], "as many steps as the c3po run"
+    assert overlapped["max_staleness"] <= 1 + 2, "bounded by overlap + retention"
+    assert result["wall_speedup_overlap"] > 0 and result["wall_speedup_c3po"] > 0
