@@ -90,3 +90,18 @@ def test_bad_quantization_is_refused_naming_the_field(tiny_model_dir, tiny_gpt2_
         Engine(tiny_gpt2_dir, EngineConfig(quantization="int8"))
     with pytest.raises(ValueError, match="quantization.*native executor"):
         Engine(tiny_model_dir, EngineConfig(quantization="fp8", executor="transformers"))
+
+
+def test_int8_kernel_and_dequantized_matmul_agree() -> None:
+    """bfloat16 with few rows takes torch's int8 kernel where it runs, more rows dequantize: same numbers."""
+    from everstep.quantization import Quantization
+    from everstep_rollout.quantization import QuantizedMatrix
+
+    generator = torch.Generator().manual_seed(0)
+    matrix = QuantizedMatrix(48, 64, quantization=Quantization.int8, dtype=torch.bfloat16, device=torch.device("cpu"))
+    matrix.set_rows(0, torch.randn(48, 64, generator=generator))
+    x = torch.randn(20, 64, generator=generator).to(torch.bfloat16)
+    reference = x.float() @ (matrix.data.float() * matrix.scales.float()[:, None]).t()
+    few, many = matrix.linear(x[:4]), matrix.linear(x)
+    assert torch.allclose(few.float(), reference[:4], atol=0.1, rtol=0.02)
+    assert torch.allclose(many.float(), reference, atol=0.1, rtol=0.02)

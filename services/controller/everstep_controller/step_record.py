@@ -12,7 +12,8 @@ from everstep_controller.training_batch import StepBatch
 __all__ = ["StepTimes", "step_record"]
 
 _TRAIN_STATS = ("loss", "grad_norm", "masked_fraction", "mismatch_kl", "logp_diff_abs_mean", "logp_diff_max",
-                "clip_fraction", "entropy", "learning_rate")
+                "clip_fraction", "entropy", "learning_rate", "masked_fraction_fresh", "masked_fraction_stale",
+                "mismatch_kl_fresh", "mismatch_kl_stale", "num_tokens_fresh", "num_tokens_stale")
 
 
 @dataclass(frozen=True, kw_only=True)

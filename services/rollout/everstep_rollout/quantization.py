@@ -8,9 +8,13 @@ copied in (at load and on every weight update), so the engine never keeps a full
 Granularity: "int8" and "fp8" take scale[n] = max_k |w[n, k]| / qmax per output row; "int8-tensor" takes
 one scale per Hugging Face tensor (max over the whole tensor), stored repeated over its rows.
 
-Compute: int8 uses torch's weight-only int8 kernel `torch._weight_int8pack_mm` where it runs for the
-device and dtype (CPU float32/bfloat16 in torch 2.13), and otherwise dequantizes the rows to the engine
-dtype for each matmul. fp8 is always dequantized per matmul (weight-only: `torch._scaled_mm` would also
+Compute: int8 uses torch's weight-only int8 kernel `torch._weight_int8pack_mm` for bfloat16 activations
+of at most _INT8_KERNEL_MAX_ROWS rows (where it runs on the device), and otherwise dequantizes the weight
+to the engine dtype for each matmul. Measured on CPU with torch 2.13 (1 thread): for float32 activations
+the kernel is 50-100x slower than dequantize-then-matmul (6.9 ms against 0.1 ms for 128x128 @ 128x384),
+for bfloat16 it wins only at a few rows (6 us against 61 us at 1 row, 303 us against 75 us at 128 rows).
+So on CPU int8 saves weight memory (4x in float32) and costs time: dequantizing every matmul is slower
+than the float matmul alone. fp8 is always dequantized per matmul (weight-only: `torch._scaled_mm` would also
 quantize the activations, a different numerics), so on every device it computes with fp8-rounded weights
 and saves memory, not time. Embeddings, lm_head and norms are not quantized (as in vLLM and sglang by
 default): they are a large share of a small model, and quantizing the tied embedding would change the
@@ -31,6 +35,8 @@ __all__ = ["QuantizedMatrix", "RowRange"]
 _INT8_MAX = 127.0
 _FP8_MAX = 448.0  # largest finite float8_e4m3fn
 _MIN_SCALE = 1e-12  # an all-zero row gets this scale, so it dequantizes to exact zeros
+_INT8_KERNEL_DTYPES = (torch.bfloat16, torch.float16)  # float32 runs a reference loop, see the module docstring
+_INT8_KERNEL_MAX_ROWS = 16
 
 
 @functools.cache
@@ -62,7 +68,8 @@ class QuantizedMatrix:
         self.data = torch.zeros(rows, cols, dtype=storage, device=device)
         # The int8 kernel wants scales in the activation dtype; dequantizing multiplies in it too.
         self.scales = torch.ones(rows, dtype=dtype, device=device)
-        self._int8_kernel = storage == torch.int8 and _int8_kernel_runs(device.type, dtype)
+        self._int8_kernel = (storage == torch.int8 and dtype in _INT8_KERNEL_DTYPES
+                             and _int8_kernel_runs(device.type, dtype))
 
     @property
     def num_bytes(self) -> int:
@@ -92,7 +99,7 @@ class QuantizedMatrix:
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [M, cols] -> x @ W^T + bias, [M, rows]."""
-        if self._int8_kernel and x.dim() == 2:
+        if self._int8_kernel and x.dim() == 2 and x.shape[0] <= _INT8_KERNEL_MAX_ROWS:
             out = torch._weight_int8pack_mm(x, self.data, self.scales)
             return out + bias if bias is not None else out
         return F.linear(x, self.dequantized(), bias)
