@@ -105,3 +105,15 @@ def test_int8_kernel_and_dequantized_matmul_agree() -> None:
     few, many = matrix.linear(x[:4]), matrix.linear(x)
     assert torch.allclose(few.float(), reference[:4], atol=0.1, rtol=0.02)
     assert torch.allclose(many.float(), reference, atol=0.1, rtol=0.02)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("quantization", ["int8", "fp8"])
+def test_quantized_engine_on_cuda_computes_what_the_cpu_one_does(quantization, tiny_model_dir):
+    """fp8 weights stored as float8_e4m3fn on the GPU, int8 as int8: the same rounded weights as on CPU."""
+    cpu = Engine(tiny_model_dir, EngineConfig(max_running=4, quantization=quantization))
+    gpu = Engine(tiny_model_dir, EngineConfig(max_running=4, quantization=quantization, device="cuda"))
+    for want, got in zip(generate(cpu, temperature=0.0), generate(gpu, temperature=0.0), strict=True):
+        assert got.output_ids == want.output_ids
+        assert got.output_logprobs == pytest.approx(want.output_logprobs, abs=1e-3)
