@@ -268,12 +268,13 @@ def plot(by_arm: dict[str, list[RunResult]], settings: Settings, path: Path) -> 
               ("steps", "grad_norm", "gradient norm", False)]
     fig, axes = plt.subplots(2, 3, figsize=(14, 7), sharex=True)
     for ax, (kind, field, title, log_scale) in zip(axes.flat, panels, strict=True):
-        for arm, runs in by_arm.items():
+        # Arms that coincide (TIS and IcePop when nothing is masked or capped) stay visible: dashed, dotted.
+        for (arm, runs), style in zip(by_arm.items(), ("-", "-", "--", ":"), strict=True):
             records = [getattr(run, kind) for run in runs]
             x = [r.step for r in records[0]]
             columns = list(zip(*[[getattr(r, field) for r in rec] for rec in records], strict=True))
             mean = [statistics.fmean(c) for c in columns]
-            (line,) = ax.plot(x, mean, label=arm)
+            (line,) = ax.plot(x, mean, style, label=arm)
             ax.fill_between(x, [min(c) for c in columns], [max(c) for c in columns], color=line.get_color(),
                             alpha=0.2, linewidth=0)
         if log_scale:
