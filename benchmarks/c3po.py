@@ -5,7 +5,7 @@
         4096 concurrent rollouts, long-tailed lengths up to 64K tokens, a decode step whose cost grows
         with batch occupancy and context); see benchmarks/c3po_sim.py for the cost model.
 
-    python -m benchmarks.c3po [--model outputs/demo-model --prompts-per-iteration P ...]
+    python -m benchmarks.c3po [--model examples/demo-model --prompts-per-iteration P ...]
         The same job on real generation: the demo model and its long-tailed arithmetic task, through
         Redis, the reward service, the controller's job runner and a real rollout engine and trainer
         (benchmarks/c3po_real.py).
@@ -54,7 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                      help="decode step cost per context token of the active rollouts")
     sim.add_argument("--train-per-token-seconds", type=float, default=2.5e-5, help="train step cost per token")
     real = p.add_argument_group("real generation")
-    real.add_argument("--model", default=str(REPO / "outputs" / "demo-model"), help="Hugging Face model directory")
+    real.add_argument("--model", default=str(REPO / "examples" / "demo-model"),
+                      help="Hugging Face model directory (default: the shipped demo model)")
     real.add_argument("--dataset", default=None, help="JSONL or Parquet rows (default: MODEL/train.jsonl)")
     real.add_argument("--max-new-tokens", type=int, default=200)
     real.add_argument("--learning-rate", type=float, default=3e-4)

@@ -33,6 +33,7 @@ from everstep_controller.launchers.shared import SharedLauncher
 from everstep_controller.local_stack import redis_server_binary
 from everstep_controller.processes import ManagedProcess, free_port, spawn, stop_processes, wait_grpc_serving
 from everstep_controller.spec import JobSpec
+from everstep_controller.step_metrics import StepMetrics
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,15 +135,14 @@ class _Services:
         stop_processes(self.processes)
 
 
-def _run_job(manager: JobManager, store: JobStore, spec: JobSpec) -> list[dict[str, Any]]:
+def _run_job(manager: JobManager, store: JobStore, spec: JobSpec) -> list[StepMetrics]:
     job_id = manager.submit(spec).id
     last_step = -1
     while (record := store.get(job_id)).state not in TERMINAL_STATES:
         if record.step != last_step and record.metrics:
             m = record.metrics
-            _log(f"  {spec.scheduler.mode.value} step {record.step}: {m['num_trained_samples_total']} trained, "
-                 f"reward {m['reward_mean']:.3f}, rollout {m['rollout_seconds']:.1f}s, "
-                 f"iteration {m['iteration_seconds']:.1f}s")
+            _log(f"  {spec.scheduler.mode.value} step {record.step}: {m.num_trained_samples_total} trained, "
+                 f"reward {m.reward_mean:.3f}, rollout {m.rollout_seconds:.1f}s, iteration {m.iteration_seconds:.1f}s")
             last_step = record.step
         time.sleep(0.2)
     if record.state.value != "SUCCEEDED":
@@ -154,30 +154,30 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def _summary(history: list[dict[str, Any]]) -> dict[str, Any]:
+def _summary(history: list[StepMetrics]) -> dict[str, Any]:
     last = history[-max(1, round(len(history) * 0.2)):]
-    trained = sum(m["num_samples_trained"] for m in history)
+    trained = sum(m.num_samples_trained for m in history)
     return {
         "steps": len(history),
         "trained_samples": trained,
-        "rollout_seconds": round(sum(m["rollout_seconds"] for m in history), 2),
-        "e2e_seconds": round(sum(m["iteration_seconds"] for m in history), 2),
-        "train_seconds": round(sum(m["train_seconds"] + m["weight_push_seconds"] for m in history), 2),
-        "generated_tokens": sum(m["generated_tokens"] for m in history),
-        "mean_response_tokens": round(sum(m["finished_tokens"] for m in history)
-                                      / max(1, sum(m["num_finished_rollouts"] for m in history)), 2),
-        "reward_last_20pct": round(_mean([m["reward_mean"] for m in last]), 4),
-        "purged_samples": sum(m["num_samples_purged"] for m in history),
-        "dropped_groups": sum(m["num_groups_dropped"] for m in history),
-        "max_staleness": max(m["staleness_max"] for m in history),
+        "rollout_seconds": round(sum(m.rollout_seconds for m in history), 2),
+        "e2e_seconds": round(sum(m.iteration_seconds for m in history), 2),
+        "train_seconds": round(sum(m.train_seconds + m.weight_push_seconds for m in history), 2),
+        "generated_tokens": sum(m.generated_tokens for m in history),
+        "mean_response_tokens": round(sum(m.finished_tokens for m in history)
+                                      / max(1, sum(m.num_finished_rollouts for m in history)), 2),
+        "reward_last_20pct": round(_mean([m.reward_mean for m in last]), 4),
+        "purged_samples": sum(m.num_samples_purged for m in history),
+        "dropped_groups": sum(m.num_groups_dropped for m in history),
+        "max_staleness": max(m.staleness_max for m in history),
     }
 
 
 def run_real(config: RealConfig) -> dict[str, Any]:
     for path in (config.model, config.dataset):
         if not Path(path).exists():
-            raise FileNotFoundError(f"{path} does not exist (build the demo model: python -m everstep_trainer.demo "
-                                    "--out outputs/demo-model)")
+            raise FileNotFoundError(f"{path} does not exist (the demo model is shipped in examples/demo-model; "
+                                    "python -m everstep_trainer.demo --out DIR builds one)")
     with tempfile.TemporaryDirectory(prefix="c3po-bench-") as tmp, _Services(Path(tmp), config) as services:
         store = JobStore(redis.Redis.from_url(services.redis_url))
         manager = JobManager(store, services.launcher(), services.reward.grpc_address, Path(tmp) / "data",

@@ -29,8 +29,8 @@ seeds), final_greedy {mean, std}, mismatch_kl_first / mismatch_kl_last (mean ove
 first / last 10% of steps), masked_fraction_mean, logp_diff_max_max.
 
 Sizes: the default (100 steps x 3 seeds x 4 arms at P=8, G=8) is the full run (about an hour on 2 cores);
-`--quick` is about 10 minutes (30 steps, 2 seeds, P=4, 20 eval prompts). The model defaults to
-outputs/demo-model (built there first if missing, a few minutes).
+`--quick` is about 4 to 7 minutes (30 steps, 2 seeds, P=4, 20 eval prompts). The model defaults to the demo
+model shipped in examples/demo-model (a --model folder that has no model yet is built first, a few minutes).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-DEFAULT_MODEL = Path("outputs/demo-model")
+DEFAULT_MODEL = Path("examples/demo-model")
 QUANTIZATIONS = ("int8", "int8-tensor", "fp8")
 EVAL_SAMPLES = 4
 

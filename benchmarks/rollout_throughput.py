@@ -1,7 +1,7 @@
 """Rollout throughput: `python -m benchmarks.rollout_throughput [--model DIR] [--num-prompts N] ...`.
 
-One model (the demo model, `outputs/demo-model`, built by `python -m everstep_trainer.demo --out
-outputs/demo-model`), one workload: the first N prompts (default 256) of the demo task's train.jsonl,
+One model (the demo model shipped in `examples/demo-model`, built by `python -m everstep_trainer.demo`;
+its build.json records how), one workload: the first N prompts (default 256) of the demo task's train.jsonl,
 sampled at temperature 1 (no top-k/top-p) until EOS or max_new_tokens. The warm-started demo model
 writes worked solutions whose length follows the task's long-tailed chain lengths (most a few tokens,
 a few a couple of hundred), which is the case continuous batching is for.
@@ -49,7 +49,7 @@ from pathlib import Path
 
 log = logging.getLogger("benchmarks.rollout_throughput")
 
-DEFAULT_MODEL = Path("outputs/demo-model")
+DEFAULT_MODEL = Path("examples/demo-model")
 CHAT_PROMPTS = Path(__file__).resolve().parents[1] / "examples" / "data" / "arith-word-problems" / "train.parquet"
 DEFAULT_NUM_PROMPTS = {"raw": 256, "chat": 128}
 
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
     if not (args.model / "config.json").exists():
         print(f"no model at {args.model}: build the demo model first with "
-              f"`python -m everstep_trainer.demo --out {DEFAULT_MODEL}`, or pass --model", file=sys.stderr)
+              f"`python -m everstep_trainer.demo --out {args.model}`, or pass --model", file=sys.stderr)
         return 2
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

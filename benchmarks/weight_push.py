@@ -37,6 +37,7 @@ import grpc
 
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 from everstep_controller.processes import ManagedProcess, free_port, spawn, stop_processes, wait_grpc_serving
+from everstep_trainer.weight_transports import Transport
 
 _READY_TIMEOUT_SECONDS = 300
 
@@ -134,7 +135,7 @@ def applied_bytes(metrics_url: str, transport: str) -> float:
 
 def bench_transport(trainer: trainer_pb2_grpc.TrainerStub, rollout: ManagedProcess, setting: str, repeats: int,
                     num_bytes: int, baseline: MemcpyBaseline) -> dict:
-    request = trainer_pb2.PushWeightsRequest(endpoints=[rollout.grpc_address], transport=setting)
+    request = trainer_pb2.PushWeightsRequest(endpoints=[rollout.grpc_address], transport=Transport(setting).to_proto())
     warm = trainer.PushWeights(request, timeout=600)  # channels, segments, groups: set up once
     transport = warm.transports[rollout.grpc_address]
     before = applied_bytes(_metrics_url(rollout), transport)
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the rollout engine's device (cpu, cuda[:N]); the trainer uses CUDA whenever it has one")
     args = parser.parse_args(argv)
     settings = [s.strip() for s in args.transport.split(",") if s.strip()]
-    unknown = sorted(set(settings) - {"auto", "shm", "grpc", "gloo", "nccl", "cuda_ipc"})
+    unknown = sorted(set(settings) - {t.value for t in Transport})
     if unknown or not settings:
         parser.error(f"--transport: unknown or empty settings {unknown or args.transport!r}")
     if args.repeats < 1 or args.mb <= 0:

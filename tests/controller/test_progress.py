@@ -10,6 +10,7 @@ import random
 import pytest
 import redis
 from pydantic import ValidationError
+from step_rows import eval_row, step_row
 
 from everstep.v1 import common_pb2
 from everstep_controller.job_store import InvalidJobUpdate, JobState, JobStore, LostOwnership
@@ -96,7 +97,7 @@ def _progress(step: int) -> JobProgress:
 def _commit(progress: ProgressStore, job_id: str, step: int, owner: str = "controller-a", **kw) -> None:
     progress.commit_step(job_id, owner, progress=_progress(step),
                          carried=kw.get("carried", []), closed_sample_ids=kw.get("closed", []),
-                         metrics={"step": step}, record_changes={"step": step})
+                         metrics=step_row(step), record_changes={"step": step})
 
 
 def test_commit_is_atomic_and_fenced_by_the_owner(stores: tuple[JobStore, ProgressStore, str]) -> None:
@@ -110,14 +111,14 @@ def test_commit_is_atomic_and_fenced_by_the_owner(stores: tuple[JobStore, Progre
     assert progress.carried(job_id)["g2-0"].output_ids == [5, 6]
     assert progress.missing_scores(job_id, ["g0-0", "g1-0"]) == ["g0-0"], "trained scores are dropped"
     assert progress.training_marker(job_id) is None
-    assert store.get(job_id).step == 1 and store.metrics(job_id) == [{"step": 1}]
+    assert store.get(job_id).step == 1 and [m.step for m in store.metrics(job_id)] == [1]
 
     store.claim(job_id, "controller-b")  # another controller took the job over
     with pytest.raises(LostOwnership):
         _commit(progress, job_id, 2)
     with pytest.raises(LostOwnership):
         store.update(job_id, fence="controller-a", error="late write")
-    assert progress.load(job_id).step == 1 and store.metrics(job_id) == [{"step": 1}]
+    assert progress.load(job_id).step == 1 and [m.step for m in store.metrics(job_id)] == [1]
     assert store.get(job_id).error is None
 
 
@@ -145,10 +146,10 @@ def test_checkpoint_restore_forgets_later_work(stores: tuple[JobStore, ProgressS
     progress.store_scored(job_id, "open", ScoredSample(sequence=b"", reward=1.0))
     _commit(progress, job_id, 2, carried=[common_pb2.Sequence(id="a", output_ids=[1, 2])])
     progress.save_checkpoint(job_id, "controller-a", "/ckpt/step-2")
-    store.update(job_id, evaluation={"0": {}, "2": {}})
+    store.update(job_id, evaluation={"0": eval_row(0), "2": eval_row(2)})
     _commit(progress, job_id, 3, carried=[common_pb2.Sequence(id="b", output_ids=[7])], closed=["open"])
     progress.store_scored(job_id, "late", ScoredSample(sequence=b"", reward=0.0))
-    store.update(job_id, evaluation={"0": {}, "2": {}, "3": {}})
+    store.update(job_id, evaluation={"0": eval_row(0), "2": eval_row(2), "3": eval_row(3)})
 
     assert progress.load_checkpoint(job_id).checkpoint_path == "/ckpt/step-2"
     restored = progress.restore_checkpoint(job_id, "controller-a")
@@ -156,6 +157,6 @@ def test_checkpoint_restore_forgets_later_work(stores: tuple[JobStore, ProgressS
     assert progress.load(job_id) == restored
     assert {k: list(v.output_ids) for k, v in progress.carried(job_id).items()} == {"a": [1, 2]}
     assert progress.missing_scores(job_id, ["open", "late"]) == ["late"]
-    assert [m["step"] for m in store.metrics(job_id)] == [1, 2]
+    assert [m.step for m in store.metrics(job_id)] == [1, 2]
     record = store.get(job_id)
     assert record.step == 2 and set(record.evaluation) == {"0", "2"}

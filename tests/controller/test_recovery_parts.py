@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from step_rows import step_row
 
 from everstep.v1 import reward_pb2
 from everstep_controller.backoff import Backoff
@@ -91,8 +92,8 @@ def test_a_step_commit_applied_twice_is_stored_once(redis_url: str) -> None:
         state = JobProgress(step=step, version=step, prompt_epoch=0, prompt_cursor=step, group_counter=step,
                             scheduler={}, num_trained_samples=step)
         progress.commit_step(job_id, "controller-a", progress=state, carried=[], closed_sample_ids=[],
-                             metrics={"step": step}, record_changes={"step": step})
-    assert store.metrics(job_id) == [{"step": 1}, {"step": 2}]
+                             metrics=step_row(step), record_changes={"step": step})
+    assert [m.step for m in store.metrics(job_id)] == [1, 2]
 
 
 def test_backoff_doubles_up_to_its_cap_with_jitter() -> None:
@@ -111,6 +112,10 @@ def test_deterministic_mode_seeds_each_sample_and_needs_the_sync_scheduler() -> 
     JobSpec(**SPEC, deterministic=True, scheduler={"mode": "sync"})
     with pytest.raises(ValueError, match="deterministic needs scheduler.mode 'sync'"):
         JobSpec(**SPEC, deterministic=True)
+    with pytest.raises(ValueError, match=r"deterministic needs scheduler.overlap 0 \(got 1\)"):
+        JobSpec(**SPEC, deterministic=True, scheduler={"mode": "sync", "overlap": 1})
+    with pytest.raises(ValueError, match="scheduler.overlap"):
+        JobSpec(**SPEC, scheduler={"overlap": -1})
 
 
 def test_controller_options_set_every_deadline_and_retry_limit() -> None:

@@ -9,6 +9,7 @@ import pytest
 from google.protobuf import json_format
 from tokenizers import Tokenizer, models, pre_tokenizers
 
+from everstep.reward_error_kind import error_kind_label
 from everstep.v1 import common_pb2, reward_pb2
 from everstep_controller.clients import RewardClient
 from everstep_controller.dataset import PromptRow, load_prompt_rows
@@ -102,6 +103,7 @@ def test_the_reward_service_reads_params_token_counts_and_code_cases(rows: list[
     assert {p.verifier: p.score for p in math.parts} == pytest.approx({"math": 1.0, "length": -0.5})
     assert math.reward == pytest.approx(1.0 - 0.25)
     for item_id in ("code-stdin", "code-call"):  # valid cases; this reward service has no sandbox behind it
-        assert [p.error_kind for p in results[item_id].parts] == ["sandbox_unavailable"], results[item_id].error
+        kinds = [error_kind_label(p.error_kind) for p in results[item_id].parts]
+        assert kinds == ["sandbox_unavailable"], results[item_id].error
         assert classify(part_errors(results[item_id]), results[item_id].error) == ErrorClass.TRANSIENT
 

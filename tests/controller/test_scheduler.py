@@ -166,3 +166,28 @@ def test_grpo_advantages() -> None:
     assert grpo_advantages([1.0, 0.0], normalize_std=True) == pytest.approx([1.0, -1.0], abs=1e-5)
     assert grpo_advantages([1.0, 0.0, 0.0, 1.0], normalize_std=False) == [0.5, -0.5, -0.5, 0.5]
     assert grpo_advantages([1.0, 1.0], normalize_std=True) == [0.0, 0.0]
+
+
+def test_schedule_names_and_starts_the_groups_the_pool_has_room_for() -> None:
+    scheduler = C3POScheduler(config(pool_capacity=10, group_size=4))
+    prompts = iter([7, 3, 9])
+    started = scheduler.schedule(lambda: next(prompts))
+    assert [(g.group_id, g.prompt_index, g.sample_ids) for g in started] == [
+        ("g0", 7, ("g0-0", "g0-1", "g0-2", "g0-3")), ("g1", 3, ("g1-0", "g1-1", "g1-2", "g1-3"))]
+    assert scheduler.schedule(lambda: next(prompts)) == [], "8 of 10 slots taken: no room for a group of 4"
+    assert scheduler.num_active == 8 and scheduler.prompt_index("g1") == 3
+    assert [g.group_id for g in scheduler.open_groups()] == ["g0", "g1"]
+
+    for sample_id in ("g0-0", "g0-1", "g0-2", "g0-3", "g1-0"):
+        scheduler.on_finished(sample_id, 5)
+    assert scheduler.finished_open_samples() == {"g0-0", "g0-1", "g0-2", "g0-3", "g1-0"}
+    outcome = scheduler.end_iteration({s: 1 for s in ("g1-1", "g1-2", "g1-3")})
+    assert outcome.trainable_groups == ["g0"] and outcome.carried_samples == ["g1-1", "g1-2", "g1-3"]
+    assert scheduler.trainable_samples(outcome) == ["g0-0", "g0-1", "g0-2", "g0-3"]
+    assert scheduler.closed_samples(outcome) == ["g0-0", "g0-1", "g0-2", "g0-3"]
+    assert [g.group_id for g in scheduler.open_groups()] == ["g1"]
+    assert scheduler.finished_open_samples() == {"g1-0"}, "its score waits for the rest of its group"
+
+    restored = C3POScheduler.from_state(scheduler.config, scheduler.to_state())
+    more = iter([1])
+    assert [g.group_id for g in restored.schedule(lambda: next(more))] == ["g2"], "names continue after a resume"

@@ -21,7 +21,7 @@ from everstep_controller.reward_errors import ErrorClass, RewardFailed
 from everstep_controller.reward_items import RewardItemBuilder
 from everstep_controller.row_tests import RowTests, StdioCase
 from everstep_controller.scheduler import C3POScheduler, Mode, SchedulerConfig
-from everstep_controller.scoring import ScorerPool
+from everstep_controller.scoring import ScorerPool, ScoringDepth
 from everstep_controller.spec import JobSpec, RewardSpec
 from everstep_controller.training_batch import build_batch
 from everstep_controller.unscorable_rows import UnscorableRows
@@ -51,7 +51,7 @@ def _score(progress: ProgressStore, reward_address: str, verifiers: list, rows: 
     build = RewardItemBuilder(verifiers)
     pool = ScorerPool(JOB, progress, RewardClient(reward_address, timeout_seconds=30),
                       lambda sample_id, index, sequence: build(sample_id, by_index[index], sequence),
-                      consumer_prefix="t", num_workers=1, score_attempts=score_attempts)
+                      num_workers=1, score_attempts=score_attempts)
     for sample_id, row in rows.items():
         response = "\\boxed{7}" if sample_id.endswith("0") else "\\boxed{5}"
         pool.submit(sample_id, row.index, common_pb2.Sequence(id=sample_id, prompt_ids=[1], output_ids=[2, 3],
@@ -83,7 +83,7 @@ def test_a_bad_rows_group_is_left_out_and_counted_while_the_others_train(
     scored, _ = _score(progress, reward_address, verifiers, {"m0": math_row, "m1": math_row, "c0": code_row,
                                                              "c1": code_row})
     assert scored["c0"].error_class == ErrorClass.ROW and "language" in scored["c0"].error
-    assert [(e.verifier, e.kind) for e in scored["c0"].part_errors] == [("code", "invalid_spec")]
+    assert [(e.verifier, e.label) for e in scored["c0"].part_errors] == [("code", "invalid_spec")]
 
     scheduler = _scheduler({"gm": ["m0", "m1"], "gc": ["c0", "c1"]})
     batch = build_batch(["gm", "gc"], scheduler, scored, drop_zero_signal=True, normalize_std=True)
@@ -113,7 +113,7 @@ def test_a_transient_error_is_asked_for_again_then_fails_the_step_with_its_cause
     assert retries._value.get() - before == 2, "each sample was asked for once more"
     assert "TransientRewardErrors" in (pool.last_error or "")
     assert scored["c0"].error_class == ErrorClass.TRANSIENT
-    assert progress.rollouts(JOB).depth().pending == 0, "acknowledged once the error was stored"
+    assert pool.depth() == ScoringDepth(queued=0, in_flight=0), "released once the error was stored"
     with pytest.raises(RewardFailed, match=r"sample c0 failed: code: no sandbox configured.*sandbox_unavailable"):
         build_batch(["g"], _scheduler({"g": ["c0", "c1"]}), scored, drop_zero_signal=True, normalize_std=True)
 

@@ -208,11 +208,15 @@ def job_workers(client: redis.Redis, job_id: str) -> dict[str, ManagedProcess]:
     return {p.name: ManagedProcess(**p.model_dump()) for p in workers.processes}
 
 
-def freeze_while(process: ManagedProcess, wanted: Callable[[], bool], attempts: int = 400) -> None:
+def freeze_while(process: ManagedProcess, wanted: Callable[[], bool], attempts: int = 400,
+                 settle_seconds: float = 0.0) -> None:
     """Stops `process` (SIGSTOP) at a moment `wanted()` holds, and leaves it stopped; the caller injects
-    its fault and then resumes it with `thaw`. Lets a test hit a window of a few milliseconds."""
+    its fault and then resumes it with `thaw`. Lets a test hit a window of a few milliseconds.
+    `settle_seconds`: how long the other processes go on before `wanted()` is asked (they finish what
+    the stopped one had already sent them)."""
     for _ in range(attempts):
         os.kill(process.pid, signal.SIGSTOP)
+        time.sleep(settle_seconds)
         if wanted():
             return
         os.kill(process.pid, signal.SIGCONT)

@@ -17,14 +17,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import redis
 from fault_helpers import (
     Controllers,
     Service,
     freeze_while,
     metric_value,
     sample_log_lines,
-    thaw,
     tiny_job,
     wait_job,
     wait_until,
@@ -81,9 +79,8 @@ def _rescore(reward: Service, tokenizer, samples: list[dict]) -> list[float]:
 
 def test_rollouts_are_scored_again_after_the_sandbox_and_the_reward_service_die(
         controllers: Controllers, sandbox: Service, reward: Service, tiny_model_dir: Path, tmp_path: Path) -> None:
-    controller = controllers.start("--score-attempts", "50", "--retry-max-seconds", "1",
+    controllers.start("--score-attempts", "50", "--retry-max-seconds", "1",
                                    env={"EVERSTEP_TRAINER_SAMPLE_LOG": str(tmp_path / "trained.jsonl")})
-    client = redis.Redis.from_url(controllers.redis_url)
     api = controllers.api
     rows = [{"prompt": f"{a} + {b} =", "tests": NO_OUTPUT} for a in range(1, 4) for b in range(1, 5)]
     train = write_rows(tmp_path / "train.jsonl", rows)
@@ -91,10 +88,9 @@ def test_rollouts_are_scored_again_after_the_sandbox_and_the_reward_service_die(
                                                  reward={"verifiers": VERIFIERS})).json()["id"]
     wait_job(api, job_id, lambda j: j["step"] >= 1)
 
-    rollouts = f"everstep:job:{job_id}:rollouts"
-    freeze_while(controller, lambda: client.exists(rollouts) and client.xpending(rollouts, "scorers")["pending"] > 0)
-    kill_processes([sandbox.process])  # while a Score call is in flight
-    thaw(controller)
+    # the sandbox stopped at a moment the reward service waits on it: a Score call stays in flight
+    freeze_while(sandbox.process, lambda: metric_value(reward.metrics(), "everstep_reward_inflight_items") > 0)
+    kill_processes([sandbox.process])  # while that call is in flight
     wait_until(lambda: metric_value(reward.metrics(), "everstep_reward_sandbox_errors_total") > 0,
                "the reward service meets the dead sandbox")
     kill_processes([reward.process])

@@ -23,7 +23,6 @@ from fault_helpers import (
     freeze_while,
     job_workers,
     sample_log_lines,
-    thaw,
     tiny_job,
     wait_job,
     wait_until,
@@ -39,7 +38,7 @@ STEPS, PROMPTS_PER_STEP, GROUP_SIZE, NUM_ROWS = 6, 2, 4, 6  # 12 prompts drawn: 
 
 def test_a_killed_rollout_engine_loses_no_sample_and_trains_none_twice(
         controllers: Controllers, tiny_model_dir: Path, tmp_path: Path) -> None:
-    controller = controllers.start("--worker-restarts", "1",
+    controllers.start("--worker-restarts", "1",
                                    env={"EVERSTEP_TRAINER_SAMPLE_LOG": str(tmp_path / "trained-{pid}.jsonl")})
     client = redis.Redis.from_url(controllers.redis_url)
     api = controllers.api
@@ -54,12 +53,13 @@ def test_a_killed_rollout_engine_loses_no_sample_and_trains_none_twice(
     workers = job_workers(client, job_id)
     key = f"everstep:job:{job_id}"
 
-    def finished() -> int:  # rollouts of the current step that came back from the engine
-        return client.hlen(f"{key}:scored") + client.xlen(f"{key}:rollouts")
+    def scored() -> int:  # rollouts of the current step that came back from the engine and were scored
+        return client.hlen(f"{key}:scored")
 
-    freeze_while(controller, lambda: 0 < finished() < PROMPTS_PER_STEP * GROUP_SIZE)  # some finished, some not
+    # the engine stopped, and the controller given the time to score what it had sent: some of the step's
+    # rollouts came back, some did not (the engine is in the middle of its Generate)
+    freeze_while(workers["rollout"], lambda: 0 < scored() < PROMPTS_PER_STEP * GROUP_SIZE, settle_seconds=0.3)
     kill_processes([workers["rollout"]])
-    thaw(controller)
 
     # the other job: its engine killed, and the new one as soon as it serves
     wait_job(api, doomed, lambda j: j["step"] >= 1)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from everstep.v1 import reward_pb2
-from everstep_reward.verifiers.base import ErrorKind, Outcome
+from everstep_reward.verifiers.base import Outcome
 from everstep_reward.verifiers.model import ModelVerifier, RewardModel, RewardModelSettings
 
 SPEC = reward_pb2.VerifierSpec(name="model", weight=1.0)
@@ -70,7 +70,7 @@ def test_the_model_reads_the_prompt_before_the_response(reward_model_dir: Path) 
 
 def test_without_a_model_the_verifier_reports_an_error() -> None:
     result = ModelVerifier(None, timeout_seconds=1).score(item("x"), SPEC)
-    assert result.error_kind == ErrorKind.MODEL_UNAVAILABLE and "--reward-model" in result.error
+    assert result.error_kind == reward_pb2.REWARD_ERROR_KIND_MODEL_UNAVAILABLE and "--reward-model" in result.error
 
 
 def test_the_service_imports_no_torch_without_a_reward_model() -> None:

@@ -6,6 +6,7 @@ import socket
 
 import pytest
 
+from everstep.reward_error_kind import error_kind_label
 from everstep.v1 import reward_pb2
 from everstep_reward.scoring import RewardScorer
 from everstep_reward.verifiers import VerifierRegistry
@@ -36,7 +37,8 @@ def test_unknown_verifier_is_an_item_error() -> None:
         "\\boxed{ 3 }", reward_pb2.VerifierSpec(name="format", weight=1.0),
         reward_pb2.VerifierSpec(name="astrology", weight=1.0)))
     assert result.parts[1].error.startswith("unknown verifier 'astrology'")
-    assert result.parts[1].error_kind == "unknown_verifier" and result.parts[0].error_kind == ""
+    assert error_kind_label(result.parts[1].error_kind) == "unknown_verifier"
+    assert result.parts[0].error_kind == reward_pb2.REWARD_ERROR_KIND_UNSPECIFIED
     assert "astrology" in result.error
     assert result.parts[0].error == "" and result.reward == 1.0
 
@@ -77,7 +79,7 @@ def test_code_spec_errors_name_the_field(spec: reward_pb2.VerifierSpec, message:
     result = make_scorer("127.0.0.1:1").score_item(item("```python\nprint(1)\n```", spec))
     assert message in result.parts[0].error and message in result.error
     kind = "invalid_params" if message.startswith("params.") else "invalid_spec"  # the job's options, or the row's
-    assert result.parts[0].error_kind == kind and result.reward == 0.0
+    assert error_kind_label(result.parts[0].error_kind) == kind and result.reward == 0.0
 
 
 def test_code_verifier_errors_are_reported() -> None:
@@ -110,7 +112,7 @@ def test_a_sandbox_that_never_answers_is_a_counted_timeout() -> None:
         result = RewardScorer(VerifierRegistry([code]), max_concurrent_items=1).score_item(
             item("print(1)", code_spec(language="python", tests=STDIN_TESTS)))
         code.close()
-    assert result.parts[0].error_kind == "timeout" and result.error == "code: timeout"
+    assert error_kind_label(result.parts[0].error_kind) == "timeout" and result.error == "code: timeout"
     assert timeouts() == before + 1
 
 

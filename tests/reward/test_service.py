@@ -9,6 +9,7 @@ import grpc
 import httpx
 import pytest
 
+from everstep.reward_error_kind import error_kind_label
 from everstep.v1 import reward_pb2, reward_pb2_grpc
 
 
@@ -86,7 +87,8 @@ def test_per_row_specs_and_their_errors(service_process) -> None:
     assert {k: r.reward for k, r in results.items() if not r.error} == pytest.approx({
         "math-and-format": 1.5, "tags": 1.0, "missing-tag": 0.0, "length-tokens": -0.5, "length-row-limits": 0.0,
         "length-words": -1.0})
-    errors = {k: [(p.verifier, p.error_kind, p.error) for p in r.parts if p.error] for k, r in results.items()}
+    errors = {k: [(p.verifier, error_kind_label(p.error_kind), p.error) for p in r.parts if p.error]
+              for k, r in results.items()}
     assert errors["unknown-verifier"] == [("astrology", "unknown_verifier",
                                            "unknown verifier 'astrology'; known: code, format, length, math, model")]
     assert results["unknown-verifier"].reward == 1.0  # its math part still scored

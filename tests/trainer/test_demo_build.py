@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from everstep.model_manifest import MANIFEST_NAME, read_manifest, verify_manifest
+from everstep_trainer.demo.build import BuildConfig
 from everstep_trainer.demo.task import TaskConfig, generate_problems, solution_text
 from everstep_trainer.sft import SFTConfig, train_supervised, warm_start_directory
 
@@ -31,6 +35,10 @@ def test_quick_build_writes_a_loadable_model_directory(tmp_path):
     assert config["task"]["max_ops"] == 6
     assert config["sft"]["batch_size"] == config["terse_sft"]["batch_size"] == 12
     assert max(json.loads(line)["num_ops"] for line in (out / "train.jsonl").read_text().splitlines()) <= 6
+    manifest = verify_manifest(out)  # written last: every other file is listed with its sha256
+    assert set(manifest.files) == {p.name for p in out.iterdir()} - {MANIFEST_NAME}
+    assert manifest.command == f"python -m everstep_trainer.demo --out {out} --quick --max-ops 6 --batch-size 12"
+    assert manifest.settings == config and manifest.environment["torch"] == torch.__version__
 
     tokenizer = AutoTokenizer.from_pretrained(out)
     model = AutoModelForCausalLM.from_pretrained(out)
@@ -45,6 +53,16 @@ def test_quick_build_writes_a_loadable_model_directory(tmp_path):
     train_prompts = {json.loads(line)["prompt"] for line in (out / "train.jsonl").read_text().splitlines()}
     eval_prompts = {json.loads(line)["prompt"] for line in (out / "eval.jsonl").read_text().splitlines()}
     assert not train_prompts & eval_prompts
+
+
+def test_the_shipped_demo_model_is_the_default_build():
+    """`everstep demo --rebuild` runs the build with its defaults: they must be the shipped model's settings."""
+    shipped = Path(__file__).resolve().parents[2] / "examples" / "demo-model"
+    manifest = read_manifest(shipped)
+    assert manifest is not None
+    assert manifest.settings == asdict(BuildConfig())
+    assert manifest.command == "python -m everstep_trainer.demo --out examples/demo-model"
+    assert json.loads((shipped / "warm_start.json").read_text())["config"] == manifest.settings
 
 
 def test_bad_build_option_names_its_field_and_writes_nothing(tmp_path):

@@ -11,11 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from everstep.v1 import trainer_pb2
 from everstep_rollout import weight_group, weight_receiver
 from everstep_trainer import weight_push_plan
+from everstep_trainer.__main__ import parse_args
+from everstep_trainer.server import _transport_from_proto
 from everstep_trainer.weight_push import WeightPusher, make_transport
 from everstep_trainer.weight_push_cuda_ipc import encode_cuda_ipc_args
 from everstep_trainer.weight_push_plan import PeerInfo, choose_transport
+from everstep_trainer.weight_transports import Transport
 
 HOST_A = dict(boot_id="boot-a", shm_domain="boot-a:25:1")
 HOST_B = dict(boot_id="boot-b", shm_domain="boot-b:25:1")
@@ -96,3 +100,22 @@ def test_factory_builds_every_transport_without_a_gpu_and_names_unknown_ones() -
         transport.close()
     with pytest.raises(ValueError, match="kind"):
         make_transport("carrier-pigeon")
+
+
+def test_transport_names_are_the_proto_enum_and_the_cli_values() -> None:
+    """Transport and trainer.proto's WeightTransport name the same settings; UNSPECIFIED is the trainer's own."""
+    names = [v.name.removeprefix("WEIGHT_TRANSPORT_").lower() for v in trainer_pb2.WeightTransport.DESCRIPTOR.values]
+    assert names[1:] == [t.value for t in Transport] == ["auto", "grpc", "shm", "nccl", "gloo", "cuda_ipc"]
+    assert all(Transport.from_proto(t.to_proto()) is t for t in Transport)
+    assert Transport.from_proto(trainer_pb2.WEIGHT_TRANSPORT_UNSPECIFIED) is None
+    with pytest.raises(ValueError, match="transport: 42"):
+        Transport.from_proto(42)
+    assert parse_args(["--weight-transport", "cuda_ipc"]).weight_transport == "cuda_ipc"
+
+
+def test_a_push_request_with_the_old_string_transport_is_refused() -> None:
+    assert _transport_from_proto(trainer_pb2.PushWeightsRequest(transport=trainer_pb2.WEIGHT_TRANSPORT_SHM)) == "shm"
+    assert _transport_from_proto(trainer_pb2.PushWeightsRequest(endpoints=["a:1"])) is None
+    old = trainer_pb2.PushWeightsRequest.FromString(b"\x0a\x03a:1" + b"\x1a\x03shm")  # field 3: transport = "shm"
+    with pytest.raises(ValueError, match="transport: field 3"):
+        _transport_from_proto(old)

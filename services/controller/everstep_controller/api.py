@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hmac
 import os
-from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -19,6 +18,7 @@ from everstep_controller.job_manager import JobManager
 from everstep_controller.job_store import Action, JobRecord, JobStore
 from everstep_controller.request_limits import DEFAULT_MAX_REQUEST_BYTES, RequestSizeLimit
 from everstep_controller.spec import JobSpec
+from everstep_controller.step_metrics import StepMetrics
 from everstep_controller.submission_checks import JobInputError, check_job_input
 
 _bearer = HTTPBearer(auto_error=False, description="EVERSTEP_API_TOKEN of the controller, when it has one")
@@ -64,8 +64,8 @@ def create_app(manager: JobManager, store: JobStore, *, max_request_bytes: int =
     def read_job(job_id: str) -> JobRecord:
         return get_job(job_id)
 
-    @app.get("/v1/jobs/{job_id}/metrics", dependencies=v1)
-    def job_metrics(job_id: str) -> list[dict[str, Any]]:
+    @app.get("/v1/jobs/{job_id}/metrics", response_model=list[StepMetrics], dependencies=v1)
+    def job_metrics(job_id: str) -> list[StepMetrics]:
         get_job(job_id)
         return store.metrics(job_id)
 

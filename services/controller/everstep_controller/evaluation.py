@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
 
 from everstep.v1 import common_pb2, reward_pb2
 from everstep_controller.clients import RewardClient, RolloutClient
 from everstep_controller.dataset import PromptRow
 from everstep_controller.reward_errors import ErrorClass, RewardFailed, classify, describe, part_errors
 from everstep_controller.spec import EvaluationSpec
+from everstep_controller.step_metrics import Evaluation
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ ItemForRow = Callable[[str, PromptRow, common_pb2.Sequence], reward_pb2.RewardIt
 
 def evaluate(rollout: RolloutClient, reward: RewardClient, rows: list[PromptRow], spec: EvaluationSpec, *,
              sampling: common_pb2.SamplingParams, greedy_sampling: common_pb2.SamplingParams,
-             make_item: ItemForRow, step: int) -> dict[str, Any]:
+             make_item: ItemForRow, step: int) -> Evaluation:
     """Generates k samples (and one greedy answer) per held-out row and scores them."""
     stream = rollout.generate()
     sampled = {f"eval-s{i}-{k}": row for i, row in enumerate(rows) for k in range(spec.samples_per_prompt)}
@@ -41,8 +41,8 @@ def evaluate(rollout: RolloutClient, reward: RewardClient, rows: list[PromptRow]
         scores = [correctness(r) for i, r in scored.items() if i.startswith(prefix)]
         return sum(scores) / len(scores) if scores else None
 
-    return {"step": step, "accuracy": accuracy("eval-s"), "greedy_accuracy": accuracy("eval-g"),
-            "k": spec.samples_per_prompt, "num_prompts": len(rows), "num_unscored": len(results) - len(scored)}
+    return Evaluation(step=step, accuracy=accuracy("eval-s"), greedy_accuracy=accuracy("eval-g"),
+                      k=spec.samples_per_prompt, num_prompts=len(rows), num_unscored=len(results) - len(scored))
 
 
 def scored_results(results: dict[str, reward_pb2.ScoreResult],

@@ -9,6 +9,7 @@ from typing import Any
 from tqdm import tqdm
 
 from everstep_controller.rest_client import ControllerClient
+from everstep_controller.step_metrics import Evaluation, StepMetrics
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
@@ -20,12 +21,12 @@ def follow_job(client: ControllerClient, job_id: str, poll_seconds: float = 1.0)
     with tqdm(total=total, desc=f"job {job_id}", unit="step", file=sys.stderr, dynamic_ncols=True) as bar:
         while True:
             bar.update(record["step"] - bar.n)
-            latest = record.get("metrics") or {}
+            latest = StepMetrics.model_validate(record["metrics"]) if record.get("metrics") else None
             evaluation = record.get("evaluation") or {}
-            last_eval = evaluation[max(evaluation, key=int)] if evaluation else {}
-            bar.set_postfix(state=record["state"], reward=f"{latest.get('reward_mean', 0):.3f}",
-                            acc=f"{last_eval.get('accuracy') or 0:.3f}",
-                            tok_s=f"{latest.get('tokens_per_s', 0):.0f}", refresh=False)
+            last_eval = Evaluation.model_validate(evaluation[max(evaluation, key=int)]) if evaluation else None
+            bar.set_postfix(state=record["state"], reward=f"{latest.reward_mean if latest else 0:.3f}",
+                            acc=f"{(last_eval.accuracy if last_eval else None) or 0:.3f}",
+                            tok_s=f"{latest.tokens_per_s if latest else 0:.0f}", refresh=False)
             bar.refresh()
             if record["state"] in TERMINAL:
                 return record

@@ -221,8 +221,8 @@ class JobManager:
         metrics.QUEUE_DEPTH.labels(queue="jobs", status="undelivered").set(depth.undelivered)
         metrics.QUEUE_DEPTH.labels(queue="jobs", status="pending").set(depth.pending)
         undelivered = pending = 0
-        for job_id in list(self.running):
-            scoring = self.progress.rollouts(job_id).depth()
-            undelivered, pending = undelivered + scoring.undelivered, pending + scoring.pending
+        for job in list(self.running.values()):
+            scoring = job.runner.scoring_depth()
+            undelivered, pending = undelivered + scoring.queued, pending + scoring.in_flight
         metrics.QUEUE_DEPTH.labels(queue="rollouts", status="undelivered").set(undelivered)
         metrics.QUEUE_DEPTH.labels(queue="rollouts", status="pending").set(pending)

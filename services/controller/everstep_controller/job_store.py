@@ -15,17 +15,17 @@ Per-job progress (step, scheduler, samples) lives in `progress_store`.
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Callable
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
 import redis
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, BeforeValidator, Field
 
 from everstep_controller.spec import JobSpec
+from everstep_controller.step_metrics import Evaluation, StepMetrics
 
 PREFIX = "everstep:"
 
@@ -82,6 +82,10 @@ class ResumeEvent(BaseModel):
                                                 "hung past its deadline).")
 
 
+def _none_for_empty(value: Any) -> Any:
+    return None if value == {} else value  # how records stored before StepMetrics say "no step yet"
+
+
 class JobRecord(BaseModel):
     id: str
     name: str
@@ -90,8 +94,10 @@ class JobRecord(BaseModel):
     created_at: float
     updated_at: float
     error: str | None = None
-    metrics: dict[str, Any] = Field(default_factory=dict, description="Latest step metrics.")
-    evaluation: dict[str, Any] = Field(default_factory=dict, description="Evaluations by step, latest last.")
+    metrics: Annotated[StepMetrics | None, BeforeValidator(_none_for_empty)] = Field(
+        default=None, description="The latest step's metrics; null before the first step.")
+    evaluation: dict[str, Evaluation] = Field(default_factory=dict,
+                                              description="Evaluations by step (\"0\": the base model), latest last.")
     dataset: DatasetReport | None = Field(default=None, description="What the training dataset held.")
     workers: WorkerAddresses | None = Field(default=None, description="The job's rollout engine and trainer.")
     resumes: list[ResumeEvent] = Field(default_factory=list, description="Restarts of the job's runner.")
@@ -169,11 +175,11 @@ class JobStore:
         self.redis.hset(self.key(job_id), "desired", "")
 
     # -- metrics history -------------------------------------------------------------------
-    def append_metrics(self, job_id: str, metrics: dict[str, Any]) -> None:
-        self.redis.rpush(self.key(job_id, ":metrics"), json.dumps(metrics))
+    def append_metrics(self, job_id: str, metrics: StepMetrics) -> None:
+        self.redis.rpush(self.key(job_id, ":metrics"), metrics.model_dump_json())
 
-    def metrics(self, job_id: str) -> list[dict[str, Any]]:
-        return [json.loads(m) for m in self.redis.lrange(self.key(job_id, ":metrics"), 0, -1)]
+    def metrics(self, job_id: str) -> list[StepMetrics]:
+        return [StepMetrics.model_validate_json(m) for m in self.redis.lrange(self.key(job_id, ":metrics"), 0, -1)]
 
     # -- ownership and workers -------------------------------------------------------------
     def claim(self, job_id: str, owner: str) -> None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from prometheus_client import Counter, Gauge, Histogram
+
+from everstep_controller.step_metrics import StepMetrics
 
 JOBS = Gauge("everstep_controller_jobs", "Jobs by state.", ["state"])
 JOBS_STARTED = Counter("everstep_controller_jobs_started_total", "Jobs whose runner started.")
@@ -61,22 +61,23 @@ STALENESS = Histogram("everstep_controller_staleness_versions", "Policy versions
                       buckets=(0, 1, 2, 3, 4, 8, 16))
 
 
-def observe_iteration(job_id: str, record: dict[str, Any], retention_ages: list[int], staleness: list[int]) -> None:
-    STEP.labels(job_id=job_id).set(record["step"])
-    POLICY_VERSION.labels(job_id=job_id).set(record["policy_version"])
-    REWARD_MEAN.labels(job_id=job_id).set(record["reward_mean"])
-    TOKENS_PER_SECOND.labels(job_id=job_id).set(record["tokens_per_s"])
-    PARTIAL_BUFFER.labels(job_id=job_id).set(record["partial_buffer_size"])
-    ITERATION_SECONDS.observe(record["iteration_seconds"])
-    for phase in ("rollout", "reward", "train", "weight_push"):
-        PHASE_SECONDS.labels(phase=phase).observe(record[f"{phase}_seconds"])
-    TOKENS_PER_ITERATION.observe(record["generated_tokens"])
-    GENERATED_TOKENS.inc(record["generated_tokens"])
-    PURGED.inc(record["num_samples_purged"])
-    DROPPED_GROUPS.inc(record["num_groups_dropped"])
-    ZERO_SIGNAL_GROUPS.inc(record["num_groups_zero_signal"])
-    UNSCORABLE_GROUPS.inc(record["num_groups_unscorable"])
-    TRAINED_SAMPLES.inc(record["num_samples_trained"])
+def observe_iteration(job_id: str, record: StepMetrics, retention_ages: list[int], staleness: list[int]) -> None:
+    STEP.labels(job_id=job_id).set(record.step)
+    POLICY_VERSION.labels(job_id=job_id).set(record.policy_version)
+    REWARD_MEAN.labels(job_id=job_id).set(record.reward_mean)
+    TOKENS_PER_SECOND.labels(job_id=job_id).set(record.tokens_per_s)
+    PARTIAL_BUFFER.labels(job_id=job_id).set(record.partial_buffer_size)
+    ITERATION_SECONDS.observe(record.iteration_seconds)
+    for phase, seconds in (("rollout", record.rollout_seconds), ("reward", record.reward_seconds),
+                           ("train", record.train_seconds), ("weight_push", record.weight_push_seconds)):
+        PHASE_SECONDS.labels(phase=phase).observe(seconds)
+    TOKENS_PER_ITERATION.observe(record.generated_tokens)
+    GENERATED_TOKENS.inc(record.generated_tokens)
+    PURGED.inc(record.num_samples_purged)
+    DROPPED_GROUPS.inc(record.num_groups_dropped)
+    ZERO_SIGNAL_GROUPS.inc(record.num_groups_zero_signal)
+    UNSCORABLE_GROUPS.inc(record.num_groups_unscorable)
+    TRAINED_SAMPLES.inc(record.num_samples_trained)
     for age in retention_ages:
         RETENTION.observe(age)
     # one observation per token would be costly at scale; the histogram takes a sample

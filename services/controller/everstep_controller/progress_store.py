@@ -5,7 +5,6 @@ Keys (prefix `everstep:job:{id}`):
 - `:carried`                  hash sample id -> `Sequence` bytes: partial rollouts carried into the next step
 - `:scored`                   hash sample id -> JSON `ScoredSample`: finished rollouts with their reward,
                               kept until their group is trained or dropped
-- `:rollouts`                 stream of finished rollouts waiting to be scored (consumer group `scorers`)
 - `:training`                 set while a train step is in flight: the trainer's version is then unknown
 - `:checkpoint`, `:checkpoint:carried`, `:checkpoint:scored`
                               the same three at the latest checkpoint, with the checkpoint's path
@@ -17,7 +16,6 @@ stored yet, so one whose reply was lost is not applied twice.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -27,9 +25,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from everstep.v1 import common_pb2, reward_pb2
 from everstep_controller.job_store import JobRecord, JobStore, LostOwnership
 from everstep_controller.reward_errors import ErrorClass, PartError, classify, part_errors
-from everstep_controller.streams import WorkStream
+from everstep_controller.step_metrics import StepMetrics
 
-SCORER_GROUP = "scorers"
+LEGACY_KEYS = (":rollouts",)
+"""Keys older controllers wrote (a Redis stream of finished rollouts to score): removed with the job's
+other transient keys."""
 
 
 class ScoredSample(BaseModel):
@@ -80,10 +80,6 @@ class ProgressStore:
     def _key(self, job_id: str, suffix: str) -> str:
         return self.store.key(job_id, suffix)
 
-    def rollouts(self, job_id: str) -> WorkStream:
-        """The job's stream of finished rollouts waiting to be scored."""
-        return WorkStream(self.redis, self._key(job_id, ":rollouts"), SCORER_GROUP)
-
     # -- reads -----------------------------------------------------------------------------
     def load(self, job_id: str) -> JobProgress | None:
         raw = self.redis.get(self._key(job_id, ":progress"))
@@ -124,7 +120,7 @@ class ProgressStore:
         self._fenced(job_id, owner, lambda pipe, _: pipe.set(self._key(job_id, ":training"), step))
 
     def commit_step(self, job_id: str, owner: str, *, progress: JobProgress, carried: list[common_pb2.Sequence],
-                    closed_sample_ids: list[str], metrics: dict[str, Any], record_changes: dict[str, Any]) -> None:
+                    closed_sample_ids: list[str], metrics: StepMetrics, record_changes: dict[str, Any]) -> None:
         """Atomically: the progress after the step, its carried partials, the scores it consumed
         dropped, its metrics row appended, the job record updated, the training mark cleared."""
 
@@ -141,7 +137,7 @@ class ProgressStore:
                 pipe.hset(self._key(job_id, ":carried"), mapping={s.id: s.SerializeToString() for s in carried})
             if closed_sample_ids:
                 pipe.hdel(self._key(job_id, ":scored"), *closed_sample_ids)
-            pipe.rpush(self._key(job_id, ":metrics"), json.dumps(metrics))
+            pipe.rpush(self._key(job_id, ":metrics"), metrics.model_dump_json())
             self.store.record_update(pipe, record, **record_changes)
             pipe.delete(self._key(job_id, ":training"))
 
@@ -181,7 +177,7 @@ class ProgressStore:
                 pipe.ltrim(self._key(job_id, ":metrics"), 0, progress.step - 1)
             else:
                 pipe.delete(self._key(job_id, ":metrics"))
-            pipe.delete(self._key(job_id, ":rollouts"), self._key(job_id, ":training"))
+            pipe.delete(self._key(job_id, ":training"))
             evaluation = {k: v for k, v in record.evaluation.items() if int(k) <= progress.step}
             self.store.record_update(pipe, record, step=progress.step, evaluation=evaluation)
 
@@ -190,13 +186,13 @@ class ProgressStore:
 
     def prepare_resume(self, job_id: str, owner: str, keep_scored: set[str]) -> None:
         """Before continuing from the live progress: drop the work of the step that was cut short
-        (its finished rollouts, queued or scored), keeping the scores the progress refers to."""
+        (its scored rollouts), keeping the scores the progress refers to."""
         stale = [k.decode() for k in self.redis.hkeys(self._key(job_id, ":scored")) if k.decode() not in keep_scored]
 
         def write(pipe: redis.client.Pipeline, _: JobRecord) -> None:
             if stale:
                 pipe.hdel(self._key(job_id, ":scored"), *stale)
-            pipe.delete(self._key(job_id, ":rollouts"))
+            pipe.delete(*(self._key(job_id, k) for k in LEGACY_KEYS))
 
         self._fenced(job_id, owner, write)
 
@@ -205,7 +201,7 @@ class ProgressStore:
 
         def write(pipe: redis.client.Pipeline, record: JobRecord) -> None:
             pipe.delete(*self._transient_keys(job_id), self._key(job_id, ":metrics"))
-            self.store.record_update(pipe, record, step=0, evaluation={}, metrics={})
+            self.store.record_update(pipe, record, step=0, evaluation={}, metrics=None)
 
         self._fenced(job_id, owner, write)
 
@@ -214,8 +210,8 @@ class ProgressStore:
         self.redis.delete(*self._transient_keys(job_id))
 
     def _transient_keys(self, job_id: str) -> list[str]:
-        parts = (":progress", ":carried", ":scored", ":rollouts", ":training", ":checkpoint",
-                 ":checkpoint:carried", ":checkpoint:scored")
+        parts = (":progress", ":carried", ":scored", ":training", ":checkpoint", ":checkpoint:carried",
+                 ":checkpoint:scored", *LEGACY_KEYS)
         return [self._key(job_id, p) for p in parts]
 
     def _fenced(self, job_id: str, owner: str, write: Callable[[redis.client.Pipeline, JobRecord], Any],

@@ -1,8 +1,9 @@
 """What the controller does with a reward the reward service could not compute.
 
 A `ScoreResult` with `error` set has one `RewardPart` per verifier, each failed part with an
-`error_kind` (docs/reward.md, "Errors"). No sample is ever trained on such a reward; the kinds
-decide what happens instead:
+`error_kind` (reward.proto's `RewardErrorKind`; docs/reward.md, "Errors"). No sample is ever trained
+on such a reward; the kinds (by their lowercase names, `everstep.reward_error_kind`) decide what
+happens instead:
 
 - `row`: `invalid_spec` from a row's data (a missing answer, tests the verifier cannot run, a
   language the sandbox does not know). The sample's whole group is left out of training, counted
@@ -13,23 +14,29 @@ decide what happens instead:
   dropping every group instead would train nothing, quietly.
 - `transient`: `timeout`, `sandbox_unavailable`, `sandbox_error`, `worker_crashed`. The scorer
   asks again a few times (`ScorerPool`), then the error fails the job with its cause.
-- `fatal`: anything else (`model_unavailable`, `internal`, an error without a kind). The job
-  fails with the cause.
+- `fatal`: anything else (`model_unavailable`, `internal`, an error without a kind, such as the
+  string `error_kind` of a reward service built before the enum). The job fails with the cause.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Annotated
 
-from pydantic import BaseModel
+from google.protobuf.unknown_fields import UnknownFieldSet
+from pydantic import BaseModel, BeforeValidator, PlainSerializer
 
+from everstep.reward_error_kind import error_kind_from_label, error_kind_label
 from everstep.v1 import reward_pb2
 
 __all__ = ["ErrorClass", "PartError", "RewardFailed", "classify", "describe", "part_errors", "row_error"]
 
-_ROW_KIND = "invalid_spec"
-_JOB_SPEC_KINDS = frozenset({"unknown_verifier", "invalid_params"})
-_TRANSIENT_KINDS = frozenset({"timeout", "sandbox_unavailable", "sandbox_error", "worker_crashed"})
+_ROW_KIND = reward_pb2.REWARD_ERROR_KIND_INVALID_SPEC
+_JOB_SPEC_KINDS = frozenset({reward_pb2.REWARD_ERROR_KIND_UNKNOWN_VERIFIER,
+                             reward_pb2.REWARD_ERROR_KIND_INVALID_PARAMS})
+_TRANSIENT_KINDS = frozenset({reward_pb2.REWARD_ERROR_KIND_TIMEOUT, reward_pb2.REWARD_ERROR_KIND_SANDBOX_UNAVAILABLE,
+                              reward_pb2.REWARD_ERROR_KIND_SANDBOX_ERROR, reward_pb2.REWARD_ERROR_KIND_WORKER_CRASHED})
+_STRING_ERROR_KIND_FIELD = 5  # RewardPart's `string error_kind` before RewardErrorKind (reserved now)
 
 
 class ErrorClass(StrEnum):
@@ -39,12 +46,25 @@ class ErrorClass(StrEnum):
     FATAL = "fatal"
 
 
+def _kind_from_label(value: object) -> object:
+    return error_kind_from_label(value) if isinstance(value, str) else value
+
+
+_StoredKind = Annotated[int, BeforeValidator(_kind_from_label), PlainSerializer(error_kind_label, return_type=str)]
+"""A RewardErrorKind, stored (in the scored hash) by its label, as when RewardPart.error_kind was a string."""
+
+
 class PartError(BaseModel):
     """One verifier's failure on one item, as the reward service reported it."""
 
     verifier: str
-    kind: str  # RewardPart.error_kind, e.g. invalid_spec
+    kind: _StoredKind  # RewardPart.error_kind
     message: str
+
+    @property
+    def label(self) -> str:
+        """The kind's lowercase name (invalid_spec): metric labels, reports and messages."""
+        return error_kind_label(self.kind)
 
 
 class RewardFailed(RuntimeError):
@@ -52,7 +72,15 @@ class RewardFailed(RuntimeError):
 
 
 def part_errors(result: reward_pb2.ScoreResult) -> list[PartError]:
-    return [PartError(verifier=p.verifier, kind=p.error_kind, message=p.error) for p in result.parts if p.error]
+    return [PartError(verifier=p.verifier, kind=p.error_kind, message=_message(p)) for p in result.parts if p.error]
+
+
+def _message(part: reward_pb2.RewardPart) -> str:
+    if part.error_kind == reward_pb2.REWARD_ERROR_KIND_UNSPECIFIED and any(
+            f.field_number == _STRING_ERROR_KIND_FIELD for f in UnknownFieldSet(part)):
+        return (f"{part.error} [a reward service built before reward.proto's RewardErrorKind sent its kind as "
+                "a string (field 5); upgrade it]")
+    return part.error
 
 
 def classify(errors: list[PartError], error: str) -> ErrorClass | None:
@@ -81,7 +109,7 @@ def row_error(errors: list[PartError]) -> PartError | None:
 
 def describe(sample_id: str, errors: list[PartError], error: str) -> str:
     """The message a failed job carries for this sample."""
-    cause = "; ".join(f"{e.verifier}: {e.message} ({e.kind})" for e in errors) or error
+    cause = "; ".join(f"{e.verifier}: {e.message} ({e.label})" for e in errors) or error
     if classify(errors, error) == ErrorClass.JOB_SPEC:
         return f"the job's reward spec is wrong (fix reward.verifiers), e.g. for sample {sample_id}: {cause}"
     return f"reward for sample {sample_id} failed: {cause}"

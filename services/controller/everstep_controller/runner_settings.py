@@ -14,8 +14,6 @@ __all__ = ["RunnerSettings"]
 class RunnerSettings:
     num_scorers: int = 2
     """Scorer threads per job (concurrent reward calls)."""
-    reclaim_idle_seconds: float = 60.0
-    """A finished rollout pending this long on a scorer is taken over by another."""
     scoring_timeout_seconds: float = 600.0
     """How long a step waits for its rewards (reward service down or hung); then the job fails."""
     score_attempts: int = 8
@@ -33,6 +31,5 @@ class RunnerSettings:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.worker_restarts < 0:
             raise ValueError(f"worker_restarts must be >= 0, got {self.worker_restarts}")
-        for name in ("reclaim_idle_seconds", "scoring_timeout_seconds"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.scoring_timeout_seconds <= 0:
+            raise ValueError(f"scoring_timeout_seconds must be positive, got {self.scoring_timeout_seconds}")

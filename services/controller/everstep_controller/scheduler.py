@@ -19,6 +19,7 @@ of it finished, and trains all of it: no budget, no refill, no carry-over.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
@@ -61,6 +62,15 @@ class GroupState:
     prompt_index: int
     sample_ids: list[str]
     closed_in: int | None = None  # iteration whose end trained or dropped the group
+
+
+@dataclass(frozen=True)
+class GroupToStart:
+    """A group the scheduler started: the runner sends its G rollouts to the engine."""
+
+    group_id: str
+    prompt_index: int
+    sample_ids: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -126,7 +136,43 @@ class C3POScheduler:
             not self._active and self._started_this_iteration > 0 and self.groups_to_start() == 0
         )
 
+    def prompt_index(self, group_id: str) -> int:
+        return self.groups[group_id].prompt_index
+
+    def members(self, group_id: str) -> list[str]:
+        """Every sample of a group, finished, purged or still decoding."""
+        return list(self.groups[group_id].sample_ids)
+
+    def open_groups(self) -> list[GroupToStart]:
+        """Groups not trained or dropped yet (a resumed runner's samples in flight)."""
+        return [GroupToStart(g.group_id, g.prompt_index, tuple(g.sample_ids)) for g in self.groups.values()
+                if g.closed_in is None]
+
+    def finished_open_samples(self) -> set[str]:
+        """Finished members of open groups: their scores wait in the store for the rest of the group."""
+        return {s for g in self.open_groups() for s in g.sample_ids if self.rollouts[s].finished}
+
+    def trainable_samples(self, outcome: IterationOutcome) -> list[str]:
+        """The surviving members of the groups an iteration closed for training."""
+        return [s for g in outcome.trainable_groups for s in self.surviving_samples(g)]
+
+    def closed_samples(self, outcome: IterationOutcome) -> list[str]:
+        """Every member of the groups an iteration trained or dropped."""
+        return [s for g in outcome.trainable_groups + outcome.dropped_groups for s in self.groups[g].sample_ids]
+
     # -- events ----------------------------------------------------------------------------
+    def schedule(self, next_prompt: Callable[[], int]) -> list[GroupToStart]:
+        """Starts the groups the pool has room for now (`groups_to_start`), each named `g<n>` by the
+        groups started before it, with members `g<n>-<k>`; `next_prompt()` gives each group's prompt."""
+        started = []
+        for _ in range(self.groups_to_start()):
+            group_id = f"g{self.counters.started_groups}"
+            sample_ids = tuple(f"{group_id}-{k}" for k in range(self.config.group_size))
+            prompt_index = next_prompt()
+            self.start_group(group_id, prompt_index, list(sample_ids))
+            started.append(GroupToStart(group_id, prompt_index, sample_ids))
+        return started
+
     def start_group(self, group_id: str, prompt_index: int, sample_ids: list[str]) -> None:
         if len(sample_ids) != self.config.group_size:
             raise ValueError(f"group {group_id} has {len(sample_ids)} samples, expected {self.config.group_size}")

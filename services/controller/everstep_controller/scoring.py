@@ -1,14 +1,15 @@
 """Scores a job's finished rollouts while the engine keeps decoding.
 
-The runner publishes each finished rollout to the job's `rollouts` stream as it arrives; a few
-scorer threads (consumers of the stream's group) send them to the reward service in batches,
-store each score once (HSETNX) and only then acknowledge the entries. An entry whose scorer
-failed stays pending and is retried; one whose scorer died is reclaimed by another after
-`reclaim_idle_seconds`; one delivered twice is acknowledged without scoring it again.
+The runner hands each finished rollout to the pool as it arrives (`submit`, in memory: the runner
+and its scorers are threads of one process). A few scorer threads send them to the reward service
+in batches and store each score once in Redis (`ProgressStore.store_scored`, HSETNX): that hash is
+what a resumed job needs, with the step commit; nothing else of the scoring is kept in Redis.
+A runner that stops (its controller died, the job went back to its last completed step) loses the
+rollouts still queued here with it; the step they belong to is redone from its start.
 
-A result whose error is transient (a timeout, the sandbox down: `reward_errors`) is not stored
-either: its entry stays pending and is scored again after a pause, up to `score_attempts` calls
-in all; then the error is stored like any other, and the step that needs it fails the job with it.
+A result whose error is transient (a timeout, the sandbox down: `reward_errors`) is not stored: the
+scorer that got it asks for it again after a pause, up to `score_attempts` calls in
+all; then the error is stored like any other, and the step that needs it fails the job with it.
 A reward service that cannot be reached (down, restarting, not answering within its deadline) is
 asked again without limit; the step waiting for the scores gives up after its own timeout. The
 pause after a failure grows exponentially (`backoff`) and resets after a success.
@@ -19,7 +20,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from everstep.v1 import common_pb2, reward_pb2
 from everstep_controller import metrics
@@ -27,7 +30,8 @@ from everstep_controller.backoff import Backoff
 from everstep_controller.clients import RewardClient
 from everstep_controller.progress_store import ProgressStore, ScoredSample
 from everstep_controller.reward_errors import ErrorClass
-from everstep_controller.streams import StreamEntry
+
+__all__ = ["ItemFactory", "ScorerPool", "ScoringDepth", "ScoringError", "TransientRewardErrors"]
 
 log = logging.getLogger(__name__)
 
@@ -40,50 +44,87 @@ class ScoringError(RuntimeError):
 
 
 class TransientRewardErrors(ScoringError):
-    """Some results of a batch are to be asked for again; the rest are stored and acknowledged."""
+    """Some results of a batch are to be asked for again; the rest are stored."""
+
+
+@dataclass(frozen=True)
+class ScoringDepth:
+    """Finished rollouts waiting for a score: `queued` (no scorer has them yet) and `in_flight` (in a
+    reward call, or held for a retry after a failure)."""
+
+    queued: int
+    in_flight: int
+
+
+@dataclass(frozen=True)
+class _Rollout:
+    sample_id: str
+    prompt_index: int
+    sequence: common_pb2.Sequence
 
 
 class ScorerPool:
     def __init__(self, job_id: str, progress: ProgressStore, reward: RewardClient, make_item: ItemFactory, *,
-                 consumer_prefix: str, num_workers: int = 2, batch_size: int = 64,
-                 reclaim_idle_seconds: float = 60.0, score_attempts: int = 8,
+                 num_workers: int = 2, batch_size: int = 64, score_attempts: int = 8,
                  backoff: Backoff | None = None) -> None:
         """score_attempts: reward calls per sample while its result has a transient error."""
         if num_workers < 1:
             raise ValueError(f"num_workers must be at least 1, got {num_workers}")
         if score_attempts < 1:
             raise ValueError(f"score_attempts must be at least 1, got {score_attempts}")
-        self.score_attempts = score_attempts
-        self.backoff = backoff or Backoff()
-        self._attempts: dict[str, int] = {}  # sample id -> calls whose result had a transient error
-        self._attempts_lock = threading.Lock()
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         self.job_id, self.progress, self.reward, self.make_item = job_id, progress, reward, make_item
-        self.stream = progress.rollouts(job_id)
-        self.consumer_prefix = consumer_prefix
-        self.batch_size = batch_size
-        self.reclaim_idle_ms = int(reclaim_idle_seconds * 1000)
+        self.score_attempts, self.batch_size = score_attempts, batch_size
+        self.backoff = backoff or Backoff()
         self.last_error: str | None = None
+        self._queue: deque[_Rollout] = deque()
+        self._in_flight = 0
+        self._scores: dict[str, ScoredSample] = {}  # stored in Redis too; forgotten once their group closed
+        self._attempts: dict[str, int] = {}  # sample id -> calls whose result had a transient error
+        self._changed = threading.Condition()  # guards the five above; notified on every change
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._work, args=(f"{consumer_prefix}-{k}",), daemon=True,
-                                          name=f"scorer-{job_id}-{k}") for k in range(num_workers)]
+        self._threads = [threading.Thread(target=self._work, args=(k,), daemon=True, name=f"scorer-{job_id}-{k}")
+                         for k in range(num_workers)]
 
-    # -- producer side ---------------------------------------------------------------------
+    # -- the runner's side -----------------------------------------------------------------
     def submit(self, sample_id: str, prompt_index: int, sequence: common_pb2.Sequence) -> None:
-        self.stream.publish({"sample_id": sample_id, "prompt_index": prompt_index,
-                             "sequence": sequence.SerializeToString()})
+        with self._changed:
+            self._queue.append(_Rollout(sample_id, prompt_index, sequence))
+            self._changed.notify_all()
 
     def wait_scored(self, sample_ids: list[str], timeout_seconds: float) -> None:
-        """Returns once every sample has a stored score; raises with the last scoring error on timeout."""
+        """Returns once every sample submitted here has its score stored; raises with the last scoring
+        error on timeout, or when every scorer thread stopped."""
         deadline = time.monotonic() + timeout_seconds
-        missing = self.progress.missing_scores(self.job_id, sample_ids)
-        while missing:
-            if time.monotonic() > deadline:
-                raise ScoringError(f"{len(missing)} samples not scored after {timeout_seconds:.0f}s "
-                                   f"(e.g. {missing[0]}); last error: {self.last_error}")
-            if not any(t.is_alive() for t in self._threads):
-                raise ScoringError(f"every scorer stopped; last error: {self.last_error}")
-            time.sleep(0.02)
-            missing = self.progress.missing_scores(self.job_id, missing)
+        with self._changed:
+            while missing := [s for s in sample_ids if s not in self._scores]:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ScoringError(f"{len(missing)} samples not scored after {timeout_seconds:.0f}s "
+                                       f"(e.g. {missing[0]}); last error: {self.last_error}")
+                if not any(t.is_alive() for t in self._threads):
+                    raise ScoringError(f"every scorer stopped; last error: {self.last_error}")
+                self._changed.wait(min(left, 0.5))
+
+    def scored(self, sample_ids: list[str]) -> dict[str, ScoredSample]:
+        """The scores of these samples: those scored here, and from Redis those a runner before this one
+        stored (a resumed job's open groups); a sample with no score is absent."""
+        with self._changed:
+            known = {s: self._scores[s] for s in sample_ids if s in self._scores}
+        rest = [s for s in sample_ids if s not in known]
+        return {**known, **self.progress.scored(self.job_id, rest)} if rest else known
+
+    def forget(self, sample_ids: list[str]) -> None:
+        """Drops the scores of samples whose group is trained or dropped (the step commit removes them from
+        Redis), so memory stays flat."""
+        with self._changed:
+            for sample_id in sample_ids:
+                self._scores.pop(sample_id, None)
+
+    def depth(self) -> ScoringDepth:
+        with self._changed:
+            return ScoringDepth(queued=len(self._queue), in_flight=self._in_flight)
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> ScorerPool:
@@ -94,74 +135,82 @@ class ScorerPool:
     def stop(self, cancel: Callable[[], None] | None = None) -> None:
         """Stops the threads; `cancel()`, called once they are told to stop, may end the calls they wait on."""
         self._stop.set()
+        with self._changed:
+            self._changed.notify_all()
         if cancel is not None:
             cancel()
         for thread in self._threads:
             if thread.is_alive():
                 thread.join(timeout=10)
 
-    # -- consumer side ---------------------------------------------------------------------
-    def _work(self, consumer: str) -> None:
-        retry_own = True  # first, whatever an earlier incarnation of this consumer left pending
+    # -- the scorers' side -----------------------------------------------------------------
+    def _work(self, worker: int) -> None:
         failures = 0  # in a row
+        held: list[_Rollout] = []  # this scorer's rollouts to ask for again after its pause
         while not self._stop.is_set():
+            batch, held = held or self._take(), []
+            if not batch:
+                continue
             try:
-                entries = self.stream.read_own_pending(consumer, self.batch_size) if retry_own else []
-                retry_own = False
-                if not entries:
-                    entries = self.stream.reclaim(consumer, self.reclaim_idle_ms, self.batch_size)
-                    if entries:
-                        metrics.RECLAIMED.labels(queue="rollouts").inc(len(entries))
-                if not entries:
-                    entries = self.stream.read(consumer, self.batch_size, block_ms=100)
-                if entries:
-                    self.handle(entries)
+                again = self._score(batch)
+                held = [rollout for rollout, _ in again]
+                if again:
+                    (first, error), count = again[0], len(again)
+                    raise TransientRewardErrors(f"{count} rewards failed for a transient cause and will be asked "
+                                                f"for again, e.g. {first.sample_id}: {error}")
                 failures = 0
-            except Exception as e:  # the reward service or Redis failed: keep the entries, retry them
+            except Exception as e:  # the reward service or Redis failed: keep the rollouts, retry them
                 if self._stop.is_set():  # a call cancelled by `stop`
                     return
+                held = held or batch
                 self.last_error = f"{type(e).__name__}: {e}"
                 failures += 1
                 pause = self.backoff.seconds(failures)
-                log.warning("job %s: scorer %s failed (%d in a row), will retry in %.1fs: %s", self.job_id, consumer,
+                log.warning("job %s: scorer %d failed (%d in a row), will retry in %.1fs: %s", self.job_id, worker,
                             failures, pause, self.last_error)
-                retry_own = True
                 self._stop.wait(pause)
+            finally:
+                with self._changed:
+                    self._in_flight -= len(batch) - len(held)
+                    self._changed.notify_all()
 
-    def handle(self, entries: list[StreamEntry]) -> None:
-        """Scores the entries not scored yet, stores every score, then acknowledges them; a result to be
-        asked for again (transient error, calls left) is neither stored nor acknowledged, and the
-        call raises once the rest is done, so that `_work` retries after a pause."""
-        todo: dict[str, tuple[int, common_pb2.Sequence]] = {}
-        for entry in entries:
-            if "sample_id" in entry.fields:
-                sequence = common_pb2.Sequence.FromString(entry.fields["sequence"])
-                todo[entry.text("sample_id")] = (int(entry.text("prompt_index")), sequence)
-        fresh = set(self.progress.missing_scores(self.job_id, list(todo)))
-        if len(fresh) < len(todo):
-            metrics.DUPLICATE_DELIVERIES.labels(queue="rollouts").inc(len(todo) - len(fresh))
-        items = [self.make_item(s, todo[s][0], todo[s][1]) for s in sorted(fresh)]
-        again: dict[str, str] = {}
-        for sample_id, result in self.reward.score(items).items():
-            scored = ScoredSample.of(todo[sample_id][1], result)
+    def _take(self) -> list[_Rollout]:
+        """Up to `batch_size` queued rollouts, waiting a little for the first; they count as in flight."""
+        with self._changed:
+            if not self._queue:
+                self._changed.wait(0.1)
+            batch = [self._queue.popleft() for _ in range(min(self.batch_size, len(self._queue)))]
+            self._in_flight += len(batch)
+            return batch
+
+    def _score(self, batch: list[_Rollout]) -> list[tuple[_Rollout, str]]:
+        """Scores a batch and stores every score, except the results to be asked for again (a transient
+        error, calls left), which it returns with their errors."""
+        by_id = {r.sample_id: r for r in batch}
+        results = self.reward.score([self.make_item(r.sample_id, r.prompt_index, r.sequence) for r in batch])
+        again: list[tuple[_Rollout, str]] = []
+        stored: dict[str, ScoredSample] = {}
+        for sample_id, result in sorted(results.items()):
+            scored = ScoredSample.of(by_id[sample_id].sequence, result)
             if scored.error_class == ErrorClass.TRANSIENT and self._try_again(sample_id):
-                again[sample_id] = result.error
+                again.append((by_id[sample_id], result.error))
                 for error in scored.part_errors:
-                    metrics.REWARD_RETRIES.labels(kind=error.kind).inc()
+                    metrics.REWARD_RETRIES.labels(kind=error.label).inc()
                 continue
-            with self._attempts_lock:
-                self._attempts.pop(sample_id, None)
-            if not self.progress.store_scored(self.job_id, sample_id, scored):
+            if not self.progress.store_scored(self.job_id, sample_id, scored):  # scored before: keep that one
                 metrics.DUPLICATE_DELIVERIES.labels(queue="rollouts").inc()
-        self.stream.ack(*(e.id for e in entries if e.fields.get("sample_id", b"").decode() not in again))
-        if again:
-            sample_id = min(again)
-            raise TransientRewardErrors(f"{len(again)} rewards failed for a transient cause and will be asked for "
-                                        f"again, e.g. {sample_id}: {again[sample_id]}")
+                scored = self.progress.scored(self.job_id, [sample_id])[sample_id]
+            stored[sample_id] = scored
+        with self._changed:
+            self._scores.update(stored)
+            for sample_id in stored:
+                self._attempts.pop(sample_id, None)
+            self._changed.notify_all()
+        return again
 
     def _try_again(self, sample_id: str) -> bool:
         """Counts a transient failure; True while the sample has calls left."""
-        with self._attempts_lock:
+        with self._changed:
             failures = self._attempts.get(sample_id, 0) + 1
             if failures >= self.score_attempts:
                 self._attempts.pop(sample_id, None)

@@ -233,6 +233,17 @@ class SchedulerSpec(_Section):
     prompts_per_iteration: int = Field(
         default=32, ge=1, description="Prompts started per iteration by the sync baseline."
     )
+    overlap: int = Field(
+        default=0, ge=0, le=16,
+        description="Asynchronous depth: how many policy versions the engines may run ahead of the trainer. 0: each "
+                    "step's rollout, train step and weight push run one after another. N >= 1: while step n trains, "
+                    "the engines keep decoding step n+1 (new prompts and carried rollouts) under the weights they "
+                    "have, and the new weights are swapped in place at a decode-step boundary; at most N trained "
+                    "steps are in flight. Every token keeps the version that sampled it, so staleness is at most "
+                    "overlap + retention; IcePop/TIS's ratio k then also covers the stale tokens' staleness. A step "
+                    "with an evaluation or checkpoint after it, a pause or cancel, and the last step wait for the "
+                    "steps in flight.",
+    )
 
 
 class TrainerSpec(_Section):
@@ -320,6 +331,9 @@ class JobSpec(_Section):
         if self.deterministic and self.scheduler.mode != SchedulerMode.sync:
             raise ValueError("deterministic needs scheduler.mode 'sync': C3PO++ iterations end at a token budget, "
                              "which depends on timing")
+        if self.deterministic and self.scheduler.overlap:
+            raise ValueError(f"deterministic needs scheduler.overlap 0 (got {self.scheduler.overlap}): with overlap, "
+                             "the version that samples a token depends on when the new weights arrive")
         if self.scheduler.mode == SchedulerMode.c3po and self.algorithm.group_size > self.scheduler.pool_capacity:
             raise ValueError(
                 f"scheduler.pool_capacity ({self.scheduler.pool_capacity}) must hold at least one group "

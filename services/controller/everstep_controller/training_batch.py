@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from everstep.v1 import trainer_pb2
 from everstep_controller.progress_store import ScoredSample
 from everstep_controller.reward_errors import ErrorClass, RewardFailed, describe
-from everstep_controller.scheduler import C3POScheduler, grpo_advantages
+from everstep_controller.scheduler import grpo_advantages
 from everstep_controller.spec import JobSpec
 
 
@@ -27,6 +28,12 @@ def trainer_config(spec: JobSpec, start_step: int = 0) -> trainer_pb2.TrainerCon
     )
 
 
+class GroupMembers(Protocol):
+    """Who survived in each group: the scheduler, or an iteration's `run_state.IterationEnd`."""
+
+    def surviving_samples(self, group_id: str) -> list[str]: ...
+
+
 @dataclass
 class StepBatch:
     samples: list[trainer_pb2.TrainSample] = field(default_factory=list)
@@ -35,7 +42,7 @@ class StepBatch:
     """Groups left out because a member's row could not be scored: group id -> those members by sample id."""
 
 
-def build_batch(group_ids: list[str], scheduler: C3POScheduler, scored: dict[str, ScoredSample], *,
+def build_batch(group_ids: list[str], scheduler: GroupMembers, scored: dict[str, ScoredSample], *,
                 drop_zero_signal: bool, normalize_std: bool) -> StepBatch:
     """The train samples of the groups' surviving members, and the groups left out.
 

@@ -31,7 +31,7 @@ class UnscorableRows:
         for group_id, members in groups.items():
             errors = {sample_id: row_error(member.part_errors) for sample_id, member in members.items()}
             for error in errors.values():
-                metrics.UNSCORABLE_SAMPLES.labels(kind=error.kind if error else "unknown").inc()
+                metrics.UNSCORABLE_SAMPLES.labels(kind=error.label if error else "unknown").inc()
             row = row_of_group[group_id]
             if row in self._logged:
                 continue
@@ -42,7 +42,7 @@ class UnscorableRows:
                         row, group_id, describe(sample_id, member.part_errors, member.error))
             listed = {entry["row"] for entry in self.report.unscorable}
             if error is not None and row not in listed and len(listed) < MAX_REPORTED_SKIPS:
-                entry = {"row": row, "verifier": error.verifier, "kind": error.kind, "reason": error.message}
+                entry = {"row": row, "verifier": error.verifier, "kind": error.label, "reason": error.message}
                 self.report = self.report.model_copy(update={"unscorable": [*self.report.unscorable, entry]})
                 changed = True
         return changed

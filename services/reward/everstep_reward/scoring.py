@@ -15,9 +15,10 @@ import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 
+from everstep.reward_error_kind import error_kind_label
 from everstep.v1 import reward_pb2
 from everstep_reward import metrics
-from everstep_reward.verifiers import ErrorKind, SpecError, VerifierRegistry, VerifierResult
+from everstep_reward.verifiers import SpecError, VerifierRegistry, VerifierResult
 from everstep_reward.verifiers.params import ParamsError
 
 __all__ = ["RewardScorer"]
@@ -25,7 +26,7 @@ __all__ = ["RewardScorer"]
 log = logging.getLogger(__name__)
 _UNKNOWN_LABEL = "unknown"
 _NO_VERIFIER_LABEL = "none"
-_SANDBOX_KINDS = (ErrorKind.SANDBOX_ERROR, ErrorKind.SANDBOX_UNAVAILABLE)
+_SANDBOX_KINDS = (reward_pb2.REWARD_ERROR_KIND_SANDBOX_ERROR, reward_pb2.REWARD_ERROR_KIND_SANDBOX_UNAVAILABLE)
 
 
 class RewardScorer:
@@ -45,7 +46,7 @@ class RewardScorer:
         if not parts:
             errors.append("`verifiers` is empty: the item names no verifier")
             metrics.ITEMS.labels(_NO_VERIFIER_LABEL, "error").inc()
-            metrics.ERRORS.labels(_NO_VERIFIER_LABEL, ErrorKind.INVALID_SPEC.value).inc()
+            metrics.ERRORS.labels(_NO_VERIFIER_LABEL, error_kind_label(reward_pb2.REWARD_ERROR_KIND_INVALID_SPEC)).inc()
         return reward_pb2.ScoreResult(id=item.id, reward=sum(p.weight * p.score for p in parts), parts=parts,
                                       error="; ".join(errors))
 
@@ -68,29 +69,30 @@ class RewardScorer:
         start = time.monotonic()
         if verifier is None:
             result = VerifierResult.failure(
-                ErrorKind.UNKNOWN_VERIFIER,
+                reward_pb2.REWARD_ERROR_KIND_UNKNOWN_VERIFIER,
                 f"unknown verifier {spec.name!r}; known: {', '.join(self._registry.names)}")
         elif not math.isfinite(spec.weight):
-            result = VerifierResult.failure(ErrorKind.INVALID_SPEC,
+            result = VerifierResult.failure(reward_pb2.REWARD_ERROR_KIND_INVALID_SPEC,
                                             f"weight must be a finite number, not {spec.weight}")
         else:
             try:
                 result = verifier.score(item, spec)
             except ParamsError as e:
-                result = VerifierResult.failure(ErrorKind.INVALID_PARAMS, str(e))
+                result = VerifierResult.failure(reward_pb2.REWARD_ERROR_KIND_INVALID_PARAMS, str(e))
             except SpecError as e:
-                result = VerifierResult.failure(ErrorKind.INVALID_SPEC, str(e))
+                result = VerifierResult.failure(reward_pb2.REWARD_ERROR_KIND_INVALID_SPEC, str(e))
             except Exception as e:  # a bug in a verifier must cost one part, not the batch
                 log.exception("verifier %s raised", spec.name)
-                result = VerifierResult.failure(ErrorKind.INTERNAL, f"internal error: {e}")
+                result = VerifierResult.failure(reward_pb2.REWARD_ERROR_KIND_INTERNAL, f"internal error: {e}")
         metrics.ITEM_SECONDS.labels(label).observe(time.monotonic() - start)
         metrics.ITEMS.labels(label, result.metric_outcome().value).inc()
-        if result.error_kind is not None:
-            metrics.ERRORS.labels(label, result.error_kind.value).inc()
-            if result.error_kind == ErrorKind.TIMEOUT:
+        if not result.ok:
+            kind = error_kind_label(result.error_kind)
+            metrics.ERRORS.labels(label, kind).inc()
+            if result.error_kind == reward_pb2.REWARD_ERROR_KIND_TIMEOUT:
                 metrics.TIMEOUTS.labels(label).inc()
             elif result.error_kind in _SANDBOX_KINDS:
-                metrics.SANDBOX_ERRORS.labels(result.error_kind.value).inc()
+                metrics.SANDBOX_ERRORS.labels(kind).inc()
         weight = spec.weight if math.isfinite(spec.weight) else 0.0  # a NaN must not poison the item's reward
         return reward_pb2.RewardPart(verifier=spec.name, score=result.score, weight=weight, error=result.error,
-                                     error_kind=result.error_kind.value if result.error_kind is not None else "")
+                                     error_kind=result.error_kind)

@@ -16,6 +16,7 @@ import os
 import sys
 
 from everstep.transport import add_transport_arguments, apply_transport_arguments
+from everstep_trainer.weight_transports import Transport
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -27,7 +28,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="trainer ranks on this machine (> 1: relaunch under torchrun; FSDP2 across them)")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     parser.add_argument("--weight-transport", default="auto",
-                        choices=["auto", "grpc", "shm", "nccl", "gloo", "cuda_ipc"],
+                        choices=[t.value for t in Transport],
                         help="default transport of PushWeights: auto picks per engine cuda_ipc (same GPU), nccl "
                              "(both on GPUs), shm (same host), else grpc")
     parser.add_argument("--weight-group-host", default="",

@@ -26,7 +26,7 @@ from everstep_trainer.distributed import init_distributed_from_env, rank_device
 from everstep_trainer.policy_trainer import PolicyTrainer, TrainStats
 from everstep_trainer.rank_commands import CommandRunner, follow
 from everstep_trainer.sample_log import SampleLog
-from everstep_trainer.weight_push import GRPC_MAX_MESSAGE_BYTES, SETTINGS, WeightPusher, WeightPushError
+from everstep_trainer.weight_push import GRPC_MAX_MESSAGE_BYTES, Transport, WeightPusher, WeightPushError
 
 __all__ = ["PROTO_AGGREGATIONS", "PROTO_CORRECTIONS", "TrainerService", "config_from_proto", "serve",
            "serve_distributed", "stats_to_proto"]
@@ -66,6 +66,15 @@ def config_from_proto(message: trainer_pb2.TrainerConfig) -> TrainerConfig:
         return TrainerConfig(**values)
     except ValueError as e:
         raise ValueError(f"config.{e}") from e
+
+
+def _transport_from_proto(request: trainer_pb2.PushWeightsRequest) -> Transport | None:
+    """The request's transport; None: the trainer's --weight-transport. The string field 3 of a sender built
+    before WeightTransport is an error, never a silent push over the default."""
+    if any(f.field_number == 3 for f in UnknownFieldSet(request)):
+        raise ValueError("transport: field 3 is unknown to this trainer (the string transport of a sender built "
+                         "before trainer.proto's WeightTransport)")
+    return Transport.from_proto(request.transport)
 
 
 def stats_to_proto(stats: TrainStats) -> trainer_pb2.TrainStats:
@@ -178,9 +187,10 @@ class TrainerService(trainer_pb2_grpc.TrainerServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "endpoints: at least one endpoint is required")
         if request.bucket_bytes < 0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bucket_bytes: must be >= 0, got {request.bucket_bytes}")
-        if request.transport and request.transport not in SETTINGS:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"transport: must be one of {list(SETTINGS)}, got {request.transport!r}")
+        try:
+            setting = _transport_from_proto(request)
+        except ValueError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         if len(set(request.endpoints)) != len(request.endpoints):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"endpoints: duplicates in {list(request.endpoints)}")
         with self._lock:
@@ -189,7 +199,7 @@ class TrainerService(trainer_pb2_grpc.TrainerServicer):
             weights = self._runner.gather_weights()
             try:
                 report = self._pusher.push(weights.items(), version=trainer.version,
-                                           endpoints=list(request.endpoints), setting=request.transport or None,
+                                           endpoints=list(request.endpoints), setting=setting,
                                            bucket_bytes=request.bucket_bytes or None)
             except WeightPushError as e:
                 context.abort(grpc.StatusCode.UNAVAILABLE, str(e))

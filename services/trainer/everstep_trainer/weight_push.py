@@ -27,6 +27,7 @@ from everstep_trainer.weight_push_base import (
     DEFAULT_BUCKET_BYTES,
     GRPC_MAX_MESSAGE_BYTES,
     PushResult,
+    Transport,
     WeightPushError,
     WeightTransport,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "GrpcWeightTransport",
     "PushReport",
     "PushResult",
+    "Transport",
     "WeightPushError",
     "WeightPusher",
     "WeightTransport",
@@ -60,23 +62,26 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-def make_transport(kind: str = "grpc", **options: object) -> WeightTransport:
+_COLLECTIVE = (Transport.NCCL, Transport.GLOO)
+
+
+def make_transport(kind: str = Transport.GRPC, **options: object) -> WeightTransport:
     """The one place that builds a transport; options go to its constructor. GPU ones import lazily."""
-    if kind == "grpc":
+    if kind == Transport.GRPC:
         return GrpcWeightTransport(**options)  # type: ignore[arg-type]
-    if kind == "shm":
+    if kind == Transport.SHM:
         from everstep_trainer.weight_push_shm import SharedMemoryWeightTransport
 
         return SharedMemoryWeightTransport(**options)  # type: ignore[arg-type]
-    if kind in ("nccl", "gloo"):
+    if kind in _COLLECTIVE:
         from everstep_trainer.weight_push_collective import CollectiveWeightTransport
 
-        return CollectiveWeightTransport(backend=kind, **options)  # type: ignore[arg-type]
-    if kind == "cuda_ipc":
+        return CollectiveWeightTransport(backend=str(kind), **options)  # type: ignore[arg-type]
+    if kind == Transport.CUDA_IPC:
         from everstep_trainer.weight_push_cuda_ipc import CudaIpcWeightTransport
 
         return CudaIpcWeightTransport(**options)  # type: ignore[arg-type]
-    raise ValueError(f"kind: unknown weight transport {kind!r} (available: {list(TRANSPORTS)})")
+    raise ValueError(f"kind: unknown weight transport {kind!r} (available: {[t.value for t in TRANSPORTS]})")
 
 
 @dataclass(frozen=True)
@@ -87,7 +92,7 @@ class PushReport:
     num_bytes: int
     """Tensor bytes delivered, summed over endpoints."""
     seconds: float
-    transports: dict[str, str]
+    transports: dict[str, Transport]
     """endpoint -> transport used."""
     results: list[PushResult] = field(default_factory=list)
     """One per transport used, for metrics."""
@@ -102,7 +107,7 @@ class WeightPusher:
     across pushes (fast) instead of freeing it after each.
     """
 
-    def __init__(self, *, setting: str = "auto", bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    def __init__(self, *, setting: str = Transport.AUTO, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  timeout_seconds: float = 600.0, group_host: str = "", keep_shm_segment: bool = True,
                  max_message_bytes: int = GRPC_MAX_MESSAGE_BYTES) -> None:
         self.setting = validate_setting(setting)
@@ -113,29 +118,29 @@ class WeightPusher:
         self.group_host = group_host
         self.keep_shm_segment = keep_shm_segment
         self.max_message_bytes = max_message_bytes
-        self._transports: dict[tuple[str, int], WeightTransport] = {}
+        self._transports: dict[tuple[Transport, int], WeightTransport] = {}
         self._lock = threading.Lock()
 
-    def transport(self, kind: str, bucket_bytes: int | None = None) -> WeightTransport:
+    def transport(self, kind: Transport, bucket_bytes: int | None = None) -> WeightTransport:
         """The transport of this kind (and bucket size), built on first use and kept."""
         bucket_bytes = bucket_bytes or self.bucket_bytes
         key = (kind, bucket_bytes)
         if key not in self._transports:
             options: dict[str, object] = {"timeout_seconds": self.timeout_seconds}
-            if kind == "grpc":
+            if kind == Transport.GRPC:
                 options.update(bucket_bytes=bucket_bytes, max_message_bytes=self.max_message_bytes)
-            elif kind == "shm":
+            elif kind == Transport.SHM:
                 options.update(bucket_bytes=bucket_bytes, keep_segment=self.keep_shm_segment)
-            elif kind in ("nccl", "gloo"):
+            elif kind in _COLLECTIVE:
                 options.update(bucket_bytes=bucket_bytes, group_host=self.group_host)
                 options["timeout_seconds"] = min(self.timeout_seconds, 300.0)
             self._transports[key] = make_transport(kind, **options)
         return self._transports[key]
 
-    def plan(self, endpoints: Sequence[str], *, setting: str, weights_device: str) -> dict[str, str]:
+    def plan(self, endpoints: Sequence[str], *, setting: str, weights_device: str) -> dict[str, Transport]:
         """endpoint -> transport. Asks each engine where it lives unless the setting is plain grpc/gloo."""
-        validate_setting(setting)
-        if setting in ("grpc", "gloo"):
+        setting = validate_setting(setting)
+        if setting in (Transport.GRPC, Transport.GLOO):
             return dict.fromkeys(endpoints, setting)
         trainer = local_peer(weights_device)
         with ThreadPoolExecutor(max_workers=min(16, len(endpoints))) as pool:
@@ -163,13 +168,13 @@ class WeightPusher:
             weights = list(named_tensors)  # references: every transport reads the same tensors
             device = str(weights[0][1].device) if weights else "cpu"
             plan = self.plan(endpoints, setting=setting or self.setting, weights_device=device)
-            groups: dict[str, list[str]] = {}
+            groups: dict[Transport, list[str]] = {}
             for endpoint, kind in plan.items():
                 groups.setdefault(kind, []).append(endpoint)
             results: list[PushResult] = []
             failures: dict[str, str] = {}
 
-            def run(kind: str, group: list[str]) -> None:
+            def run(kind: Transport, group: list[str]) -> None:
                 try:
                     results.append(self.transport(kind, bucket_bytes).push(weights, version=version, endpoints=group))
                 except WeightPushError as e:

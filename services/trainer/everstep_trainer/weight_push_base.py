@@ -19,6 +19,7 @@ from torch import Tensor
 
 from everstep import transport
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc
+from everstep_trainer.weight_transports import Transport
 
 __all__ = [
     "DEFAULT_BUCKET_BYTES",
@@ -26,6 +27,7 @@ __all__ = [
     "EndpointStream",
     "PushResult",
     "TensorPlacement",
+    "Transport",
     "WeightPushError",
     "WeightTransport",
     "dtype_name",
@@ -57,7 +59,7 @@ class PushResult:
     """Tensor bytes delivered, summed over endpoints."""
     seconds: float
     num_endpoints: int
-    transport: str = "grpc"
+    transport: Transport = Transport.GRPC
 
 
 class WeightTransport(abc.ABC):
@@ -67,7 +69,7 @@ class WeightTransport(abc.ABC):
     group); `close` releases it. Not thread-safe: one push at a time.
     """
 
-    kind: str = ""
+    kind: Transport
 
     @abc.abstractmethod
     def push(self, named_tensors: Iterable[tuple[str, Tensor]], *, version: int,

@@ -47,6 +47,7 @@ from everstep_trainer.weight_push_base import (
     EndpointStream,
     PushResult,
     TensorPlacement,
+    Transport,
     WeightPushError,
     WeightTransport,
     layout_tensors,
@@ -123,7 +124,7 @@ class CollectiveWeightTransport(WeightTransport):
             raise ValueError(f"bucket_bytes: must be > 0, got {bucket_bytes}")
         if timeout_seconds <= 0:
             raise ValueError(f"timeout_seconds: must be > 0, got {timeout_seconds}")
-        self.kind = backend
+        self.kind = Transport(backend)
         self.backend = backend
         self.group_host = group_host
         self.timeout_seconds = timeout_seconds

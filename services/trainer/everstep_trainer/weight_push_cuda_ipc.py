@@ -28,6 +28,7 @@ from everstep import cuda_ipc
 from everstep.v1 import rollout_pb2
 from everstep_trainer.weight_push_base import (
     PushResult,
+    Transport,
     WeightTransport,
     raise_for_failures,
     run_endpoint_streams,
@@ -75,7 +76,7 @@ def endpoint_buckets(held: Sequence[tuple[str, Tensor]], version: int) -> Iterat
 class CudaIpcWeightTransport(WeightTransport):
     """CUDA IPC handles of the trainer's own tensors to engines on the same GPU."""
 
-    kind = "cuda_ipc"
+    kind = Transport.CUDA_IPC
 
     def __init__(self, *, timeout_seconds: float = 600.0) -> None:
         self.timeout_seconds = timeout_seconds

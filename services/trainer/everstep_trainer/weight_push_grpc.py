@@ -22,6 +22,7 @@ from everstep_trainer.weight_push_base import (
     DEFAULT_BUCKET_BYTES,
     GRPC_MAX_MESSAGE_BYTES,
     PushResult,
+    Transport,
     WeightTransport,
     dtype_name,
     raise_for_failures,
@@ -110,7 +111,7 @@ def bucket_data_bytes(bucket: rollout_pb2.WeightBucket) -> int:
 class GrpcWeightTransport(WeightTransport):
     """Client-streaming `Rollout.UpdateWeights` to every endpoint at once, tensor bytes inline."""
 
-    kind = "grpc"
+    kind = Transport.GRPC
 
     def __init__(self, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout_seconds: float = 600.0,
                  max_message_bytes: int = GRPC_MAX_MESSAGE_BYTES) -> None:

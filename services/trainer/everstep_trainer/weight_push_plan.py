@@ -24,14 +24,16 @@ import grpc
 from everstep import transport
 from everstep.peer_identity import boot_id, shm_domain
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc
+from everstep_trainer.weight_transports import Transport
 
 __all__ = ["SETTINGS", "TRANSPORTS", "PeerInfo", "choose_transport", "local_peer", "probe_peer", "shm_domain",
            "validate_setting"]
 
 log = logging.getLogger(__name__)
 
-TRANSPORTS = ("grpc", "shm", "nccl", "gloo", "cuda_ipc")
-SETTINGS = ("auto", *TRANSPORTS)
+SETTINGS: tuple[Transport, ...] = tuple(Transport)
+TRANSPORTS: tuple[Transport, ...] = tuple(t for t in Transport if t != Transport.AUTO)
+_AUTO_ORDER = (Transport.CUDA_IPC, Transport.NCCL, Transport.SHM)  # the first that can reach an engine, else grpc
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,36 +78,39 @@ def probe_peer(endpoint: str, timeout_seconds: float = 10.0) -> PeerInfo:
     return PeerInfo.from_proto(status.weight_receiver)
 
 
-def validate_setting(setting: str) -> str:
-    if setting not in SETTINGS:
-        raise ValueError(f"transport: must be one of {list(SETTINGS)}, got {setting!r}")
-    return setting
+def validate_setting(setting: str) -> Transport:
+    """The setting as a Transport; ValueError naming `transport` for a name that is none."""
+    try:
+        return Transport(setting)
+    except ValueError:
+        raise ValueError(f"transport: must be one of {[s.value for s in SETTINGS]}, got {setting!r}") from None
 
 
-def _impossible(setting: str, trainer: PeerInfo, engine: PeerInfo) -> str | None:
+def _impossible(setting: Transport, trainer: PeerInfo, engine: PeerInfo) -> str | None:
     """Why `setting` cannot carry weights from trainer to engine, or None if it can."""
-    if setting == "shm" and not (trainer.shm_domain and trainer.shm_domain == engine.shm_domain):
+    if setting == Transport.SHM and not (trainer.shm_domain and trainer.shm_domain == engine.shm_domain):
         return "the engine does not share this trainer's /dev/shm (another host or IPC namespace)"
-    if setting == "nccl" and not (trainer.on_gpu and engine.on_gpu):
+    if setting == Transport.NCCL and not (trainer.on_gpu and engine.on_gpu):
         return f"nccl needs the weights and the engine on GPUs (trainer {trainer.device or '?'}, " \
                f"engine {engine.device or '?'})"
-    if setting == "cuda_ipc" and not (trainer.on_gpu and engine.on_gpu and trainer.gpu_uuid
-                                      and trainer.gpu_uuid == engine.gpu_uuid and trainer.boot_id == engine.boot_id):
+    if setting == Transport.CUDA_IPC and not (trainer.on_gpu and engine.on_gpu and trainer.gpu_uuid and
+                                              trainer.gpu_uuid == engine.gpu_uuid and
+                                              trainer.boot_id == engine.boot_id):
         return "cuda_ipc needs the engine on the GPU that holds the trainer's weights"
-    if setting == "cuda_ipc" and not (trainer.shm_domain and trainer.shm_domain == engine.shm_domain):
+    if setting == Transport.CUDA_IPC and not (trainer.shm_domain and trainer.shm_domain == engine.shm_domain):
         return "cuda_ipc needs the engine to share this trainer's /dev/shm (torch's CUDA IPC ref counters live there)"
     return None
 
 
-def choose_transport(setting: str, trainer: PeerInfo, engine: PeerInfo) -> str:
+def choose_transport(setting: str, trainer: PeerInfo, engine: PeerInfo) -> Transport:
     """The transport for one engine; raises ValueError naming `transport` if an explicit one cannot work."""
-    validate_setting(setting)
-    if setting == "auto":
-        for candidate in ("cuda_ipc", "nccl", "shm"):
+    setting = validate_setting(setting)
+    if setting == Transport.AUTO:
+        for candidate in _AUTO_ORDER:
             if _impossible(candidate, trainer, engine) is None:
                 return candidate
-        return "grpc"
+        return Transport.GRPC
     reason = _impossible(setting, trainer, engine)
     if reason is not None:
-        raise ValueError(f"transport: {setting!r} cannot reach this engine: {reason}")
+        raise ValueError(f"transport: {setting.value!r} cannot reach this engine: {reason}")
     return setting

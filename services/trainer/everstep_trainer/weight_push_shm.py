@@ -46,6 +46,7 @@ from everstep_trainer.weight_push_base import (
     DEFAULT_BUCKET_BYTES,
     PushResult,
     TensorPlacement,
+    Transport,
     WeightTransport,
     layout_tensors,
     raise_for_failures,
@@ -201,7 +202,7 @@ class SharedMemoryWeightTransport(WeightTransport):
     checks that before choosing this transport.
     """
 
-    kind = "shm"
+    kind = Transport.SHM
 
     def __init__(self, *, timeout_seconds: float = 600.0, keep_segment: bool = True,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, directory: Path = SHM_DIR,

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from everstep.verifiers import VERIFIER_PARAMS
-from everstep_reward.verifiers.base import ErrorKind, Verifier, VerifierResult
+from everstep_reward.verifiers.base import Verifier, VerifierResult
 from everstep_reward.verifiers.params import SpecError
 
-__all__ = ["ErrorKind", "SpecError", "Verifier", "VerifierRegistry", "VerifierResult"]
+__all__ = ["SpecError", "Verifier", "VerifierRegistry", "VerifierResult"]
 
 
 class VerifierRegistry:

@@ -9,25 +9,7 @@ from typing import ClassVar, Protocol
 from everstep.v1 import reward_pb2
 from everstep_reward.verifiers.params import VerifierParams
 
-__all__ = ["ErrorKind", "Outcome", "Verifier", "VerifierResult"]
-
-
-class ErrorKind(StrEnum):
-    """Why a verifier could not score an item (the `kind` label of everstep_reward_errors_total)."""
-
-    UNKNOWN_VERIFIER = "unknown_verifier"
-    INVALID_SPEC = "invalid_spec"
-    """A field of the item the verifier needs is missing or unusable (math without `answer`, code without
-    tests or language)."""
-    INVALID_PARAMS = "invalid_params"
-    """A key or value of `VerifierSpec.params` the verifier does not take (params.ParamsError)."""
-    TIMEOUT = "timeout"
-    SANDBOX_UNAVAILABLE = "sandbox_unavailable"
-    SANDBOX_ERROR = "sandbox_error"
-    WORKER_CRASHED = "worker_crashed"
-    MODEL_UNAVAILABLE = "model_unavailable"
-    """A `model` verifier was requested but the service was started without `--reward-model`."""
-    INTERNAL = "internal"
+__all__ = ["Outcome", "Verifier", "VerifierResult"]
 
 
 class Outcome(StrEnum):
@@ -48,22 +30,24 @@ class VerifierResult:
     """In [0, 1] for math, code and format; in [-1, 0] for length (a penalty); unbounded for model.
     0 when `error` is set."""
     error: str = ""
-    error_kind: ErrorKind | None = None
+    error_kind: reward_pb2.RewardErrorKind = reward_pb2.REWARD_ERROR_KIND_UNSPECIFIED
+    """Why it could not score (reward.proto's enum; its metric label is `everstep.reward_error_kind`'s);
+    UNSPECIFIED when it could."""
     outcome: Outcome | None = None
     """Set by verifiers whose scores do not follow the 0 = wrong, 1 = right rule; derived otherwise."""
 
     @classmethod
-    def failure(cls, kind: ErrorKind, message: str) -> VerifierResult:
+    def failure(cls, kind: reward_pb2.RewardErrorKind, message: str) -> VerifierResult:
         return cls(0.0, message, kind)
 
     @property
     def ok(self) -> bool:
-        return self.error_kind is None
+        return self.error_kind == reward_pb2.REWARD_ERROR_KIND_UNSPECIFIED
 
     def metric_outcome(self) -> Outcome:
-        if self.error_kind == ErrorKind.TIMEOUT:
+        if self.error_kind == reward_pb2.REWARD_ERROR_KIND_TIMEOUT:
             return Outcome.TIMEOUT
-        if self.error_kind is not None:
+        if not self.ok:
             return Outcome.ERROR
         if self.outcome is not None:
             return self.outcome

@@ -28,7 +28,7 @@ from pydantic import Field
 from everstep import transport
 from everstep.v1 import reward_pb2, sandbox_pb2, sandbox_pb2_grpc
 from everstep_reward import metrics
-from everstep_reward.verifiers.base import ErrorKind, VerifierResult
+from everstep_reward.verifiers.base import VerifierResult
 from everstep_reward.verifiers.function_call import function_call_program, parse_function_call_case
 from everstep_reward.verifiers.params import SpecError, VerifierParams, read_params
 
@@ -111,7 +111,7 @@ class CodeVerifier:
             raise SpecError("`language` is empty (the sandbox language of the code, e.g. python)")
         code, cases = self._program(extract_code(item.response), spec)
         if not self._endpoint:
-            return VerifierResult.failure(ErrorKind.SANDBOX_UNAVAILABLE,
+            return VerifierResult.failure(reward_pb2.REWARD_ERROR_KIND_SANDBOX_UNAVAILABLE,
                                           "no sandbox configured (start the reward service with --sandbox-endpoint)")
         request = sandbox_pb2.RunTestsRequest(code=code, language=spec.language, cases=cases,
                                               run_timeout=params.run_timeout_seconds,
@@ -122,9 +122,9 @@ class CodeVerifier:
         except grpc.RpcError as e:
             return _rpc_failure(e, self._endpoint)
         if reply.status == "SandboxError":
-            return VerifierResult.failure(ErrorKind.SANDBOX_ERROR, f"sandbox error: {reply.message}")
+            return VerifierResult.failure(reward_pb2.REWARD_ERROR_KIND_SANDBOX_ERROR, f"sandbox error: {reply.message}")
         if len(reply.results) != len(cases):
-            return VerifierResult.failure(ErrorKind.SANDBOX_ERROR,
+            return VerifierResult.failure(reward_pb2.REWARD_ERROR_KIND_SANDBOX_ERROR,
                                           f"sandbox returned {len(reply.results)} results for {len(cases)} cases")
         metrics.CODE_RESULTS.labels(spec.language, verdict_of(reply).value).inc()
         passed = sum(1 for result in reply.results if result.passed)
@@ -176,9 +176,12 @@ def _rpc_failure(error: grpc.RpcError, endpoint: str) -> VerifierResult:
     code = error.code() if isinstance(error, grpc.Call) else None
     details = error.details() if isinstance(error, grpc.Call) else str(error)
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return VerifierResult.failure(ErrorKind.TIMEOUT, "timeout")
+        return VerifierResult.failure(reward_pb2.REWARD_ERROR_KIND_TIMEOUT, "timeout")
     if code == grpc.StatusCode.UNAVAILABLE:
-        return VerifierResult.failure(ErrorKind.SANDBOX_UNAVAILABLE, f"sandbox at {endpoint} unreachable: {details}")
+        return VerifierResult.failure(reward_pb2.REWARD_ERROR_KIND_SANDBOX_UNAVAILABLE,
+                                      f"sandbox at {endpoint} unreachable: {details}")
     if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return VerifierResult.failure(ErrorKind.INVALID_SPEC, f"sandbox rejected the request: {details}")
-    return VerifierResult.failure(ErrorKind.SANDBOX_ERROR, f"sandbox call failed ({code}): {details}")
+        return VerifierResult.failure(reward_pb2.REWARD_ERROR_KIND_INVALID_SPEC,
+                                      f"sandbox rejected the request: {details}")
+    return VerifierResult.failure(reward_pb2.REWARD_ERROR_KIND_SANDBOX_ERROR,
+                                  f"sandbox call failed ({code}): {details}")

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from everstep.v1 import reward_pb2
-from everstep_reward.verifiers.base import ErrorKind, VerifierResult
+from everstep_reward.verifiers.base import VerifierResult
 from everstep_reward.verifiers.params import NoParams, SpecError, read_params
 from everstep_reward.verifiers.worker_pool import ProcessWorkerPool, WorkerCrashed, WorkerTimeout
 
@@ -102,9 +102,10 @@ class MathVerifier:
         try:
             result = self._pool.call(self._check, item.response, spec.answer, timeout_seconds=self._timeout_seconds)
         except WorkerTimeout:
-            return VerifierResult.failure(ErrorKind.TIMEOUT, "timeout")
+            return VerifierResult.failure(reward_pb2.REWARD_ERROR_KIND_TIMEOUT, "timeout")
         except WorkerCrashed as e:
-            return VerifierResult.failure(ErrorKind.WORKER_CRASHED, str(e))
+            return VerifierResult.failure(reward_pb2.REWARD_ERROR_KIND_WORKER_CRASHED, str(e))
         if not result.reference_parsed:
-            return VerifierResult.failure(ErrorKind.INVALID_SPEC, f"`answer` {spec.answer!r} does not parse as math")
+            return VerifierResult.failure(reward_pb2.REWARD_ERROR_KIND_INVALID_SPEC,
+                                          f"`answer` {spec.answer!r} does not parse as math")
         return VerifierResult(1.0 if result.correct else 0.0)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from everstep.v1 import reward_pb2
-from everstep_reward.verifiers.base import ErrorKind, Outcome, VerifierResult
+from everstep_reward.verifiers.base import Outcome, VerifierResult
 from everstep_reward.verifiers.params import NoParams, read_params
 
 __all__ = ["ModelVerifier", "RewardModel", "RewardModelSettings"]
@@ -126,7 +126,7 @@ class ModelVerifier:
     def score(self, item: reward_pb2.RewardItem, spec: reward_pb2.VerifierSpec) -> VerifierResult:
         read_params(spec, self.params_model())
         if self._model is None:
-            return VerifierResult.failure(ErrorKind.MODEL_UNAVAILABLE,
+            return VerifierResult.failure(reward_pb2.REWARD_ERROR_KIND_MODEL_UNAVAILABLE,
                                           "no reward model loaded (start the reward service with --reward-model)")
         future: Future[float] = Future()
         self._requests.put((self._model.text(item.prompt, item.response), future))
@@ -134,7 +134,7 @@ class ModelVerifier:
             return VerifierResult(future.result(timeout=self._timeout_seconds), outcome=Outcome.SCORED)
         except FutureTimeout:
             future.cancel()  # the batcher skips it if it has not started on it
-            return VerifierResult.failure(ErrorKind.TIMEOUT, "timeout")
+            return VerifierResult.failure(reward_pb2.REWARD_ERROR_KIND_TIMEOUT, "timeout")
 
     def close(self) -> None:
         if self._batcher is not None:

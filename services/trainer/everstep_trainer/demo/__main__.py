@@ -1,6 +1,7 @@
 """`python -m everstep_trainer.demo --out DIR [--seed S] [--quick]`: build the demo model directory.
 
-Prints warm_start.json's summary as one JSON line at the end.
+Writes build.json last (this command, the settings, the versions, every file's sha256) and prints
+warm_start.json's summary as one JSON line at the end.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ import argparse
 import dataclasses
 import json
 import logging
+import shlex
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,7 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    from everstep_trainer.demo.build import BuildConfig, build_demo, quick_build_config
+    from everstep_trainer.demo.build import BuildConfig, build_demo, quick_build_config, write_build_manifest
 
     config = quick_build_config(args.seed) if args.quick else BuildConfig(seed=args.seed)
     try:
@@ -44,6 +47,8 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as error:
         parser.error(str(error))
     summary = build_demo(args.out, config)
+    given = sys.argv[1:] if argv is None else argv
+    write_build_manifest(args.out, config, shlex.join(["python", "-m", "everstep_trainer.demo", *given]))
     summary.pop("config")
     print(json.dumps(summary))
 

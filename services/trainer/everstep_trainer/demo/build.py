@@ -5,6 +5,8 @@ Output directory (Hugging Face format plus the task's data)::
     config.json  generation_config.json  model.safetensors  tokenizer.json  tokenizer_config.json
     train.jsonl  eval.jsonl      rows {"prompt", "answer", "num_ops"}; no prompt is in both
     warm_start.json              settings, SFT timing, and held-out greedy / sampled (T=1, avg@k) accuracy
+    build.json                   the command that rebuilds it, its settings, the versions, every file's sha256
+                                 (`python -m everstep_trainer.demo` writes it last: `write_build_manifest`)
 
 The warm start has two phases. The first teaches the worked procedure (label smoothing keeps its
 sampling noisy). The second, short one continues on a terse teacher's mix, where most solutions are
@@ -18,20 +20,23 @@ from __future__ import annotations
 
 import json
 import logging
+import platform
 import random
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from everstep.model_manifest import ModelManifest, write_manifest
 from everstep_trainer.demo.evaluation import evaluate
 from everstep_trainer.demo.task import TaskConfig, solution_text, split_train_eval, write_problems
 from everstep_trainer.demo.tokenizer import save_tokenizer
 from everstep_trainer.sft import SFTConfig, train_supervised
 
-__all__ = ["BuildConfig", "ModelShape", "build_demo", "quick_build_config"]
+__all__ = ["BuildConfig", "ModelShape", "build_demo", "quick_build_config", "write_build_manifest"]
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +187,14 @@ def build_demo(out: Path, config: BuildConfig) -> dict:
     summary["wall_seconds"] = round(time.monotonic() - started, 1)
     (out / "warm_start.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def write_build_manifest(out: Path, config: BuildConfig, command: str) -> ModelManifest:
+    """Write build.json into the finished folder ``out``: ``command`` rebuilds it; the weights also depend
+    on the versions and thread count recorded (the same ones rebuild them bit for bit on one machine)."""
+    environment = {"python": platform.python_version(), "torch": torch.__version__,
+                   "transformers": transformers.__version__, "torch_num_threads": str(torch.get_num_threads())}
+    return write_manifest(out, command=command, settings=asdict(config), environment=environment)
 
 
 def _max_new_tokens(task: TaskConfig) -> int:

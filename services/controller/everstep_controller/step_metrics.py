@@ -1,0 +1,107 @@
+"""What a job reports per step: its metrics row (`GET /v1/jobs/{id}/metrics`, `JobRecord.metrics`)
+and its held-out evaluations (`JobRecord.evaluation`).
+
+The JSON of both is a REST contract: field names and values are those of the dicts these models
+replaced, and a row stored by that code validates as it is. The trainer's statistics are present
+only for a step that trained a batch; a step without one leaves them out of its JSON (not `null`),
+as before.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+
+__all__ = ["TRAIN_STAT_FIELDS", "Evaluation", "StepMetrics"]
+
+
+class _EveryStep(BaseModel):
+    """The part of a step's metrics that every step reports."""
+
+    model_config = ConfigDict(frozen=True)
+
+    step: int = Field(description="The training step (1 for the first).")
+    policy_version: int = Field(description="Version of the policy after the step.")
+    reward_mean: float = Field(description="Mean reward of the surviving members of the step's trainable groups "
+                                           "that have one (0 if none).")
+    num_samples_scored: int = Field(description="Surviving members of the step's trainable groups with a reward.")
+    num_samples_trained: int = Field(description="Samples in the step's training batch.")
+    num_trained_samples_total: int = Field(description="Samples trained on since the job started.")
+    num_groups_trained: int = Field(description="Groups in the training batch.")
+    num_groups_zero_signal: int = Field(description="Complete groups left out because all their rewards were equal.")
+    num_groups_unscorable: int = Field(description="Complete groups left out because a member's row could not be "
+                                                   "scored (JobRecord.dataset.unscorable names the rows).")
+    num_samples_unscorable: int = Field(description="Members of the unscorable groups whose row could not be scored.")
+    num_groups_dropped: int = Field(description="Complete groups dropped with fewer than two surviving members.")
+    num_samples_purged: int = Field(description="Unfinished rollouts purged (C3PO++: already carried "
+                                                "scheduler.retention times).")
+    partial_buffer_size: int = Field(description="Unfinished rollouts carried into the next step.")
+    num_finished_rollouts: int = Field(description="Rollouts that finished during the step.")
+    finished_tokens: int = Field(description="Output tokens of the rollouts that finished during the step.")
+    generated_tokens: int = Field(description="Tokens the engine decoded during the step (finished and carried).")
+    tokens_per_s: float = Field(description="generated_tokens / rollout_seconds.")
+    staleness_mean: float = Field(description="Mean policy versions behind, per trained token.")
+    staleness_max: int = Field(description="Most policy versions behind of a trained token.")
+    rollout_seconds: float = Field(description="Decoding until the scheduler ended the iteration.")
+    reward_seconds: float = Field(description="Waiting for the scores after the rollouts.")
+    train_seconds: float = Field(description="TrainStep and the weight push.")
+    weight_push_seconds: float = Field(description="The weight push alone.")
+    iteration_seconds: float = Field(description="The whole step.")
+
+
+class StepMetrics(_EveryStep):
+    """One training step's metrics row. The fields after `iteration_seconds` are the trainer's
+    `TrainStats` (trainer.proto, same names), present only when the step trained a batch."""
+
+    # One line per statistic: TRAIN_STAT_FIELDS lists them, and step_record copies each from TrainStats.
+    loss: float | None = Field(default=None, description="Policy loss, mean over the optimizer steps.")
+    grad_norm: float | None = Field(default=None, description="Gradient norm (before clipping), mean over the "
+                                                              "optimizer steps.")
+    masked_fraction: float | None = Field(default=None, description="Fraction of tokens whose IcePop weight is 0 "
+                                                                    "(k = pi_train/pi_infer outside [alpha, beta]; "
+                                                                    "computed for every correction).")
+    mismatch_kl: float | None = Field(default=None, description="k3 estimate of KL(pi_infer || pi_train) over the "
+                                                                "batch at the step's starting weights.")
+    logp_diff_abs_mean: float | None = Field(default=None, description="Mean |trainer - engine| log-prob per token.")
+    logp_diff_max: float | None = Field(default=None, description="Largest |trainer - engine| log-prob of a token.")
+    clip_fraction: float | None = Field(default=None, description="Fraction of tokens on the clipped PPO branch "
+                                                                  "(no policy gradient).")
+    entropy: float | None = Field(default=None, description="Mean token entropy of the policy.")
+    learning_rate: float | None = Field(default=None, description="Learning rate of the step.")
+    masked_fraction_fresh: float | None = Field(
+        default=None, description="masked_fraction over the fresh tokens (generated by the policy version trained: "
+                                  "the engine mismatch alone); 0 when the batch has none.")
+    masked_fraction_stale: float | None = Field(
+        default=None, description="masked_fraction over the stale tokens (generated by an older version: carried-over "
+                                  "rollouts, staleness plus mismatch); 0 when the batch has none.")
+    mismatch_kl_fresh: float | None = Field(default=None, description="mismatch_kl over the fresh tokens (0: none).")
+    mismatch_kl_stale: float | None = Field(default=None, description="mismatch_kl over the stale tokens (0: none).")
+    num_tokens_fresh: int | None = Field(default=None, description="Trained tokens generated by the version trained.")
+    num_tokens_stale: int | None = Field(default=None, description="Trained tokens generated by an older version.")
+
+    @model_serializer(mode="wrap")
+    def _without_absent_train_stats(self, handler: SerializerFunctionWrapHandler):
+        # no return annotation: the JSON schema stays this model's (a `dict` one would hide every field)
+        data = handler(self)
+        for name in TRAIN_STAT_FIELDS:
+            if name in data and data[name] is None:
+                del data[name]
+        return data
+
+
+TRAIN_STAT_FIELDS: tuple[str, ...] = tuple(n for n in StepMetrics.model_fields if n not in _EveryStep.model_fields)
+"""The trainer's statistics a step reports: `trainer_pb2.TrainStats` fields of the same names."""
+
+
+class Evaluation(BaseModel):
+    """Held-out accuracy at one step (spec.evaluation)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    step: int = Field(description="Training steps completed when it was measured (0: the base model).")
+    accuracy: float | None = Field(description="avg@k: mean correctness of k samples per prompt, at the training "
+                                               "temperature; null when no sample could be scored.")
+    greedy_accuracy: float | None = Field(description="Correctness of one greedy answer per prompt; null when "
+                                                      "greedy evaluation is off or nothing could be scored.")
+    k: int = Field(description="Samples per prompt (spec.evaluation.samples_per_prompt).")
+    num_prompts: int = Field(description="Held-out prompts evaluated.")
+    num_unscored: int = Field(description="Samples left out because their reward failed (never counted as wrong).")

@@ -1,0 +1,17 @@
+"""Metrics rows for tests that commit steps without running one."""
+
+from __future__ import annotations
+
+from everstep_controller.step_metrics import TRAIN_STAT_FIELDS, Evaluation, StepMetrics
+
+_COUNTS = dict.fromkeys((name for name in StepMetrics.model_fields if name not in TRAIN_STAT_FIELDS), 0)
+
+
+def step_row(step: int) -> StepMetrics:
+    """The row of a step that trained nothing: `step`, every count and time 0."""
+    return StepMetrics(**{**_COUNTS, "step": step})
+
+
+def eval_row(step: int) -> Evaluation:
+    """An evaluation at `step` of one prompt, k=1."""
+    return Evaluation(step=step, accuracy=0.5, greedy_accuracy=None, k=1, num_prompts=1, num_unscored=0)
