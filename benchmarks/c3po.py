@@ -4,6 +4,8 @@
         The controller's scheduler alone against a simulated engine at the paper's scale (default:
         4096 concurrent rollouts, long-tailed lengths up to 64K tokens, a decode step whose cost grows
         with batch occupancy and context); see benchmarks/c3po_sim.py for the cost model.
+        `--cost-model FILE` takes the constants measured on a real engine and model by
+        `python -m benchmarks.decode_cost --model DIR --out FILE`.
 
     python -m benchmarks.c3po [--model examples/demo-model --prompts-per-iteration P ...]
         The same job on real generation: the demo model and its long-tailed arithmetic task, through
@@ -24,6 +26,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -53,6 +56,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     sim.add_argument("--step-per-kv-token-seconds", type=float, default=5.0e-10,
                      help="decode step cost per context token of the active rollouts")
     sim.add_argument("--train-per-token-seconds", type=float, default=2.5e-5, help="train step cost per token")
+    sim.add_argument("--cost-model", type=Path, default=None,
+                     help="a benchmarks.decode_cost result (JSON): its fitted cost_model replaces the four "
+                          "--step-*/--train-* constants above, which must then be left at their defaults")
     real = p.add_argument_group("real generation")
     real.add_argument("--model", default=str(REPO / "examples" / "demo-model"),
                       help="Hugging Face model directory (default: the shipped demo model)")
@@ -67,6 +73,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _cost_model(args: argparse.Namespace, cost_model: type) -> Any:
+    """The simulation's CostModel: from --cost-model's measured file, or from the --step-*/--train-* flags."""
+    flags = {"base_seconds": args.step_base_seconds, "per_sequence_seconds": args.step_per_sequence_seconds,
+             "per_kv_token_seconds": args.step_per_kv_token_seconds,
+             "train_per_token_seconds": args.train_per_token_seconds}
+    if args.cost_model is None:
+        return cost_model(**flags)
+    defaults = cost_model()
+    changed = sorted(name for name, value in flags.items() if value != getattr(defaults, name))
+    if changed:
+        raise SystemExit(f"--cost-model {args.cost_model} sets the cost constants; leave out the flags for {changed}")
+    measured = json.loads(args.cost_model.read_text())
+    if "cost_model" not in measured:
+        raise SystemExit(f"--cost-model {args.cost_model}: no 'cost_model' object (benchmarks.decode_cost writes one)")
+    return cost_model(**measured["cost_model"])
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
@@ -79,9 +102,7 @@ def main(argv: list[str] | None = None) -> None:
             trained_samples=args.trained_samples or 10 * group_size * prompts, token_budget=args.token_budget,
             retention=args.retention, prompt_tokens=args.prompt_tokens, median_tokens=args.median_tokens,
             length_sigma=args.length_sigma, max_tokens=args.max_tokens, seed=args.seed,
-            cost=CostModel(base_seconds=args.step_base_seconds, per_sequence_seconds=args.step_per_sequence_seconds,
-                           per_kv_token_seconds=args.step_per_kv_token_seconds,
-                           train_per_token_seconds=args.train_per_token_seconds),
+            cost=_cost_model(args, CostModel),
         )
         result = run_simulation(config)
     else:

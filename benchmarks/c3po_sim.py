@@ -30,12 +30,36 @@ from everstep_controller.scheduler import C3POScheduler, Mode, SchedulerConfig
 
 @dataclass(frozen=True, kw_only=True)
 class CostModel:
+    """The defaults are assumptions at the paper's scale (a GPU engine whose decode step costs nearly the same
+    at any batch); `benchmarks.decode_cost` measures the decode and prefill constants of a real engine and
+    model."""
+
     base_seconds: float = 0.030  # per decode step, whatever the batch
     per_sequence_seconds: float = 2.0e-5  # per active rollout per step
     per_kv_token_seconds: float = 5.0e-10  # per context token of the active rollouts per step
     prefill_per_token_seconds: float = 2.0e-7  # prompts, and partials continued under a new policy
     train_per_token_seconds: float = 2.5e-5  # forward + backward of one trained token
     weight_push_seconds: float = 5.0
+    decode_seconds_by_batch: tuple[tuple[int, float], ...] = ()
+    """Measured (active sequences, decode step seconds without the KV part) points; when given, they replace
+    base + per_sequence * active, interpolated linearly between points and extended along the last segment
+    (a measured engine's cost is not linear in the batch: on a CPU it flattens as the batch grows)."""
+
+    def __post_init__(self) -> None:
+        points = tuple((int(b), float(s)) for b, s in self.decode_seconds_by_batch)  # JSON gives lists
+        object.__setattr__(self, "decode_seconds_by_batch", points)
+        if points and (len(points) < 2 or any(b <= a for (a, _), (b, _) in zip(points, points[1:], strict=False))):
+            raise ValueError(f"decode_seconds_by_batch needs two or more points in increasing batch, got {points}")
+
+    def decode_seconds(self, active: int) -> float:
+        """One decode step's cost for `active` sequences, without the KV-cache part."""
+        points = self.decode_seconds_by_batch
+        if not points:
+            return self.base_seconds + self.per_sequence_seconds * active
+        for (b0, s0), (b1, s1) in zip(points, points[1:], strict=False):
+            if active <= b1 or (b1, s1) == points[-1]:
+                return max(0.0, s0 + (s1 - s0) * (active - b0) / (b1 - b0))
+        raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,7 +133,7 @@ class SimulatedEngine:
         c = self.cost
         # sum over the steps s = step .. target-1 of: base + per_seq * active + per_kv * (offsets + active * s)
         kv_tokens = steps * self.kv_offset_sum + active * steps * (self.step + target - 1) / 2
-        self.seconds += steps * (c.base_seconds + c.per_sequence_seconds * active) + c.per_kv_token_seconds * kv_tokens
+        self.seconds += steps * c.decode_seconds(active) + c.per_kv_token_seconds * kv_tokens
         self.generated_tokens += steps * active
         self.step = target
         finished = []

@@ -191,3 +191,25 @@ def test_schedule_names_and_starts_the_groups_the_pool_has_room_for() -> None:
     restored = C3POScheduler.from_state(scheduler.config, scheduler.to_state())
     more = iter([1])
     assert [g.group_id for g in restored.schedule(lambda: next(more))] == ["g2"], "names continue after a resume"
+
+
+@pytest.mark.parametrize("mode", [Mode.sync, Mode.c3po])
+def test_extend_gives_the_iteration_another_round_and_the_next_starts_with_one(mode: Mode) -> None:
+    scheduler = C3POScheduler(config(mode=mode, group_size=2, token_budget=4, pool_capacity=2,
+                                     prompts_per_iteration=1))
+    prompts = iter(range(100))
+    [first] = scheduler.schedule(lambda: next(prompts))
+    for sample_id in first.sample_ids:
+        scheduler.on_finished(sample_id, 2)
+    assert scheduler.iteration_done() and scheduler.rounds == 1
+    assert [g.group_id for g in scheduler.complete_open_groups()] == ["g0"]
+    scheduler.extend()
+    assert scheduler.rounds == 2 and not scheduler.iteration_done(), "room for another round"
+    [second] = scheduler.schedule(lambda: next(prompts))
+    assert scheduler.schedule(lambda: next(prompts)) == [], "one more group, not more"
+    for sample_id in second.sample_ids:
+        scheduler.on_finished(sample_id, 2)
+    assert scheduler.iteration_done()
+    outcome = scheduler.end_iteration({})
+    assert outcome.trainable_groups == ["g0", "g1"] and scheduler.rounds == 1
+    assert len(scheduler.schedule(lambda: next(prompts))) == 1

@@ -31,6 +31,8 @@ OLD_UNTRAINED_ROW = {
     "tokens_per_s": 60.0, "staleness_mean": 0.0, "staleness_max": 0, "rollout_seconds": 2.0,
     "reward_seconds": 0.25, "train_seconds": 0.0, "weight_push_seconds": 0.0, "iteration_seconds": 2.5,
 }
+# Fields added since (additive REST changes), with the value a row stored before them reads back with.
+ADDED = {"num_sampling_rounds": 1}
 OLD_TRAIN_STATS = {"loss": -0.125, "grad_norm": 1.5, "masked_fraction": 0.25, "mismatch_kl": 0.001,
                    "logp_diff_abs_mean": 0.01, "logp_diff_max": 0.5, "clip_fraction": 0.0, "entropy": 1.25,
                    "learning_rate": 1e-06}
@@ -51,14 +53,15 @@ def _record(stats: trainer_pb2.TrainStats | None) -> StepMetrics:
 
 def test_a_step_without_training_reports_what_the_dict_did_and_no_train_stats() -> None:
     record = _record(None)
-    assert json.loads(record.model_dump_json()) == OLD_UNTRAINED_ROW, "no train stat, not even null"
-    assert record.model_dump() == OLD_UNTRAINED_ROW and record.loss is None
+    assert json.loads(record.model_dump_json()) == {**OLD_UNTRAINED_ROW, **ADDED}, "no train stat, not even null"
+    assert record.model_dump() == {**OLD_UNTRAINED_ROW, **ADDED} and record.loss is None
 
 
 def test_a_trained_step_reports_every_train_stat_of_the_trainer() -> None:
     record = _record(trainer_pb2.TrainStats(**OLD_TRAIN_STATS, **STALENESS_STATS, num_tokens=40))
-    assert json.loads(record.model_dump_json()) == {**OLD_UNTRAINED_ROW, **OLD_TRAIN_STATS, **STALENESS_STATS}
-    assert list(record.model_dump()) == [*OLD_UNTRAINED_ROW, *OLD_TRAIN_STATS, *STALENESS_STATS], \
+    assert json.loads(record.model_dump_json()) == {**OLD_UNTRAINED_ROW, **ADDED, **OLD_TRAIN_STATS,
+                                                    **STALENESS_STATS}
+    assert list(record.model_dump()) == [*OLD_UNTRAINED_ROW, *ADDED, *OLD_TRAIN_STATS, *STALENESS_STATS], \
         "the old key order, the new statistics after it"
     assert set(TRAIN_STAT_FIELDS) <= set(trainer_pb2.TrainStats.DESCRIPTOR.fields_by_name), \
         "each reported statistic is a TrainStats field of the same name"
@@ -66,7 +69,7 @@ def test_a_trained_step_reports_every_train_stat_of_the_trainer() -> None:
 
 @pytest.mark.parametrize("row", [OLD_UNTRAINED_ROW, {**OLD_UNTRAINED_ROW, **OLD_TRAIN_STATS}])
 def test_rows_stored_by_the_dict_code_validate_and_serialise_unchanged(row: dict) -> None:
-    assert json.loads(StepMetrics.model_validate_json(json.dumps(row)).model_dump_json()) == row
+    assert json.loads(StepMetrics.model_validate_json(json.dumps(row)).model_dump_json()) == {**row, **ADDED}
 
 
 def test_a_row_missing_a_field_is_refused_naming_it() -> None:
@@ -106,8 +109,8 @@ def test_the_rest_api_serves_and_documents_the_rows(redis_url: str, tmp_path: Pa
         progress.commit_step(job_id, "c", progress=state, carried=[], closed_sample_ids=[], metrics=row,
                              record_changes={"step": step, "metrics": row})
     rows = client.get(f"/v1/jobs/{job_id}/metrics").json()
-    assert rows == [{**OLD_UNTRAINED_ROW, "step": 1},
-                    {**OLD_UNTRAINED_ROW, **OLD_TRAIN_STATS, **STALENESS_STATS, "step": 2}]
+    assert rows == [{**OLD_UNTRAINED_ROW, **ADDED, "step": 1},
+                    {**OLD_UNTRAINED_ROW, **ADDED, **OLD_TRAIN_STATS, **STALENESS_STATS, "step": 2}]
     assert client.get(f"/v1/jobs/{job_id}").json()["metrics"] == rows[-1]
 
     schema = client.get("/openapi.json").json()
@@ -117,4 +120,4 @@ def test_the_rest_api_serves_and_documents_the_rows(redis_url: str, tmp_path: Pa
         fields = schema["components"]["schemas"][name]["properties"]
         assert all(field.get("description") for field in fields.values()), f"every {name} field is described"
     assert set(schema["components"]["schemas"]["StepMetrics"]["properties"]) == {
-        *OLD_UNTRAINED_ROW, *OLD_TRAIN_STATS, *STALENESS_STATS}
+        *OLD_UNTRAINED_ROW, *ADDED, *OLD_TRAIN_STATS, *STALENESS_STATS}

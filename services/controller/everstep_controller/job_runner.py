@@ -391,7 +391,8 @@ class JobRunner:
 
     def _rollout_phase(self) -> RolloutResult:
         """Decode until the scheduler ends the iteration (RunnerInterrupted / JobCancelled when asked to)."""
-        phase = RolloutPhase(self.spec, self.state, self.train_rows, self.scorers, self._stop_requested)
+        phase = RolloutPhase(self.spec, self.state, self.train_rows, self.scorers, self._stop_requested,
+                             self.settings.scoring_timeout_seconds)
         result = phase.run(self.workers.rollout.generate(), self._sampling())
         if self.interrupt.is_set():
             raise RunnerInterrupted

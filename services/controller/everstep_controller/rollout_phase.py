@@ -3,6 +3,11 @@
 The carried rollouts go back to the engine, new groups start as the scheduler makes room
 (`C3POScheduler.schedule`), every finished rollout goes to the scorers at once, and at the end
 the engine is drained (C3PO++: its unfinished rollouts come back as partials) or closed (sync).
+
+With signal-aware sampling (`algorithm.min_signal_groups`), an iteration the scheduler would end
+first waits for the scores of its complete groups; while fewer than `min_signal_groups` of them
+have rewards that differ, it takes another round of sampling (`C3POScheduler.extend`), up to
+`algorithm.max_sampling_rounds` rounds.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from everstep.v1 import common_pb2
 from everstep_controller.clients import GenerateStream
 from everstep_controller.dataset import PromptRow
 from everstep_controller.run_state import RunState, SampleInFlight
-from everstep_controller.scheduler import Mode
+from everstep_controller.scheduler import GroupToStart, Mode
 from everstep_controller.scoring import ScorerPool
 from everstep_controller.spec import JobSpec
 
@@ -36,6 +41,7 @@ class RolloutResult:
     finished_ids: list[str]
     partials: list[common_pb2.Sequence]  # unfinished, drained from the engine
     generated_tokens: int  # output tokens decoded in this phase (a carried rollout's earlier ones not counted)
+    rounds: int = 1  # rounds of sampling (signal-aware sampling may take more than one)
 
 
 @dataclass
@@ -46,6 +52,8 @@ class RolloutPhase:
     scorers: ScorerPool
     should_stop: Callable[[], bool]
     """Asked after each finished rollout: True ends the phase early (cancel, shutdown)."""
+    scoring_timeout_seconds: float = 600.0
+    """How long signal-aware sampling waits for the scores of the complete groups."""
 
     def run(self, stream: GenerateStream, sampling: common_pb2.SamplingParams) -> RolloutResult:
         scheduler = self.state.scheduler
@@ -73,7 +81,7 @@ class RolloutPhase:
                 self.scorers.submit(seq.id, sample.row.index, seq)
                 if closing:
                     continue
-                if self.should_stop() or scheduler.iteration_done():
+                if self.should_stop() or self._done():
                     stream.drain_and_close() if scheduler.config.mode == Mode.c3po else stream.close()
                     closing = True
                 else:
@@ -82,7 +90,32 @@ class RolloutPhase:
             stream.cancel()
             raise
         generated = sum(len(s.output_ids) - tokens_before.get(s.id, 0) for s in finished + partials)
-        return RolloutResult([s.id for s in finished], partials, generated)
+        return RolloutResult([s.id for s in finished], partials, generated, scheduler.rounds)
+
+    def _done(self) -> bool:
+        """The scheduler ends the iteration and, with signal-aware sampling, the step holds enough groups
+        with a signal or took its last round; else the iteration takes another round."""
+        scheduler, algorithm = self.state.scheduler, self.spec.algorithm
+        if not scheduler.iteration_done():
+            return False
+        if not algorithm.min_signal_groups or scheduler.rounds >= algorithm.max_sampling_rounds:
+            return True
+        if self._signal_groups(scheduler.complete_open_groups()) >= algorithm.min_signal_groups:
+            return True
+        scheduler.extend()
+        return False
+
+    def _signal_groups(self, groups: list[GroupToStart]) -> int:
+        """Groups whose members all have a reward and whose rewards differ (waits for their scores)."""
+        members = [s for g in groups for s in g.sample_ids]
+        self.scorers.wait_scored(members, self.scoring_timeout_seconds)
+        scored = self.scorers.scored(members)
+        count = 0
+        for group in groups:
+            results = [scored[s] for s in group.sample_ids]
+            rewards = {r.reward for r in results}
+            count += not any(r.error_class is not None for r in results) and len(rewards) > 1
+        return count
 
     def _start_groups(self, stream: GenerateStream, sampling: common_pb2.SamplingParams) -> dict[str, int]:
         """Starts the groups the scheduler has room for; their sample ids, with no tokens yet."""

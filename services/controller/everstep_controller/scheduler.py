@@ -102,6 +102,7 @@ class C3POScheduler:
         self.counters = _Counters()
         self._finished_tokens = 0
         self._started_this_iteration = 0
+        self._rounds = 1  # rounds of sampling this iteration (`extend`)
         # unfinished, unpurged rollouts in start order (a dict as an ordered set): kept up to date
         # so that the queries below cost O(1), as the runner asks them after every finished rollout
         self._active: dict[str, None] = {}
@@ -116,25 +117,40 @@ class C3POScheduler:
     def num_active(self) -> int:
         return len(self._active)
 
+    @property
+    def rounds(self) -> int:
+        """Rounds of sampling of the current iteration: 1, plus one per `extend`."""
+        return self._rounds
+
     def groups_to_start(self) -> int:
         """How many new groups of G prompts the runner may start now."""
         c = self.config
         if c.mode == Mode.sync:
-            if self._started_this_iteration or self._active:
+            if self._active:
                 return 0
-            return c.prompts_per_iteration
-        if self._finished_tokens >= c.token_budget:
+            return max(0, self._rounds * c.prompts_per_iteration - self._started_this_iteration)
+        if self._finished_tokens >= c.token_budget * self._rounds:
             return 0
         free = c.pool_capacity - len(self._active)
         return max(0, free // c.group_size)
 
     def iteration_done(self) -> bool:
-        """C3PO++: the budget of finished tokens is reached. Sync: every rollout finished."""
+        """C3PO++: the budget of finished tokens (Phi per round) is reached. Sync: every rollout of every
+        round's batch finished."""
         if self.config.mode == Mode.sync:
-            return self._started_this_iteration > 0 and not self._active
-        return self._finished_tokens >= self.config.token_budget or (
+            return self._started_this_iteration > 0 and not self._active and self.groups_to_start() == 0
+        return self._finished_tokens >= self.config.token_budget * self._rounds or (
             not self._active and self._started_this_iteration > 0 and self.groups_to_start() == 0
         )
+
+    def complete_open_groups(self) -> list[GroupToStart]:
+        """Open groups whose members all finished: the ones the iteration's end would train."""
+        return [g for g in self.open_groups() if all(self.rollouts[s].finished for s in g.sample_ids)]
+
+    def extend(self) -> None:
+        """One more round of sampling for the current iteration (signal-aware sampling): C3PO++ may
+        refill until another Phi of finished tokens, sync starts another batch of prompts."""
+        self._rounds += 1
 
     def prompt_index(self, group_id: str) -> int:
         return self.groups[group_id].prompt_index
@@ -235,6 +251,7 @@ class C3POScheduler:
         self.iteration += 1
         self._finished_tokens = 0
         self._started_this_iteration = 0
+        self._rounds = 1
         return outcome
 
     def surviving_samples(self, group_id: str) -> list[str]:

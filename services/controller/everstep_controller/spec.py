@@ -193,6 +193,18 @@ class AlgorithmSpec(_Section):
     drop_zero_signal_groups: bool = Field(
         default=True, description="Leave out of training groups whose rewards are all equal (zero advantage)."
     )
+    min_signal_groups: int = Field(
+        default=0, ge=0,
+        description="Signal-aware sampling (DAPO's dynamic sampling): a step keeps sampling until it holds this "
+                    "many complete groups whose rewards differ (a nonzero advantage), instead of training on what "
+                    "survives the zero-signal drop. Each extra round lets C3PO++ refill until another token_budget "
+                    "of finished tokens, or starts another prompts_per_iteration batch (sync). 0: off.",
+    )
+    max_sampling_rounds: int = Field(
+        default=4, ge=1,
+        description="Rounds of sampling a step may take to reach min_signal_groups; after the last it trains "
+                    "what it has (per step: num_sampling_rounds, num_groups_trained).",
+    )
     loss: LossSpec = Field(default_factory=LossSpec)
 
 

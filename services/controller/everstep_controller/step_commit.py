@@ -61,7 +61,7 @@ class StepCommit:
                              rewards=trained.rewards, num_trained_samples_total=state.num_trained_samples,
                              num_carried=len(end.carried), num_finished=len(trained.rollout.finished_ids),
                              generated_tokens=trained.rollout.generated_tokens, staleness=trained.staleness,
-                             times=trained.times, stats=trained.stats)
+                             times=trained.times, stats=trained.stats, rounds=trained.rollout.rounds)
         self.progress_store.commit_step(self.job_id, self.owner, progress=state.progress(end), carried=end.carried,
                                         closed_sample_ids=end.closed, metrics=record,
                                         record_changes={**trained.record_changes, "step": trained.step,

@@ -46,6 +46,8 @@ class _EveryStep(BaseModel):
     train_seconds: float = Field(description="TrainStep and the weight push.")
     weight_push_seconds: float = Field(description="The weight push alone.")
     iteration_seconds: float = Field(description="The whole step.")
+    num_sampling_rounds: int = Field(default=1, description="Rounds of sampling the step took (more than 1 only "
+                                                        "with algorithm.min_signal_groups).")
 
 
 class StepMetrics(_EveryStep):

@@ -23,7 +23,8 @@ class StepTimes:
 
 def step_record(*, step: int, version: int, outcome: IterationOutcome, batch: StepBatch, rewards: list[float],
                 num_trained_samples_total: int, num_carried: int, num_finished: int, generated_tokens: int,
-                staleness: list[int], times: StepTimes, stats: trainer_pb2.TrainStats | None) -> StepMetrics:
+                staleness: list[int], times: StepTimes, stats: trainer_pb2.TrainStats | None,
+                rounds: int = 1) -> StepMetrics:
     """rewards: of the trained groups' members that have one; staleness: versions behind, per trained token."""
     num_unscorable = len(batch.unscorable)
     train_stats = {name: getattr(stats, name) for name in TRAIN_STAT_FIELDS} if stats is not None else {}
@@ -52,6 +53,7 @@ def step_record(*, step: int, version: int, outcome: IterationOutcome, batch: St
         train_seconds=times.train_seconds,
         weight_push_seconds=times.weight_push_seconds,
         iteration_seconds=times.iteration_seconds,
+        num_sampling_rounds=rounds,
         **train_stats,
     )
 
