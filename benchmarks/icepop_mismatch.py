@@ -1,22 +1,36 @@
-"""IcePop in small: `python -m benchmarks.icepop_mismatch [--model DIR] [--steps N] [--out DIR]`.
+"""IcePop under a real mismatch: `python -m benchmarks.icepop_mismatch [--quick] [--model DIR] [--out DIR] ...`.
 
-The Ring-1T paper's experiment at toy scale: the rollout engine samples in bfloat16 while the trainer
-computes in float32, so pi_infer and pi_train disagree. Three runs of equal length, identical but for
-the mismatch correction (none = plain GRPO, tis = truncated importance sampling, icepop = masking
-tokens with k = pi_train / pi_infer outside [alpha, beta]), each: sample G completions for P prompts
-of the demo task with the in-process rollout `Engine` (dtype bfloat16, CPU), score them (exact match
-of the boxed answer), GRPO advantages, one `PolicyTrainer` step (float32, the same model), copy the
-new weights into the engine, repeat. Same prompts and sampling seed in every run, so the first step
-is identical across runs.
+The Ring-1T / truncated-importance-sampling experiment in small, on the demo task: a quantized rollout
+engine (weight-only int8, per output channel, by default) samples while a float32 trainer trains, so
+pi_infer and pi_train disagree. Four arms, identical but for the engine and the correction:
 
-Writes OUT/icepop_mismatch.json (settings and per-step mismatch KL, max and mean |delta logp|,
-masked fraction, reward, ...) and OUT/icepop_mismatch.png, and prints as its last line
-`{"none": {...}, "tis": {...}, "icepop": {...}}` with final_reward (mean over the last 10% of
-steps), masked_fraction_mean, mismatch_kl_first and mismatch_kl_last per run.
+  fp32-none     float32 engine, no correction (the control: no engine mismatch)
+  int8-none     quantized engine, plain GRPO (no correction)
+  int8-tis      quantized engine, truncated importance sampling, cap --tis-cap (2)
+  int8-icepop   quantized engine, IcePop masking outside [--alpha, --beta] ([0.5, 5])
 
-The model defaults to the demo model shipped in examples/demo-model (a --model folder that has no
-model yet is built first, a few minutes). Small models and few steps show the mechanics, not the
-paper's long-horizon collapse.
+(`--quantization int8-tensor` or `fp8` renames the three quantized arms.) Each arm runs once per seed
+(`--seeds`, default 3): seed s fixes the prompt order, the engine's sampling seed and the trainer's seed, the
+same in every arm. A step samples G completions for P prompts of the demo task's train.jsonl with the
+in-process rollout `Engine`, scores them (exact match of the boxed answer), computes GRPO advantages, runs
+one `PolicyTrainer` step (float32), and pushes the full-precision weights into the engine, which quantizes
+them on receipt, as the services do (the engine and trainer are the services' own classes, in one process
+to keep gRPC off the 2-core budget). Every `--eval-every` steps (and at steps 0 and the last) a float32
+engine holding the trainer's weights scores --eval-prompts held-out prompts of eval.jsonl: avg@4 (4
+samples at temperature 1, fixed per-prompt seeds) and greedy accuracy; that measures the policy itself, not
+the quantized engine.
+
+Per step it records mismatch KL (k3), max and mean |delta logp|, the masked fraction (what IcePop would
+mask, recorded in every arm), gradient norm, entropy, clip fraction, reward. Writes OUT/icepop_mismatch.json
+(settings, per-run steps and evaluations, summary) and OUT/icepop_mismatch.png (mismatch, masked fraction,
+accuracy and grad norm over steps, one line per arm, mean over seeds with a min-max band), and prints as its
+last line a JSON object with, per arm: final_accuracy {mean, std} (avg@4 at the last evaluation, over
+seeds), final_greedy {mean, std}, mismatch_kl_first / mismatch_kl_last (mean over seeds of the mean over the
+first / last 10% of steps), masked_fraction_mean, logp_diff_max_max.
+
+Sizes: the default (100 steps x 3 seeds x 4 arms at P=8, G=8) is the full run (about an hour on 2 cores);
+`--quick` is about 4 to 7 minutes (30 steps, 2 seeds, P=4, 20 eval prompts). The model defaults to the demo
+model shipped in examples/demo-model (a --model folder that has no model yet is built first, a few minutes).
 """
 
 from __future__ import annotations
@@ -27,24 +41,36 @@ import logging
 import math
 import os
 import random
+import statistics
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-CORRECTIONS = ("none", "tis", "icepop")
 DEFAULT_MODEL = Path("examples/demo-model")
+QUANTIZATIONS = ("int8", "int8-tensor", "fp8")
+EVAL_SAMPLES = 4
 
 log = logging.getLogger("benchmarks.icepop_mismatch")
 
 
 @dataclass(frozen=True, kw_only=True)
+class Arm:
+    name: str
+    quantization: str
+    """The engine's weight quantization ("none" for the control)."""
+    correction: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class Settings:
-    """One benchmark run (all three corrections use it)."""
+    """Everything every arm shares."""
 
     model: str
+    quantization: str
     steps: int
+    seeds: list[int]
     prompts_per_step: int
     group_size: int
     max_new_tokens: int
@@ -53,7 +79,8 @@ class Settings:
     alpha: float
     beta: float
     tis_cap: float
-    seed: int
+    eval_every: int
+    eval_prompts: int
     num_threads: int
 
 
@@ -74,6 +101,28 @@ class StepRecord:
     train_seconds: float
 
 
+@dataclass(frozen=True, kw_only=True)
+class EvalRecord:
+    step: int
+    avg_at_4: float
+    """Mean correctness of EVAL_SAMPLES samples per held-out prompt at temperature 1."""
+    greedy: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunResult:
+    arm: str
+    seed: int
+    steps: list[StepRecord]
+    evals: list[EvalRecord]
+
+
+def arms(quantization: str) -> list[Arm]:
+    return [Arm(name="fp32-none", quantization="none", correction="none"),
+            *(Arm(name=f"{quantization}-{c}", quantization=quantization, correction=c)
+              for c in ("none", "tis", "icepop"))]
+
+
 def ensure_model(model_dir: Path) -> None:
     if (model_dir / "config.json").is_file():
         return
@@ -81,19 +130,28 @@ def ensure_model(model_dir: Path) -> None:
     subprocess.run([sys.executable, "-m", "everstep_trainer.demo", "--out", str(model_dir)], check=True)
 
 
-def read_prompts(model_dir: Path, count: int, seed: int) -> list[tuple[str, str]]:
-    """(prompt, answer) rows of the model directory's train.jsonl, shuffled with `seed`."""
-    rows = [json.loads(line) for line in (model_dir / "train.jsonl").read_text().splitlines() if line.strip()]
-    random.Random(seed).shuffle(rows)
+def read_rows(path: Path, count: int, seed: int | None) -> list[tuple[str, str]]:
+    """(prompt, answer) rows of a JSONL file; shuffled with `seed` unless it is None; the first `count`."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if seed is not None:
+        random.Random(seed).shuffle(rows)
     return [(row["prompt"], str(row["answer"])) for row in rows[:count]]
 
 
-def _generate(engine, tokenizer, prompts: list[tuple[str, str]], settings: Settings, step: int) -> list:
+def _generate(engine, prompts: list[tuple[str, str]], *, samples: int, temperature: float, max_new_tokens: int,
+              tag: str, seed: int | None = None) -> list:
+    """`samples` completions per prompt, in prompt order; with `seed`, request i samples with seed + i
+    (else the engine's own seeded generator)."""
     from everstep_rollout.sequence import GenerationRequest, SamplingOptions
 
-    sampling = SamplingOptions(temperature=settings.temperature, max_new_tokens=settings.max_new_tokens)
-    requests = [GenerationRequest(id=f"{step}-{p}-{g}", prompt_ids=tokenizer(prompt)["input_ids"], sampling=sampling)
-                for p, (prompt, _) in enumerate(prompts) for g in range(settings.group_size)]
+    requests = []
+    for p, (prompt, _) in enumerate(prompts):
+        prompt_ids = engine.tokenizer(prompt)["input_ids"]
+        for g in range(samples):
+            index = p * samples + g
+            sampling = SamplingOptions(temperature=temperature, max_new_tokens=max_new_tokens,
+                                       seed=0 if seed is None else seed + index)
+            requests.append(GenerationRequest(id=f"{tag}-{index}", prompt_ids=prompt_ids, sampling=sampling))
     engine.add(requests)
     results = {}
     while engine.has_work:
@@ -102,8 +160,23 @@ def _generate(engine, tokenizer, prompts: list[tuple[str, str]], settings: Setti
     return [results[r.id] for r in requests]
 
 
-def run_one(correction: str, settings: Settings, prompts: list[tuple[str, str]]) -> list[StepRecord]:
-    """One training run with `correction`; per-step records."""
+def evaluate(engine, trainer, prompts: list[tuple[str, str]], settings: Settings, step: int) -> EvalRecord:
+    """avg@4 and greedy accuracy of the trainer's current weights, through a float32 engine."""
+    from everstep_trainer.demo.evaluation import is_correct
+
+    engine.update_weights(dict(trainer.named_weights()), trainer.version)
+    sampled = _generate(engine, prompts, samples=EVAL_SAMPLES, temperature=1.0,
+                        max_new_tokens=settings.max_new_tokens, tag=f"eval{step}", seed=10_000)
+    greedy = _generate(engine, prompts, samples=1, temperature=0.0, max_new_tokens=settings.max_new_tokens,
+                       tag=f"greedy{step}")
+    avg = sum(is_correct(r.output_text, prompts[i // EVAL_SAMPLES][1]) for i, r in enumerate(sampled)) / len(sampled)
+    exact = sum(is_correct(r.output_text, prompts[i][1]) for i, r in enumerate(greedy)) / len(greedy)
+    return EvalRecord(step=step, avg_at_4=avg, greedy=exact)
+
+
+def run_one(arm: Arm, seed: int, settings: Settings, prompts: list[tuple[str, str]],
+            eval_prompts: list[tuple[str, str]]) -> RunResult:
+    """One training run of `arm` with `seed`."""
     import torch
 
     from everstep_controller.scheduler import grpo_advantages
@@ -114,94 +187,125 @@ def run_one(correction: str, settings: Settings, prompts: list[tuple[str, str]])
     from everstep_trainer.demo.evaluation import is_correct
     from everstep_trainer.policy_trainer import PolicyTrainer
 
-    torch.manual_seed(settings.seed)
+    torch.manual_seed(seed)
     rows = settings.prompts_per_step * settings.group_size
-    engine = Engine(settings.model, EngineConfig(dtype="bfloat16", device="cpu", max_running=rows,
-                                                 max_queued=rows, seed=settings.seed))
+    engine = Engine(settings.model, EngineConfig(dtype="float32", quantization=arm.quantization, device="cpu",
+                                                 max_running=rows, max_queued=rows, seed=seed))
+    eval_rows = len(eval_prompts) * EVAL_SAMPLES
+    eval_engine = Engine(settings.model, EngineConfig(dtype="float32", device="cpu", max_running=min(eval_rows, 128),
+                                                      max_queued=eval_rows, seed=seed))
     trainer = PolicyTrainer(settings.model, TrainerConfig(
-        correction=correction, learning_rate=settings.learning_rate, alpha=settings.alpha, beta=settings.beta,
-        tis_cap=settings.tis_cap, temperature=settings.temperature, seed=settings.seed), device="cpu")
-    records = []
-    for step in range(settings.steps):
+        correction=arm.correction, learning_rate=settings.learning_rate, alpha=settings.alpha, beta=settings.beta,
+        tis_cap=settings.tis_cap, temperature=settings.temperature, seed=seed), device="cpu")
+    steps, evals = [], [evaluate(eval_engine, trainer, eval_prompts, settings, 0)]
+    for step in range(1, settings.steps + 1):
         start = time.perf_counter()
-        batch_prompts = prompts[step * settings.prompts_per_step:(step + 1) * settings.prompts_per_step]
-        results = _generate(engine, engine.tokenizer, batch_prompts, settings, step)
+        batch_prompts = prompts[(step - 1) * settings.prompts_per_step:step * settings.prompts_per_step]
+        results = _generate(engine, batch_prompts, samples=settings.group_size, temperature=settings.temperature,
+                            max_new_tokens=settings.max_new_tokens, tag=f"s{step}")
         rollout_seconds = time.perf_counter() - start
         rewards = [float(is_correct(r.output_text, batch_prompts[i // settings.group_size][1]))
                    for i, r in enumerate(results)]
         samples = []
         for first in range(0, len(results), settings.group_size):
-            group = results[first:first + settings.group_size]
             advantages = grpo_advantages(rewards[first:first + settings.group_size], normalize_std=True)
-            samples += [TrainSample(r.prompt_ids, r.output_ids, r.output_logprobs, a)
-                        for r, a in zip(group, advantages, strict=True)]
+            samples += [TrainSample(r.prompt_ids, r.output_ids, r.output_logprobs, a, output_versions=r.output_versions)
+                        for r, a in zip(results[first:first + settings.group_size], advantages, strict=True)]
         start = time.perf_counter()
         version, stats = trainer.train_step(samples)
-        engine.update_weights(dict(trainer.named_weights()), version)
+        engine.update_weights(dict(trainer.named_weights()), version)  # full precision; quantized on receipt
         train_seconds = time.perf_counter() - start
-        records.append(StepRecord(
-            step=step + 1, reward_mean=sum(rewards) / len(rewards), mismatch_kl=stats.mismatch_kl,
+        steps.append(StepRecord(
+            step=step, reward_mean=sum(rewards) / len(rewards), mismatch_kl=stats.mismatch_kl,
             logp_diff_max=stats.logp_diff_max, logp_diff_abs_mean=stats.logp_diff_abs_mean,
             masked_fraction=stats.masked_fraction, clip_fraction=stats.clip_fraction, loss=stats.loss,
             grad_norm=stats.grad_norm, entropy=stats.entropy, num_tokens=stats.num_tokens,
             rollout_seconds=rollout_seconds, train_seconds=train_seconds))
-        log.info("%s step %d: reward %.3f mismatch_kl %.2e max|dlogp| %.3f masked %.4f (%.1fs + %.1fs)",
-                 correction, step + 1, records[-1].reward_mean, stats.mismatch_kl, stats.logp_diff_max,
-                 stats.masked_fraction, rollout_seconds, train_seconds)
-    return records
+        if step % settings.eval_every == 0 or step == settings.steps:
+            evals.append(evaluate(eval_engine, trainer, eval_prompts, settings, step))
+        log.info("%s seed %d step %d: reward %.3f kl %.2e max|dlogp| %.3f masked %.4f%s (%.1fs + %.1fs)",
+                 arm.name, seed, step, steps[-1].reward_mean, stats.mismatch_kl, stats.logp_diff_max,
+                 stats.masked_fraction, f" eval avg@4 {evals[-1].avg_at_4:.3f} greedy {evals[-1].greedy:.3f}"
+                 if evals[-1].step == step else "", rollout_seconds, train_seconds)
+    return RunResult(arm=arm.name, seed=seed, steps=steps, evals=evals)
 
 
-def summarize(records: list[StepRecord]) -> dict[str, float]:
-    """final_reward: mean reward over the last 10% of steps (at least one)."""
-    tail = max(1, math.ceil(len(records) / 10))
+def _mean_std(values: list[float]) -> dict[str, float]:
+    return {"mean": statistics.fmean(values), "std": statistics.pstdev(values) if len(values) > 1 else 0.0}
 
-    def mean(values: list[float]) -> float:
-        return sum(values) / len(values)
+
+def summarize(runs: list[RunResult]) -> dict[str, float | dict[str, float]]:
+    """One arm's figures over its seeds; see the module docstring."""
+    tail = max(1, math.ceil(len(runs[0].steps) / 10))
+
+    def over_seeds(pick) -> float:
+        return statistics.fmean(pick(run) for run in runs)
 
     return {
-        "final_reward": mean([r.reward_mean for r in records[-tail:]]),
-        "first_reward": mean([r.reward_mean for r in records[:tail]]),
-        "masked_fraction_mean": mean([r.masked_fraction for r in records]),
-        "mismatch_kl_first": records[0].mismatch_kl,
-        "mismatch_kl_last": records[-1].mismatch_kl,
-        "mismatch_kl_max": max(r.mismatch_kl for r in records),
-        "logp_diff_max_max": max(r.logp_diff_max for r in records),
-        "grad_norm_max": max(r.grad_norm for r in records),
-        "seconds": sum(r.rollout_seconds + r.train_seconds for r in records),
+        "final_accuracy": _mean_std([run.evals[-1].avg_at_4 for run in runs]),
+        "final_greedy": _mean_std([run.evals[-1].greedy for run in runs]),
+        "initial_accuracy": over_seeds(lambda run: run.evals[0].avg_at_4),
+        "mismatch_kl_first": over_seeds(lambda run: statistics.fmean(s.mismatch_kl for s in run.steps[:tail])),
+        "mismatch_kl_last": over_seeds(lambda run: statistics.fmean(s.mismatch_kl for s in run.steps[-tail:])),
+        "masked_fraction_mean": over_seeds(lambda run: statistics.fmean(s.masked_fraction for s in run.steps)),
+        "logp_diff_max_max": max(s.logp_diff_max for run in runs for s in run.steps),
+        "grad_norm_max": max(s.grad_norm for run in runs for s in run.steps),
+        "reward_last": over_seeds(lambda run: statistics.fmean(s.reward_mean for s in run.steps[-tail:])),
+        "num_seeds": len(runs),
+        "seconds": sum(s.rollout_seconds + s.train_seconds for run in runs for s in run.steps),
     }
 
 
-def plot(runs: dict[str, list[StepRecord]], path: Path) -> None:
+def plot(by_arm: dict[str, list[RunResult]], settings: Settings, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [("mismatch_kl", "mismatch KL (k3)"), ("logp_diff_max", "max |old_logp - rollout_logp|"),
-              ("masked_fraction", "IcePop masked fraction"), ("reward_mean", "training reward (mean)")]
-    fig, axes = plt.subplots(2, 2, figsize=(10, 6.5), sharex=True)
-    for ax, (field, title) in zip(axes.flat, panels, strict=True):
-        for correction, records in runs.items():
-            ax.plot([r.step for r in records], [getattr(r, field) for r in records], label=correction)
+    panels = [("steps", "mismatch_kl", "mismatch KL (k3)", True), ("steps", "logp_diff_max", "max |Δlogp|", False),
+              ("steps", "masked_fraction", "masked fraction (IcePop bounds)", False),
+              ("evals", "avg_at_4", "held-out avg@4", False), ("evals", "greedy", "held-out greedy accuracy", False),
+              ("steps", "grad_norm", "gradient norm", False)]
+    fig, axes = plt.subplots(2, 3, figsize=(14, 7), sharex=True)
+    for ax, (kind, field, title, log_scale) in zip(axes.flat, panels, strict=True):
+        # Arms that coincide (TIS and IcePop when nothing is masked or capped) stay visible: dashed, dotted.
+        for (arm, runs), style in zip(by_arm.items(), ("-", "-", "--", ":"), strict=True):
+            records = [getattr(run, kind) for run in runs]
+            x = [r.step for r in records[0]]
+            columns = list(zip(*[[getattr(r, field) for r in rec] for rec in records], strict=True))
+            mean = [statistics.fmean(c) for c in columns]
+            (line,) = ax.plot(x, mean, style, label=arm)
+            ax.fill_between(x, [min(c) for c in columns], [max(c) for c in columns], color=line.get_color(),
+                            alpha=0.2, linewidth=0)
+        if log_scale:
+            ax.set_yscale("log")
         ax.set_title(title)
         ax.grid(alpha=0.3)
     for ax in axes[1]:
         ax.set_xlabel("step")
     axes[0][0].legend()
-    fig.suptitle("bfloat16 rollouts, float32 training: mismatch under none / TIS / IcePop")
+    fig.suptitle(f"{settings.quantization} rollouts vs float32 training: none / TIS / IcePop "
+                 f"(mean over {len(settings.seeds)} seeds, band: min-max)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> dict:
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.ArgumentParser]:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.icepop_mismatch", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL,
-                        help=f"demo-task model directory with train.jsonl (default {DEFAULT_MODEL}, built if missing)")
-    parser.add_argument("--steps", type=int, default=16, help="train steps per run")
+                        help=f"demo-task model directory with train.jsonl and eval.jsonl (default {DEFAULT_MODEL}, "
+                             "built if missing)")
     parser.add_argument("--out", type=Path, default=Path("outputs/icepop-mismatch"), help="where JSON and PNG go")
-    parser.add_argument("--prompts-per-step", type=int, default=8, help="prompts per batch (P)")
+    parser.add_argument("--quick", action="store_true",
+                        help="about 10 minutes: 30 steps, 2 seeds, 4 prompts per step, 20 eval prompts (flags given "
+                             "explicitly still win)")
+    parser.add_argument("--quantization", choices=QUANTIZATIONS, default="int8",
+                        help="the quantized arms' engine setting (int8: per output channel)")
+    parser.add_argument("--steps", type=int, default=None, help="train steps per run (default 100; quick 30)")
+    parser.add_argument("--seeds", type=int, default=None, help="seeds per arm: 0..N-1 (default 3; quick 2)")
+    parser.add_argument("--prompts-per-step", type=int, default=None, help="prompts per batch P (default 8; quick 4)")
     parser.add_argument("--group-size", type=int, default=8, help="completions per prompt (G)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="completion length cap")
     parser.add_argument("--learning-rate", type=float, default=3e-4, help="AdamW learning rate")
@@ -209,40 +313,57 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--alpha", type=float, default=0.5, help="IcePop lower bound")
     parser.add_argument("--beta", type=float, default=5.0, help="IcePop upper bound")
     parser.add_argument("--tis-cap", type=float, default=2.0, help="TIS cap")
-    parser.add_argument("--seed", type=int, default=0, help="prompt order, sampling and trainer seed")
+    parser.add_argument("--eval-every", type=int, default=10, help="steps between held-out evaluations")
+    parser.add_argument("--eval-prompts", type=int, default=None,
+                        help="held-out prompts of eval.jsonl (default 50; quick 20)")
     parser.add_argument("--num-threads", type=int, default=0, help="torch threads (0: all cores but one)")
     args = parser.parse_args(argv)
-    for name in ("steps", "prompts_per_step", "group_size", "max_new_tokens"):
+    defaults = {"steps": (100, 30), "seeds": (3, 2), "prompts_per_step": (8, 4), "eval_prompts": (50, 20)}
+    for name, (full, quick) in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
+    for name in ("steps", "seeds", "prompts_per_step", "group_size", "max_new_tokens", "eval_every", "eval_prompts"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')}: must be >= 1")
     if args.group_size < 2:
         parser.error("--group-size: must be >= 2 (GRPO advantages need a group)")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return args, parser
 
+
+def main(argv: list[str] | None = None) -> dict:
+    args, parser = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import torch
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     num_threads = args.num_threads or max(1, cores - 1)
     torch.set_num_threads(num_threads)
     ensure_model(args.model)
-    settings = Settings(model=str(args.model), steps=args.steps, prompts_per_step=args.prompts_per_step,
-                        group_size=args.group_size, max_new_tokens=args.max_new_tokens,
-                        learning_rate=args.learning_rate, temperature=args.temperature, alpha=args.alpha,
-                        beta=args.beta, tis_cap=args.tis_cap, seed=args.seed, num_threads=num_threads)
-    prompts = read_prompts(args.model, args.steps * args.prompts_per_step, args.seed)
-    if len(prompts) < args.steps * args.prompts_per_step:
-        parser.error(f"--steps: {args.model}/train.jsonl has {len(prompts)} prompts, fewer than "
-                     f"steps x prompts-per-step = {args.steps * args.prompts_per_step}")
-
+    settings = Settings(
+        model=str(args.model), quantization=args.quantization, steps=args.steps, seeds=list(range(args.seeds)),
+        prompts_per_step=args.prompts_per_step, group_size=args.group_size, max_new_tokens=args.max_new_tokens,
+        learning_rate=args.learning_rate, temperature=args.temperature, alpha=args.alpha, beta=args.beta,
+        tis_cap=args.tis_cap, eval_every=args.eval_every, eval_prompts=args.eval_prompts, num_threads=num_threads)
+    needed = args.steps * args.prompts_per_step
+    eval_prompts = read_rows(args.model / "eval.jsonl", args.eval_prompts, None)
+    if len(eval_prompts) < args.eval_prompts:
+        parser.error(f"--eval-prompts: {args.model}/eval.jsonl has {len(eval_prompts)} prompts")
     started = time.perf_counter()
-    runs = {correction: run_one(correction, settings, prompts) for correction in CORRECTIONS}
-    summary = {correction: summarize(records) for correction, records in runs.items()}
+    by_arm: dict[str, list[RunResult]] = {arm.name: [] for arm in arms(args.quantization)}
+    for seed in settings.seeds:
+        prompts = read_rows(args.model / "train.jsonl", needed, seed)
+        if len(prompts) < needed:
+            parser.error(f"--steps: {args.model}/train.jsonl has {len(prompts)} prompts, fewer than "
+                         f"steps x prompts-per-step = {needed}")
+        for arm in arms(args.quantization):
+            by_arm[arm.name].append(run_one(arm, seed, settings, prompts, eval_prompts))
+    summary = {arm: summarize(runs) for arm, runs in by_arm.items()}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "icepop_mismatch.json").write_text(json.dumps({
-        "settings": asdict(settings), "wall_seconds": time.perf_counter() - started, "summary": summary,
-        "steps": {c: [asdict(r) for r in records] for c, records in runs.items()},
+        "settings": asdict(settings), "wall_seconds": time.perf_counter() - started,
+        "runs": [asdict(run) for runs in by_arm.values() for run in runs], "summary": summary,
     }, indent=1) + "\n")
-    plot(runs, args.out / "icepop_mismatch.png")
+    plot(by_arm, settings, args.out / "icepop_mismatch.png")
     print(json.dumps(summary))
     return summary
 

@@ -27,6 +27,12 @@ stdout is one JSON object with ours_tokens_per_s, hf_tokens_per_s, ratio (of the
 the settings and the load average before and after. It also reports tokens per CPU second of this process
 (ours_tokens_per_cpu_s, hf_tokens_per_cpu_s, cpu_ratio): on a shared machine those vary far less with
 other processes' load than wall-clock figures do.
+
+`--quantization none,int8` (any of none, int8, int8-tensor, fp8, comma-separated) runs our engine once per
+setting in every repeat (hf, ours-none, ours-int8, hf, ...), each engine built once; the report's
+`quantization` object gives, per setting, the median tokens/s and tokens per CPU second, the bytes of the
+weights on the device and of the KV cache, and the ratio of its tokens/s to the first setting's.
+ours_tokens_per_s and ratio are those of the first setting.
 """
 
 from __future__ import annotations
@@ -52,6 +58,8 @@ DEFAULT_NUM_PROMPTS = {"raw": 256, "chat": 128}
 class Run:
     system: str
     """"hf" or "ours"."""
+    quantization: str
+    """Our engine's weight quantization ("none" for hf)."""
     num_tokens: int
     seconds: float
     cpu_seconds: float
@@ -79,7 +87,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3, help="runs of each system (alternating); medians reported")
     p.add_argument("--num-threads", type=int, default=0, help="torch CPU threads; 0: all cores but one")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quantization", default="none",
+                   help="our engine's weight quantization, or several comma-separated (none, int8, int8-tensor, "
+                        "fp8): each runs side by side in every repeat")
     args = p.parse_args(argv)
+    args.quantization = args.quantization.split(",")
+    for quantization in args.quantization:
+        if quantization not in ("none", "int8", "int8-tensor", "fp8"):
+            p.error(f"--quantization: {quantization!r} is not one of none, int8, int8-tensor, fp8")
+    if len(set(args.quantization)) != len(args.quantization):
+        p.error("--quantization: a setting is listed twice")
     for name in ("num_prompts", "max_new_tokens", "batch_size", "max_running", "repeats"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -141,11 +158,12 @@ def run_hf(model, prompt_ids: list[list[int]], *, batch_size: int, max_new_token
                 eos_token_id=sorted(eos_token_ids), use_cache=True,
             )
             num_tokens += sum(count_until_eos(row, eos_token_ids) for row in out[:, width:].tolist())
-    return Run(system="hf", num_tokens=num_tokens, seconds=time.perf_counter() - start,
+    return Run(system="hf", quantization="none", num_tokens=num_tokens, seconds=time.perf_counter() - start,
                cpu_seconds=time.process_time() - cpu_start)
 
 
 def run_ours(engine, prompt_ids: list[list[int]], *, max_new_tokens: int, tag: str) -> Run:
+    """Every prompt through `engine` (its config.quantization is recorded)."""
     from everstep_rollout.sequence import GenerationRequest, SamplingOptions
 
     sampling = SamplingOptions(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens)
@@ -154,7 +172,8 @@ def run_ours(engine, prompt_ids: list[list[int]], *, max_new_tokens: int, tag: s
     num_tokens = 0
     while engine.has_work:
         num_tokens += sum(len(r.output_ids) for r in engine.step())
-    return Run(system="ours", num_tokens=num_tokens, seconds=time.perf_counter() - start,
+    return Run(system="ours", quantization=engine.config.quantization.value, num_tokens=num_tokens,
+               seconds=time.perf_counter() - start,
                cpu_seconds=time.process_time() - cpu_start)
 
 
@@ -182,8 +201,10 @@ def main(argv: list[str] | None = None) -> int:
     longest_prompt = max(map(len, prompt_ids))
 
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
-    engine = Engine(args.model, EngineConfig(max_running=args.max_running, max_seq_len=longest_prompt
-                                             + args.max_new_tokens, seed=args.seed))
+    engines = {q: Engine(args.model, EngineConfig(max_running=args.max_running, max_seq_len=longest_prompt
+                                                  + args.max_new_tokens, seed=args.seed, quantization=q))
+               for q in args.quantization}
+    engine = engines[args.quantization[0]]
     eos_token_ids = engine.eos_token_ids
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_token_ids)
     hf_kwargs = dict(batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, pad_token_id=pad_token_id,
@@ -191,22 +212,35 @@ def main(argv: list[str] | None = None) -> int:
 
     log.info("warm-up")
     run_hf(model, prompt_ids[:4], **{**hf_kwargs, "max_new_tokens": 4}, seed=args.seed)
-    run_ours(engine, prompt_ids[:4], max_new_tokens=4, tag="warmup")
+    for each in engines.values():
+        run_ours(each, prompt_ids[:4], max_new_tokens=4, tag="warmup")
     runs: list[Run] = []
     for repeat in range(args.repeats):
-        for system in ("hf", "ours"):
+        for system in ("hf", *args.quantization):
             if system == "hf":
                 run = run_hf(model, prompt_ids, **hf_kwargs, seed=args.seed + repeat)
             else:
-                run = run_ours(engine, prompt_ids, max_new_tokens=args.max_new_tokens, tag=f"r{repeat}")
+                run = run_ours(engines[system], prompt_ids, max_new_tokens=args.max_new_tokens, tag=f"r{repeat}")
             runs.append(run)
-            print(f"{system:5s} run {repeat + 1}/{args.repeats}: {run.num_tokens} tokens in {run.seconds:.2f}s = "
+            name = run.system if run.system == "hf" or len(engines) == 1 else f"ours-{run.quantization}"
+            print(f"{name:5s} run {repeat + 1}/{args.repeats}: {run.num_tokens} tokens in {run.seconds:.2f}s = "
                   f"{run.tokens_per_s:.0f} tokens/s ({run.cpu_seconds:.2f} CPU s)", flush=True)
 
-    hf = statistics.median(r.tokens_per_s for r in runs if r.system == "hf")
-    ours = statistics.median(r.tokens_per_s for r in runs if r.system == "ours")
-    hf_cpu = statistics.median(r.tokens_per_cpu_s for r in runs if r.system == "hf")
-    ours_cpu = statistics.median(r.tokens_per_cpu_s for r in runs if r.system == "ours")
+    def median(field: str, system: str, quantization: str = "none") -> float:
+        return statistics.median(getattr(r, field) for r in runs
+                                 if r.system == system and r.quantization == quantization)
+
+    hf, hf_cpu = median("tokens_per_s", "hf"), median("tokens_per_cpu_s", "hf")
+    ours = median("tokens_per_s", "ours", args.quantization[0])
+    ours_cpu = median("tokens_per_cpu_s", "ours", args.quantization[0])
+    quantized = {q: {"tokens_per_s": round(median("tokens_per_s", "ours", q), 1),
+                     "tokens_per_cpu_s": round(median("tokens_per_cpu_s", "ours", q), 1),
+                     "speed_ratio": round(median("tokens_per_s", "ours", q) / ours, 3) if ours > 0 else None,
+                     "weight_bytes": e.weights.num_bytes, "kv_cache_bytes": e.executor.cache_bytes}
+                 for q, e in engines.items()}
+    for q, figures in quantized.items():
+        print(f"everstep torch engine, quantization {q}: {figures['tokens_per_s']:.0f} tokens/s (median), "
+              f"weights {figures['weight_bytes'] / 2**20:.2f} MiB", flush=True)
     print(f"transformers generate (static batches of {args.batch_size}): {hf:.0f} tokens/s (median)")
     print(f"everstep torch engine (max_running {args.max_running}): {ours:.0f} tokens/s (median)")
     report = {
@@ -215,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         "ours_tokens_per_cpu_s": round(ours_cpu, 1), "hf_tokens_per_cpu_s": round(hf_cpu, 1),
         "cpu_ratio": round(ours_cpu / hf_cpu, 3) if hf_cpu > 0 else None,
         "runs": [{**asdict(r), "tokens_per_s": round(r.tokens_per_s, 1)} for r in runs],
+        "quantization": quantized,
         "model": str(args.model), "prompt_format": prompt_format, "num_prompts": num_prompts,
         "max_new_tokens": args.max_new_tokens,
         "batch_size": args.batch_size, "max_running": args.max_running, "repeats": args.repeats,

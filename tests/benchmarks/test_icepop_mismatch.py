@@ -1,4 +1,4 @@
-"""benchmarks.icepop_mismatch at a tiny size: bf16 engine and fp32 trainer in one process, three runs."""
+"""benchmarks.icepop_mismatch at a tiny size: four arms (fp32 and int8 engines, float32 trainer), one process."""
 
 from __future__ import annotations
 
@@ -26,29 +26,36 @@ def quick_demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def test_three_runs_report_finite_plausible_mismatch(quick_demo_model: Path, tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+def test_four_arms_report_a_mismatch_only_where_the_engine_is_quantized(
+        quick_demo_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     monkeypatch.syspath_prepend(str(REPO))
     benchmark = importlib.import_module("benchmarks.icepop_mismatch")
     out = tmp_path / "out"
-    benchmark.main(["--model", str(quick_demo_model), "--steps", "3", "--prompts-per-step", "2", "--group-size", "3",
-                    "--max-new-tokens", "12", "--out", str(out), "--num-threads", "1"])
+    benchmark.main(["--model", str(quick_demo_model), "--steps", "2", "--seeds", "2", "--prompts-per-step", "2",
+                    "--group-size", "3", "--max-new-tokens", "12", "--eval-prompts", "2", "--eval-every", "1",
+                    "--out", str(out), "--num-threads", "1"])
 
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert list(summary) == ["none", "tis", "icepop"]
-    for correction, result in summary.items():
-        for key in ("final_reward", "masked_fraction_mean", "mismatch_kl_first", "mismatch_kl_last"):
-            assert math.isfinite(result[key]), (correction, key)
-        assert 0.0 <= result["final_reward"] <= 1.0 and 0.0 <= result["masked_fraction_mean"] <= 1.0
-        # bfloat16 sampling against a float32 trainer: a real, small disagreement.
-        assert 0.0 < result["mismatch_kl_first"] < 0.1 and 0.0 < result["logp_diff_max_max"] < 5.0
-    # Same weights, prompts and sampling seed: the first step is the same in every run.
-    assert summary["none"]["mismatch_kl_first"] == summary["icepop"]["mismatch_kl_first"]
+    assert list(summary) == ["fp32-none", "int8-none", "int8-tis", "int8-icepop"]
+    for arm, result in summary.items():
+        for key in ("masked_fraction_mean", "mismatch_kl_first", "mismatch_kl_last"):
+            assert math.isfinite(result[key]), (arm, key)
+        assert set(result["final_accuracy"]) == {"mean", "std"} and 0.0 <= result["final_accuracy"]["mean"] <= 1.0
+        assert 0.0 <= result["masked_fraction_mean"] <= 1.0 and result["num_seeds"] == 2
+    # The float32 engine computes what the trainer computes; the int8 engine does not, by a bounded amount.
+    assert summary["fp32-none"]["mismatch_kl_first"] < 1e-9
+    for arm in ("int8-none", "int8-tis", "int8-icepop"):
+        assert 1e-8 < summary[arm]["mismatch_kl_first"] < 0.1 and summary[arm]["logp_diff_max_max"] < 5.0
+    # Same weights, prompts and seeds: the first step is the same in every int8 arm.
+    assert summary["int8-none"]["mismatch_kl_first"] == summary["int8-icepop"]["mismatch_kl_first"]
+    # Evaluated through a float32 engine from the same start: the same step-0 accuracy in every arm.
+    assert len({result["initial_accuracy"] for result in summary.values()}) == 1
 
     report = json.loads((out / "icepop_mismatch.json").read_text())
-    assert report["summary"] == summary and report["settings"]["steps"] == 3
-    for correction in summary:
-        steps = report["steps"][correction]
-        assert [s["step"] for s in steps] == [1, 2, 3]
-        assert all(s["num_tokens"] > 0 and math.isfinite(s["loss"]) for s in steps)
+    assert report["summary"] == summary and report["settings"]["steps"] == 2
+    assert sorted((r["arm"], r["seed"]) for r in report["runs"]) == sorted(
+        (arm, seed) for arm in summary for seed in (0, 1))
+    for run in report["runs"]:
+        assert [s["step"] for s in run["steps"]] == [1, 2] and [e["step"] for e in run["evals"]] == [0, 1, 2]
+        assert all(s["num_tokens"] > 0 and math.isfinite(s["loss"]) for s in run["steps"])
     assert (out / "icepop_mismatch.png").read_bytes()[:4] == b"\x89PNG"

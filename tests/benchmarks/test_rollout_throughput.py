@@ -36,6 +36,25 @@ def test_tiny_run_reports_both_systems(tiny_model_dir: Path, tmp_path: Path) -> 
     assert any("tokens/s" in line for line in lines[:-1])
 
 
+def test_quantized_engines_run_side_by_side(tiny_model_dir: Path, tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"{i} + {i + 1} ="}) + "\n" for i in range(4)))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    process = subprocess.run(
+        [sys.executable, "-m", "benchmarks.rollout_throughput", "--model", str(tiny_model_dir), "--prompts",
+         str(prompts), "--num-prompts", "4", "--max-new-tokens", "4", "--batch-size", "4", "--max-running", "4",
+         "--repeats", "1", "--quantization", "none,int8"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
+    )
+    assert process.returncode == 0, process.stderr[-4000:]
+    report = json.loads(process.stdout.strip().splitlines()[-1])
+    assert [(r["system"], r["quantization"]) for r in report["runs"]] == [("hf", "none"), ("ours", "none"),
+                                                                          ("ours", "int8")]
+    figures = report["quantization"]
+    assert figures["none"]["speed_ratio"] == 1.0 and figures["int8"]["tokens_per_s"] > 0
+    assert figures["int8"]["weight_bytes"] < 0.5 * figures["none"]["weight_bytes"]
+
+
 def test_missing_model_says_how_to_build_it(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     process = subprocess.run(

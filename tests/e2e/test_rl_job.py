@@ -1,5 +1,6 @@
 """One RL job end to end through real processes: `everstep up`, REST submit, C3PO++ rollouts on
-the torch engine, math rewards, IcePop training, gRPC weight push, `everstep down`."""
+the torch engine (int8 weights: a real engine mismatch), math rewards, IcePop training, gRPC weight push,
+`everstep down`."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def test_rl_job_through_all_services(tmp_path: Path, demo_model_build: DemoModel
             "model_path": str(demo_model_dir),
             "dataset": {"train_path": str(demo_model_dir / "train.jsonl")},
             "algorithm": {"group_size": 8},
-            "sampling": {"temperature": 1.0, "max_new_tokens": 200},
+            "sampling": {"temperature": 1.0, "max_new_tokens": 200, "quantization": "int8"},
             "scheduler": {"mode": "c3po", "token_budget": 8192, "pool_capacity": 256, "retention": 3},
             "trainer": {"learning_rate": 3e-4},
             "steps": 10,
@@ -75,6 +76,7 @@ def test_rl_job_through_all_services(tmp_path: Path, demo_model_build: DemoModel
         with grpc.insecure_channel(rollout_address) as channel:
             status = rollout_pb2_grpc.RolloutStub(channel).GetStatus(rollout_pb2.GetStatusRequest(), timeout=10)
         assert status.version == trained_steps
+        assert status.quantization == rollout_pb2.QUANTIZATION_INT8  # the job's setting reached the engine
 
         # C3PO++ really carried rollouts over, and the staleness it causes is visible
         assert any(m["partial_buffer_size"] > 0 for m in history)
@@ -85,9 +87,15 @@ def test_rl_job_through_all_services(tmp_path: Path, demo_model_build: DemoModel
         # easiest chains, so its reward is high for a reason that has nothing to do with learning.
         rewards = [m["reward_mean"] for m in history]
         assert _mean(rewards[-3:]) > _mean(rewards[1:4]), rewards
-        for m in history:
-            if m["num_samples_trained"]:
-                assert 0.0 <= m["masked_fraction"] <= 1.0 and m["mismatch_kl"] >= 0.0
+        trained = [m for m in history if m["num_samples_trained"]]
+        for m in trained:
+            assert 0.0 <= m["masked_fraction"] <= 1.0 and m["mismatch_kl"] >= 0.0
+            # The mismatch split by the tokens' policy version: int8 makes even fresh tokens disagree.
+            assert m["num_tokens_fresh"] > 0 and m["mismatch_kl_fresh"] > 0.0
+            for group in ("fresh", "stale"):
+                assert 0.0 <= m[f"masked_fraction_{group}"] <= 1.0 and m[f"mismatch_kl_{group}"] >= 0.0
+        # Carried-over rollouts (staleness >= 1 above) are the stale tokens.
+        assert any(m["num_tokens_stale"] > 0 for m in trained)
     finally:
         down = subprocess.run([EVERSTEP, "down"], env=env, capture_output=True, text=True, timeout=120)
     assert down.returncode == 0, down.stderr

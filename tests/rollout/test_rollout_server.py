@@ -197,3 +197,28 @@ def test_load_honours_every_setting_and_refuses_what_it_cannot(service_process, 
         generate(stub, rollout_pb2.GenerateRequest(sequences=seqs("o", 1), sampling=common_pb2.SamplingParams(
             temperature=1.0, max_new_tokens=38)))
     assert over.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "max_seq_len (40)" in over.value.details()
+
+
+def test_load_takes_and_reports_the_quantization(service_process, tiny_model_dir, tiny_gpt2_dir):
+    """Unset: the server's --quantization; set: taken and reported in LoadModel, GetStatus and the metrics; one
+    the executor cannot run, or an unknown enum value, is INVALID_ARGUMENT naming the field."""
+    service = service_process("rollout", "--quantization", "int8")
+    stub = rollout_pb2_grpc.RolloutStub(grpc.insecure_channel(service.grpc_address))
+    model = str(tiny_model_dir)
+
+    assert stub.Load(rollout_pb2.LoadModelRequest(model_path=model)).quantization == rollout_pb2.QUANTIZATION_INT8
+    fp8 = stub.Load(rollout_pb2.LoadModelRequest(model_path=model, quantization=rollout_pb2.QUANTIZATION_FP8))
+    assert fp8.quantization == rollout_pb2.QUANTIZATION_FP8
+    assert stub.GetStatus(rollout_pb2.GetStatusRequest()).quantization == rollout_pb2.QUANTIZATION_FP8
+    metrics = urllib.request.urlopen(f"{service.http_url}/metrics", timeout=10).read().decode()
+    assert 'everstep_rollout_quantization{quantization="fp8"} 1.0' in metrics
+    assert 'quantization="int8"' not in metrics
+
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.Load(rollout_pb2.LoadModelRequest(model_path=str(tiny_gpt2_dir),
+                                               quantization=rollout_pb2.QUANTIZATION_INT8))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "quantization" in refused.value.details()
+    with pytest.raises(grpc.RpcError) as unknown:
+        stub.Load(rollout_pb2.LoadModelRequest(model_path=model, quantization=99))
+    assert unknown.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "quantization" in unknown.value.details()

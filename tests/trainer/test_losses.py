@@ -13,6 +13,7 @@ from everstep_trainer.losses import (
     k3_divergence,
     mismatch_weight,
     policy_loss,
+    staleness_masks,
 )
 
 LN2 = math.log(2.0)
@@ -182,3 +183,12 @@ def test_entropy_from_logits() -> None:
     assert uniform.tolist() == pytest.approx([math.log(4.0)] * 2)
     peaked = entropy_from_logits(torch.tensor([[100.0, 0.0, 0.0]]))
     assert peaked.item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_staleness_masks_split_valid_tokens_by_version() -> None:
+    mask = torch.tensor([[True, True, True, False], [True, True, False, False]])
+    versions = torch.tensor([[3, 2, 0, 3], [-1, 3, -1, -1]])  # -1: unknown (counted fresh)
+    fresh, stale = staleness_masks(mask, versions, current_version=3)
+    assert fresh.tolist() == [[True, False, False, False], [True, True, False, False]]
+    assert stale.tolist() == [[False, True, True, False], [False, False, False, False]]
+    assert not (fresh & stale).any() and ((fresh | stale) == mask).all()

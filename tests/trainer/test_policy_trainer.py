@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,31 @@ def test_bfloat16_autocast_step_on_cuda(tiny_model_dir: Path) -> None:
     assert next(trainer.model.parameters()).dtype == torch.float32  # master weights stay float32
     assert torch.isfinite(torch.tensor([stats.loss, stats.grad_norm])).all()
     assert _sequence_logps(trainer, samples)[0] > before[0]
+
+
+def test_mismatch_statistics_split_into_fresh_and_stale_tokens(tiny_model_dir: Path) -> None:
+    trainer = PolicyTrainer(tiny_model_dir, TrainerConfig(), version=2)
+    exact = _on_policy_samples(trainer, [1.0, -1.0, 0.5])
+    # Sample 0 is fresh (version 2, k = 1); sample 1 was carried over from version 1 with rollout log-probs 2
+    # above the trainer's (k = e^-2 < alpha: masked); sample 2 gives no versions (counted fresh).
+    samples = [
+        TrainSample(exact[0].prompt_ids, exact[0].output_ids, exact[0].rollout_logprobs, 1.0,
+                    output_versions=[2] * len(OUTPUTS[0])),
+        TrainSample(exact[1].prompt_ids, exact[1].output_ids, [x + 2.0 for x in exact[1].rollout_logprobs], -1.0,
+                    output_versions=[1] * len(OUTPUTS[1])),
+        exact[2],
+    ]
+    version, stats = trainer.train_step(samples)
+    assert version == 3
+    assert (stats.num_tokens_fresh, stats.num_tokens_stale) == (len(OUTPUTS[0]) + len(OUTPUTS[2]), len(OUTPUTS[1]))
+    assert stats.masked_fraction_fresh == 0.0 and stats.mismatch_kl_fresh == pytest.approx(0.0, abs=1e-5)
+    assert stats.masked_fraction_stale == 1.0
+    assert stats.mismatch_kl_stale == pytest.approx(math.exp(-2.0) - 1.0 + 2.0, rel=1e-4)
+    assert stats.masked_fraction == pytest.approx(len(OUTPUTS[1]) / sum(map(len, OUTPUTS)))
+
+    # A batch of fresh tokens only: the stale group is empty and reports 0.0 (never NaN).
+    _, fresh_only = trainer.train_step(_on_policy_samples(trainer, [1.0, -1.0, 0.5]))
+    assert fresh_only.num_tokens_stale == 0
+    assert (fresh_only.masked_fraction_stale, fresh_only.mismatch_kl_stale) == (0.0, 0.0)
+    with pytest.raises(ValueError, match=r"samples\[0\]\.output_versions"):
+        trainer.train_step([TrainSample(PROMPTS[0], OUTPUTS[0], [0.0] * 4, 1.0, output_versions=[1])])

@@ -15,11 +15,11 @@ from safetensors.torch import load_file
 from everstep.v1 import trainer_pb2, trainer_pb2_grpc
 
 
-def _sample(advantage: float, *, num_logprobs: int | None = None) -> trainer_pb2.TrainSample:
+def _sample(advantage: float, *, num_logprobs: int | None = None, version: int = 5) -> trainer_pb2.TrainSample:
     output_ids = [13, 7, 14, 2]
     n = len(output_ids) if num_logprobs is None else num_logprobs
     return trainer_pb2.TrainSample(prompt_ids=[1, 11, 4, 12], output_ids=output_ids,
-                                   rollout_logprobs=[-3.8] * n, output_versions=[5] * len(output_ids),
+                                   rollout_logprobs=[-3.8] * n, output_versions=[version] * len(output_ids),
                                    advantage=advantage, reward=1.0)
 
 
@@ -55,8 +55,13 @@ def test_trainer_service_end_to_end(service_process, tiny_model_dir: Path, tmp_p
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "samples[1].rollout_logprobs" in error.details()
 
-        step = stub.TrainStep(trainer_pb2.TrainStepRequest(samples=[_sample(1.0), _sample(-0.5)]), timeout=120)
+        step = stub.TrainStep(trainer_pb2.TrainStepRequest(samples=[_sample(1.0), _sample(-0.5, version=4)]),
+                              timeout=120)
         assert step.version == 6
+        # The trainer held version 5: the second sample's tokens were carried over from version 4.
+        assert (step.stats.num_tokens_fresh, step.stats.num_tokens_stale) == (4, 4)
+        assert step.stats.mismatch_kl_fresh > 0
+        assert step.stats.mismatch_kl_stale == pytest.approx(step.stats.mismatch_kl_fresh)
         assert step.stats.num_tokens == 8 and step.stats.learning_rate == pytest.approx(1e-3)
         assert step.stats.grad_norm > 0 and math.isfinite(step.stats.loss)
         assert step.stats.forward_backward_seconds > 0
@@ -109,5 +114,8 @@ def test_trainer_service_end_to_end(service_process, tiny_model_dir: Path, tmp_p
     for name in ("loss", "grad_norm", "masked_fraction", "mismatch_kl", "logp_diff_abs_mean", "logp_diff_max",
                  "clip_fraction", "entropy", "learning_rate"):
         assert f"\neverstep_trainer_{name} " in metrics, name
+    for name in ("masked_fraction", "mismatch_kl", "tokens"):
+        for tokens in ("fresh", "stale"):
+            assert f'\neverstep_trainer_{name}_by_staleness{{tokens="{tokens}"}} ' in metrics, (name, tokens)
     assert '\neverstep_trainer_weight_push_bytes_total{transport="' in metrics
     assert f"everstep_trainer_learning_rate {1e-3}" in metrics

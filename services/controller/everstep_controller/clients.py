@@ -17,6 +17,7 @@ from enum import StrEnum
 import grpc
 
 from everstep import transport
+from everstep.quantization import Quantization, quantization_from_proto, quantization_to_proto
 from everstep.v1 import (
     common_pb2,
     reward_pb2,
@@ -147,16 +148,18 @@ class RolloutClient:
         return _calling(Service.ROLLOUT, self.address, method, self.deadlines.rollout_seconds, Service.ROLLOUT)
 
     def load(self, model_path: str, *, dtype: str, version: int, seed: int, max_running: int,
-             max_seq_len: int) -> rollout_pb2.LoadModelResponse:
+             max_seq_len: int, quantization: Quantization = Quantization.none) -> rollout_pb2.LoadModelResponse:
         """Every per-job engine setting travels in the request; RuntimeError when the engine reports
         having taken other ones (an older server that ignores a field), so nothing is cut silently."""
         request = rollout_pb2.LoadModelRequest(model_path=model_path, dtype=dtype, version=version, seed=seed,
-                                               max_running=max_running, max_seq_len=max_seq_len)
+                                               max_running=max_running, max_seq_len=max_seq_len,
+                                               quantization=quantization_to_proto(quantization))
         with self._calling("Load"):
             reply = self._stub.Load(request, timeout=self.deadlines.rollout_seconds)
         taken = {"dtype": reply.dtype, "max_running": reply.max_running, "max_seq_len": reply.max_seq_len,
-                 "seed": reply.seed}
-        asked = {"dtype": dtype, "max_running": max_running, "max_seq_len": max_seq_len, "seed": seed}
+                 "seed": reply.seed, "quantization": _quantization_name(reply.quantization)}
+        asked = {"dtype": dtype, "max_running": max_running, "max_seq_len": max_seq_len, "seed": seed,
+                 "quantization": Quantization(quantization).value}
         differ = {k: (asked[k], taken[k]) for k in asked if asked[k] != taken[k]}
         if differ:
             raise RuntimeError(f"rollout engine at {self.address} took other settings than the job's: "
@@ -233,3 +236,9 @@ class RewardClient:
 
     def close(self) -> None:
         self._channel.close()
+
+
+def _quantization_name(value: int) -> str:
+    """The setting a reply's enum names; "" for UNSPECIFIED (an engine that predates the field)."""
+    quantization = quantization_from_proto(value)
+    return quantization.value if quantization is not None else ""

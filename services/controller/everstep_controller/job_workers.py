@@ -64,4 +64,5 @@ class JobWorkers:
 
     def _load_rollout(self, model_path: str, version: int, step: int) -> None:
         self.rollout.load(model_path, dtype=self.spec.sampling.dtype, version=version, seed=self.spec.seed + step,
-                          max_running=self.request.max_running, max_seq_len=self.request.max_seq_len)
+                          max_running=self.request.max_running, max_seq_len=self.request.max_seq_len,
+                          quantization=self.spec.sampling.quantization)

@@ -11,6 +11,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
+from everstep.quantization import Quantization
 from everstep.verifiers import VERIFIER_PARAMS
 
 
@@ -216,6 +217,12 @@ class SamplingSpec(_Section):
     max_new_tokens: int = Field(default=256, ge=1, description="Longest response, in tokens.")
     stop: list[str] = Field(default_factory=list, description="Extra stop strings besides EOS.")
     dtype: str = Field(default="float32", pattern="^(float32|bfloat16)$", description="Engine dtype.")
+    quantization: Quantization = Field(
+        default=Quantization.none,
+        description="Weight-only quantization of the engine's linear layers: 'none', 'int8' (per output channel), "
+                    "'int8-tensor' (per tensor) or 'fp8' (e4m3, per output channel); the engine quantizes at load "
+                    "and every weight push (the trainer stays full precision). Torch engine, native executor only.",
+    )
 
 
 class SchedulerMode(StrEnum):

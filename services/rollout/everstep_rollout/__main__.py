@@ -23,6 +23,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--executor", choices=["auto", "native", "transformers"], default="auto",
                    help="torch engine: native (Llama/Qwen2), transformers (any causal LM), auto: native if supported")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--quantization", choices=["none", "int8", "int8-tensor", "fp8"], default="none",
+                   help="weight-only quantization of the linear layers (native executor): int8 per output channel, "
+                        "int8-tensor per tensor, fp8 (e4m3) per output channel; applied at load and to every "
+                        "weight update; a job's LoadModel sets its own")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--max-running", type=int, default=64, help="sequences decoded together (KV cache slots)")
     p.add_argument("--max-queued", type=int, default=4096, help="sequences that may wait; more are refused")
@@ -56,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     engine_defaults = EngineConfig(
         engine=args.engine, executor=args.executor, max_running=args.max_running, max_queued=args.max_queued,
         max_seq_len=args.max_seq_len, dtype=args.dtype, device=args.device, seed=args.seed,
-        mem_fraction_static=args.mem_fraction_static,
+        mem_fraction_static=args.mem_fraction_static, quantization=args.quantization,
     )
     servicer = RolloutServicer(engine_defaults)
     metrics.bind_status(servicer.status)

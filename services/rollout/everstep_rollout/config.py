@@ -8,6 +8,8 @@ from typing import Literal
 
 import torch
 
+from everstep.quantization import Quantization
+
 DEFAULT_MAX_SEQ_LEN = 2048
 """The KV cache length per slot when neither the job nor the server sets max_seq_len (and the model allows it)."""
 
@@ -47,6 +49,9 @@ class EngineConfig:
     refused at load (ValueError), never capped."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Weights, activations and KV cache dtype (sampling is always float32)."""
+    quantization: Quantization = Quantization.none
+    """Weight-only quantization of the linear layers (native executor only): "int8" (per output channel),
+    "int8-tensor" (per tensor), "fp8" (e4m3, per output channel); applied at load and to every weight update."""
     device: str = "cpu"
     """torch device: "cpu" or "cuda" (or "cuda:N")."""
     seed: int = 0
@@ -77,6 +82,11 @@ class EngineConfig:
             raise ValueError(f"executor must be 'auto', 'native' or 'transformers', got {self.executor!r}")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+        try:
+            object.__setattr__(self, "quantization", Quantization(self.quantization))
+        except ValueError:
+            raise ValueError(f"quantization must be one of {[q.value for q in Quantization]}, "
+                             f"got {self.quantization!r}") from None
         if not 0.0 <= self.mem_fraction_static < 1.0:
             raise ValueError(f"mem_fraction_static must be in [0, 1), got {self.mem_fraction_static}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):

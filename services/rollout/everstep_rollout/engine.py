@@ -109,7 +109,7 @@ class Engine:
         device = torch.device(self.config.device)
         self.executor = build_executor(self.model_dir, model_config, self.config.executor, ExecutorOptions(
             num_slots=self.config.max_running, max_seq_len=self.config.max_seq_len,
-            dtype=self.config.torch_dtype, device=device,
+            dtype=self.config.torch_dtype, device=device, quantization=self.config.quantization,
         ))
         self.weights = self.executor.weights
         self.max_seq_len = self.executor.max_seq_len
@@ -130,9 +130,11 @@ class Engine:
         self._throughput = ThroughputWindow(window_seconds=_THROUGHPUT_WINDOW_SECONDS)
         self.last_step: StepStats | None = None
         log.info(
-            "loaded %s (%s, %s executor, %d parameters, %s on %s); KV cache %d slots x %d tokens, %.1f MiB",
+            "loaded %s (%s, %s executor, %d parameters, %s, quantization %s, weights %.1f MiB on %s); "
+            "KV cache %d slots x %d tokens, %.1f MiB",
             self.model_dir, self.executor.model_type, type(self.executor).__name__, self.num_parameters,
-            self.config.dtype, device, self.config.max_running, self.max_seq_len, self.executor.cache_bytes / 2**20,
+            self.config.dtype, self.config.quantization.value, self.weights.num_bytes / 2**20, device,
+            self.config.max_running, self.max_seq_len, self.executor.cache_bytes / 2**20,
         )
 
     @property

@@ -52,6 +52,8 @@ class EngineStatus:
     max_seq_len: int = 0
     max_running: int = 0
     dtype: str = ""
+    quantization: str = ""
+    """The engine's weight quantization ("none", "int8", ...)."""
 
 
 class EngineLoop:
@@ -65,7 +67,7 @@ class EngineLoop:
         self._stream_ids = itertools.count(1)
         self._status = EngineStatus(version=engine.version, running=0, queued=0, tokens_per_second=0.0,
                                     max_seq_len=engine.max_seq_len, max_running=engine.config.max_running,
-                                    dtype=engine.config.dtype)
+                                    dtype=engine.config.dtype, quantization=engine.config.quantization.value)
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
 
     # -- lifecycle --------------------------------------------------------------------------------------

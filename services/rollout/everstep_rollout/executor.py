@@ -21,6 +21,8 @@ from typing import Protocol
 
 import torch
 
+from everstep.quantization import Quantization
+
 log = logging.getLogger(__name__)
 
 
@@ -48,6 +50,10 @@ class WeightStore(Protocol):
 
     @property
     def num_parameters(self) -> int: ...
+
+    @property
+    def num_bytes(self) -> int:
+        """Bytes the weights take on the device (quantized values and scales included)."""
 
     def copy_in(self, tensors: Mapping[str, torch.Tensor], *, require_all: bool) -> int:
         """Copy by name into the existing storage; ValueError (nothing copied) on unknown names or shapes."""
@@ -77,6 +83,8 @@ class ExecutorOptions:
     """Requested tokens per slot (None: the default); above the model's position limit: ValueError at load."""
     dtype: torch.dtype
     device: torch.device
+    quantization: Quantization = Quantization.none
+    """Weight-only quantization of the linear layers; native executor only (ValueError elsewhere)."""
 
 
 def build_executor(model_dir: Path, model_config: Mapping, kind: str, options: ExecutorOptions) -> Executor:
@@ -94,6 +102,9 @@ def build_executor(model_dir: Path, model_config: Mapping, kind: str, options: E
             log.info("native executor does not support %s (%s); using the transformers executor", model_dir, e)
         else:
             return LlamaExecutor.load(model_dir, spec, options)
+    if options.quantization != Quantization.none:
+        raise ValueError(f"quantization: {options.quantization.value!r} needs the native executor (Llama/Qwen2 "
+                         f"models), and {model_dir} runs on the transformers executor; use quantization 'none'")
     from everstep_rollout.transformers_executor import TransformersExecutor
 
     return TransformersExecutor.load(model_dir, options)

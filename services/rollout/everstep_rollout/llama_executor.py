@@ -7,6 +7,7 @@ parameter names map to views into that storage, so a weight update copies in pla
 
 Numerics follow Hugging Face's modeling code (RoPE tables computed in float32 then cast, RMSNorm in float32
 for bfloat16 models); in float32 the engine's log-probs match a full Hugging Face forward to about 1e-6.
+With `quantization` set, the four projections of every layer are held quantized (`quantization.py`).
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from everstep.quantization import Quantization
 from everstep_rollout.config import resolve_max_seq_len
 from everstep_rollout.executor import ExecutorOptions, StepBatch
 from everstep_rollout.kv_cache import CacheShape, KVCache
+from everstep_rollout.quantization import QuantizedMatrix, RowRange
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 # Buffers some checkpoints carry that are derived from the config, not weights.
@@ -92,16 +95,24 @@ class LlamaSpec:
 class LlamaWeights:
     """Parameter storage (fused where it saves matmuls) and the Hugging Face names that view into it."""
 
-    def __init__(self, spec: LlamaSpec, *, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, spec: LlamaSpec, *, dtype: torch.dtype, device: torch.device,
+                 quantization: Quantization = Quantization.none) -> None:
         def empty(*shape: int) -> torch.Tensor:
             return torch.zeros(shape, dtype=dtype, device=device)
+
+        def matrix(rows: int, cols: int) -> torch.Tensor | QuantizedMatrix:
+            if quantization == Quantization.none:
+                return empty(rows, cols)
+            return QuantizedMatrix(rows, cols, quantization=quantization, dtype=dtype, device=device)
+
+        self.quantization = quantization
 
         s = spec
         q_out, kv_out = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
         self.embed = empty(s.vocab_size, s.hidden_size)
         self.lm_head = self.embed if s.tie_word_embeddings else empty(s.vocab_size, s.hidden_size)
         self.norm = empty(s.hidden_size)
-        self.named: dict[str, torch.Tensor] = {
+        self.named: dict[str, torch.Tensor | RowRange] = {
             "model.embed_tokens.weight": self.embed,
             "lm_head.weight": self.lm_head,  # an alias of the embedding when tied
             "model.norm.weight": self.norm,
@@ -110,48 +121,61 @@ class LlamaWeights:
         for i in range(s.num_layers):
             layer = LayerWeights(
                 input_norm=empty(s.hidden_size),
-                qkv=empty(q_out + 2 * kv_out, s.hidden_size),
+                qkv=matrix(q_out + 2 * kv_out, s.hidden_size),
                 qkv_bias=empty(q_out + 2 * kv_out) if s.qkv_bias else None,
-                o=empty(s.hidden_size, q_out),
+                o=matrix(s.hidden_size, q_out),
                 o_bias=empty(s.hidden_size) if s.o_bias else None,
                 post_norm=empty(s.hidden_size),
-                gate_up=empty(2 * s.intermediate_size, s.hidden_size),
+                gate_up=matrix(2 * s.intermediate_size, s.hidden_size),
                 gate_up_bias=empty(2 * s.intermediate_size) if s.mlp_bias else None,
-                down=empty(s.hidden_size, s.intermediate_size),
+                down=matrix(s.hidden_size, s.intermediate_size),
                 down_bias=empty(s.hidden_size) if s.mlp_bias else None,
             )
             self.layers.append(layer)
             p = f"model.layers.{i}."
             qkv_split = (q_out, kv_out, kv_out)
-            for name, view in zip(("q_proj", "k_proj", "v_proj"), layer.qkv.split(qkv_split), strict=True):
+            for name, view in zip(("q_proj", "k_proj", "v_proj"), _row_views(layer.qkv, qkv_split), strict=True):
                 self.named[f"{p}self_attn.{name}.weight"] = view
             if layer.qkv_bias is not None:
                 for name, view in zip(("q_proj", "k_proj", "v_proj"), layer.qkv_bias.split(qkv_split),
                                       strict=True):
                     self.named[f"{p}self_attn.{name}.bias"] = view
-            self.named[f"{p}self_attn.o_proj.weight"] = layer.o
+            self.named[f"{p}self_attn.o_proj.weight"] = _row_views(layer.o, (s.hidden_size,))[0]
             if layer.o_bias is not None:
                 self.named[f"{p}self_attn.o_proj.bias"] = layer.o_bias
             self.named[f"{p}input_layernorm.weight"] = layer.input_norm
             self.named[f"{p}post_attention_layernorm.weight"] = layer.post_norm
-            gate, up = layer.gate_up.chunk(2)
+            gate, up = _row_views(layer.gate_up, (s.intermediate_size, s.intermediate_size))
             self.named[f"{p}mlp.gate_proj.weight"] = gate
             self.named[f"{p}mlp.up_proj.weight"] = up
-            self.named[f"{p}mlp.down_proj.weight"] = layer.down
+            self.named[f"{p}mlp.down_proj.weight"] = _row_views(layer.down, (s.hidden_size,))[0]
             if layer.gate_up_bias is not None and layer.down_bias is not None:
                 gate_b, up_b = layer.gate_up_bias.chunk(2)
                 self.named[f"{p}mlp.gate_proj.bias"] = gate_b
                 self.named[f"{p}mlp.up_proj.bias"] = up_b
                 self.named[f"{p}mlp.down_proj.bias"] = layer.down_bias
 
+    def _storage(self) -> list[torch.Tensor | QuantizedMatrix]:
+        """Every tensor or quantized matrix that holds parameters, once each (a tied weight once)."""
+        seen: set[int] = set()
+        held: list[torch.Tensor | QuantizedMatrix] = []
+        for target in self.named.values():
+            item = target.matrix if isinstance(target, RowRange) else target
+            key = id(item) if isinstance(item, QuantizedMatrix) else item.data_ptr()
+            if key not in seen:
+                seen.add(key)
+                held.append(item)
+        return held
+
     @property
     def num_parameters(self) -> int:
-        seen, total = set(), 0
-        for t in self.named.values():
-            if t.data_ptr() not in seen:
-                seen.add(t.data_ptr())
-                total += t.numel()
-        return total
+        return sum(math.prod(item.shape) for item in self._storage())
+
+    @property
+    def num_bytes(self) -> int:
+        """Bytes the weights take on the device (quantized values and their scales included)."""
+        return sum(item.num_bytes if isinstance(item, QuantizedMatrix) else item.numel() * item.element_size()
+                   for item in self._storage())
 
     def copy_in(self, tensors: Mapping[str, torch.Tensor], *, require_all: bool) -> int:
         """Copy tensors into the existing storage by Hugging Face name; returns the bytes copied.
@@ -179,18 +203,41 @@ class LlamaWeights:
         return num_bytes
 
 
+def _row_views(weight: torch.Tensor | QuantizedMatrix, sizes: tuple[int, ...]) -> list[torch.Tensor | RowRange]:
+    """The consecutive row blocks of a (fused) weight, as the targets its Hugging Face tensors are copied into."""
+    if isinstance(weight, torch.Tensor):
+        return list(weight.split(sizes))
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return [RowRange(weight, start, size) for start, size in zip(starts, sizes, strict=True)]
+
+
 @dataclass(kw_only=True)
 class LayerWeights:
+    """One decoder layer; the four projections are plain tensors or, quantized, `QuantizedMatrix`es."""
+
     input_norm: torch.Tensor
-    qkv: torch.Tensor
+    qkv: torch.Tensor | QuantizedMatrix
     qkv_bias: torch.Tensor | None
-    o: torch.Tensor
+    o: torch.Tensor | QuantizedMatrix
     o_bias: torch.Tensor | None
     post_norm: torch.Tensor
-    gate_up: torch.Tensor
+    gate_up: torch.Tensor | QuantizedMatrix
     gate_up_bias: torch.Tensor | None
-    down: torch.Tensor
+    down: torch.Tensor | QuantizedMatrix
     down_bias: torch.Tensor | None
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor | QuantizedMatrix, bias: torch.Tensor | None) -> torch.Tensor:
+    if isinstance(weight, QuantizedMatrix):
+        return weight.linear(x, bias)
+    return F.linear(x, weight, bias)
+
+
+def _add_linear(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | QuantizedMatrix) -> torch.Tensor:
+    """residual + x @ weight^T (one addmm when the weight is a plain tensor)."""
+    if isinstance(weight, QuantizedMatrix):
+        return residual + weight.linear(x)
+    return torch.addmm(residual, x, weight.t())
 
 
 def read_config(model_dir: Path) -> dict:
@@ -272,7 +319,7 @@ class LlamaExecutor:
 
     @classmethod
     def load(cls, model_dir: Path, spec: LlamaSpec, options: ExecutorOptions) -> LlamaExecutor:
-        weights = LlamaWeights(spec, dtype=options.dtype, device=options.device)
+        weights = LlamaWeights(spec, dtype=options.dtype, device=options.device, quantization=options.quantization)
         max_seq_len = resolve_max_seq_len(options.max_seq_len, spec.max_position_embeddings)
         with torch.no_grad():
             weights.copy_in(read_state_dict(model_dir), require_all=True)
@@ -320,7 +367,7 @@ class LlamaExecutor:
         last = len(self.weights.layers) - 1
         for li, layer in enumerate(self.weights.layers):
             h = _rms_norm(x, layer.input_norm, s.rms_norm_eps)
-            qkv = F.linear(h, layer.qkv, layer.qkv_bias).view(num_rows, nh + 2 * nkv, d)
+            qkv = _linear(h, layer.qkv, layer.qkv_bias).view(num_rows, nh + 2 * nkv, d)
             qkv = torch.addcmul(qkv * cos, qkv.roll(d // 2, dims=-1), sin)
             self._layer_rows[li].index_copy_(0, write_index, qkv[:, nh:].reshape(-1, d))
             if li == last:
@@ -346,12 +393,12 @@ class LlamaExecutor:
                 )
                 parts.append(attn.transpose(1, 2).reshape(num_prefill * length, nh * d))
             attn = parts[0] if len(parts) == 1 else torch.cat(parts)
-            x = torch.addmm(x, attn, layer.o.t())
+            x = _add_linear(x, attn, layer.o)
             if layer.o_bias is not None:
                 x += layer.o_bias
             h = _rms_norm(x, layer.post_norm, s.rms_norm_eps)
-            gate, up = F.linear(h, layer.gate_up, layer.gate_up_bias).chunk(2, dim=-1)
-            x = torch.addmm(x, F.silu(gate).mul_(up), layer.down.t())
+            gate, up = _linear(h, layer.gate_up, layer.gate_up_bias).chunk(2, dim=-1)
+            x = _add_linear(x, F.silu(gate).mul_(up), layer.down)
             if layer.down_bias is not None:
                 x += layer.down_bias
         x = _rms_norm(x, self.weights.norm, s.rms_norm_eps)

@@ -25,6 +25,10 @@ WEIGHT_UPDATE_SECONDS = Histogram(
 WEIGHT_UPDATE_BYTES = Counter("everstep_rollout_weight_update_bytes", "Tensor bytes of applied weight updates.",
                               ["transport"])
 POLICY_VERSION = Gauge("everstep_rollout_policy_version", "Policy version of the loaded weights.")
+QUANTIZATION = Gauge(
+    "everstep_rollout_quantization", "1 for the loaded engine's weight quantization (label: none, int8, int8-tensor, "
+    "fp8), absent before a load.", ["quantization"],
+)
 FINISHED_SEQUENCES = Counter(
     "everstep_rollout_finished_sequences_total", "Sequences returned, by finish reason.", ["reason"]
 )
@@ -58,3 +62,9 @@ def observe_partials(count: int) -> None:
 def observe_weight_update(transport: str, seconds: float, num_bytes: int) -> None:
     WEIGHT_UPDATE_SECONDS.labels(transport=transport).observe(seconds)
     WEIGHT_UPDATE_BYTES.labels(transport=transport).inc(num_bytes)
+
+
+def set_quantization(quantization: str) -> None:
+    """Label the loaded engine's weight quantization (one series at a time)."""
+    QUANTIZATION.clear()
+    QUANTIZATION.labels(quantization=quantization).set(1)

@@ -14,6 +14,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from everstep.model_config import position_limit
+from everstep.quantization import Quantization, quantization_from_proto, quantization_to_proto
 from everstep.transport import bind, new_server
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc
 from everstep_rollout import metrics
@@ -58,11 +59,13 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
     # -- engine lifecycle -------------------------------------------------------------------------------
 
     def load(self, model_path: str, *, dtype: str = "", version: int = 0, max_running: int | None = None,
-             seed: int | None = None, max_seq_len: int | None = None) -> GenerationEngine:
+             seed: int | None = None, max_seq_len: int | None = None,
+             quantization: Quantization | None = None) -> GenerationEngine:
         """Stop the current engine, then build one. A setting given (not None; dtype not "") replaces the
         server's own; one the engine cannot honour is a ValueError naming it, never a silent change."""
         config = replace(
             self._defaults, dtype=dtype or self._defaults.dtype, version=version,
+            quantization=self._defaults.quantization if quantization is None else quantization,
             max_running=self._defaults.max_running if max_running is None else max_running,
             seed=self._defaults.seed if seed is None else seed,
             max_seq_len=self._defaults.max_seq_len if max_seq_len is None else max_seq_len,
@@ -76,6 +79,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             old.stop("engine reset by Load")
         engine = build_engine(model_path, config)
         loop = EngineLoop(engine, on_step=metrics.observe_step).start()
+        metrics.set_quantization(config.quantization.value)
         with self._lock:
             self._loop, self._model_path = loop, model_path
         return engine
@@ -104,7 +108,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
                 request.model_path, dtype=request.dtype, version=request.version,
                 max_running=request.max_running if request.HasField("max_running") else None,
                 seed=request.seed if request.HasField("seed") else None,
-                max_seq_len=request.max_seq_len if request.HasField("max_seq_len") else None)
+                max_seq_len=request.max_seq_len if request.HasField("max_seq_len") else None,
+                quantization=_requested_quantization(request.quantization))
         except FileNotFoundError as e:
             context.abort(grpc.StatusCode.NOT_FOUND, f"cannot load {request.model_path!r}: {e}")
         except EngineUnavailableError as e:
@@ -115,7 +120,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         return rollout_pb2.LoadModelResponse(
             version=engine.version, num_parameters=engine.num_parameters, max_seq_len=engine.max_seq_len,
             max_running=c.max_running, dtype=c.dtype, seed=c.seed, max_position_embeddings=engine.position_limit,
-            executor=engine.executor_name)
+            executor=engine.executor_name, quantization=quantization_to_proto(c.quantization))
 
     def Generate(self, request_iterator, context) -> Iterator[rollout_pb2.GenerateResponse]:
         loop = self._current(context)
@@ -260,8 +265,18 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             version=status.version, running=status.running, queued=status.queued,
             tokens_per_second=status.tokens_per_second, model_path=self._model_path,
             weight_receiver=self._receiver_info, max_seq_len=status.max_seq_len, max_running=status.max_running,
-            dtype=status.dtype,
+            dtype=status.dtype, quantization=quantization_to_proto(status.quantization),
         )
+
+
+def _requested_quantization(value: int) -> Quantization | None:
+    """The quantization a LoadModelRequest asks for (None: unset, the server's own); ValueError for an unknown value."""
+    if value == rollout_pb2.QUANTIZATION_UNSPECIFIED:
+        return None
+    quantization = quantization_from_proto(value)
+    if quantization is None:
+        raise ValueError(f"quantization: unknown enum value {value}")
+    return quantization
 
 
 def build_server(servicer: RolloutServicer, host: str, grpc_port: int, *, max_workers: int = 32) -> tuple[

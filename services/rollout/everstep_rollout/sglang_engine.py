@@ -66,6 +66,7 @@ import torch
 
 from everstep import cuda_ipc
 from everstep.model_config import position_limit
+from everstep.quantization import Quantization
 from everstep_rollout.config import EngineConfig, resolve_max_seq_len
 from everstep_rollout.engine import QueueFullError, StepStats, ThroughputWindow, read_eos_token_ids
 from everstep_rollout.engines import EngineUnavailableError
@@ -127,6 +128,9 @@ class SglangEngine:
         self.position_limit = position_limit(model_config) or 0
         self.max_seq_len = resolve_max_seq_len(self.config.max_seq_len, self.position_limit or None)
         self.executor_name = "sglang"
+        if self.config.quantization != Quantization.none:
+            raise ValueError(f"quantization: {self.config.quantization.value!r} is a torch-engine setting; the sglang "
+                             "engine takes quantization 'none'")
         if sglang_engine is None:
             sglang = import_sglang()
             if self.config.device == "cpu":

@@ -46,6 +46,10 @@ class TransformersWeights:
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self._model.parameters())
 
+    @property
+    def num_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self._model.parameters())
+
     def copy_in(self, tensors: Mapping[str, torch.Tensor], *, require_all: bool) -> int:
         unknown = sorted(set(tensors) - set(self.named))
         if unknown:

@@ -21,6 +21,8 @@ class TrainSample:
     rollout_logprobs: Sequence[float]
     """log pi_infer of each output token, as recorded by the rollout engine."""
     advantage: float
+    output_versions: Sequence[int] = ()
+    """Policy version of the engine when it generated each output token; empty: unknown (counted as fresh)."""
 
     @property
     def num_tokens(self) -> int:
@@ -41,6 +43,8 @@ class PaddedBatch:
     """[B, L] float32, the engine's log-probs at output positions, 0 elsewhere."""
     advantages: Tensor
     """[B] float32."""
+    output_versions: Tensor
+    """[B, L] int64, each output token's policy version; -1 elsewhere and where the sample gave none."""
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -55,6 +59,7 @@ class PaddedBatch:
             output_mask=self.output_mask.index_select(0, index)[:, :length],
             rollout_logp=self.rollout_logp.index_select(0, index)[:, :length],
             advantages=self.advantages.index_select(0, index),
+            output_versions=self.output_versions.index_select(0, index)[:, :length],
         )
 
 
@@ -70,6 +75,11 @@ def validate_samples(samples: Sequence[TrainSample], *, vocab_size: int | None =
         if len(sample.rollout_logprobs) != len(sample.output_ids):
             raise ValueError(
                 f"samples[{i}].rollout_logprobs: length {len(sample.rollout_logprobs)} != "
+                f"output_ids length {len(sample.output_ids)}"
+            )
+        if len(sample.output_versions) not in (0, len(sample.output_ids)):
+            raise ValueError(
+                f"samples[{i}].output_versions: length {len(sample.output_versions)} != "
                 f"output_ids length {len(sample.output_ids)}"
             )
         if not all(math.isfinite(x) for x in sample.rollout_logprobs):
@@ -91,15 +101,18 @@ def pad_samples(samples: Sequence[TrainSample], *, pad_token_id: int,
     attention_mask = torch.zeros((batch, length), dtype=torch.long)
     output_mask = torch.zeros((batch, length), dtype=torch.bool)
     rollout_logp = torch.zeros((batch, length), dtype=torch.float32)
+    output_versions = torch.full((batch, length), -1, dtype=torch.long)
     for row, sample in enumerate(samples):
         num_prompt, num_total = len(sample.prompt_ids), sample.num_tokens
         input_ids[row, :num_total] = torch.tensor([*sample.prompt_ids, *sample.output_ids], dtype=torch.long)
         attention_mask[row, :num_total] = 1
         output_mask[row, num_prompt:num_total] = True
         rollout_logp[row, num_prompt:num_total] = torch.tensor(list(sample.rollout_logprobs), dtype=torch.float32)
+        if sample.output_versions:
+            output_versions[row, num_prompt:num_total] = torch.tensor(list(sample.output_versions), dtype=torch.long)
     advantages = torch.tensor([float(s.advantage) for s in samples], dtype=torch.float32)
     return PaddedBatch(input_ids.to(device), attention_mask.to(device), output_mask.to(device),
-                       rollout_logp.to(device), advantages.to(device))
+                       rollout_logp.to(device), advantages.to(device), output_versions.to(device))
 
 
 def split_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:

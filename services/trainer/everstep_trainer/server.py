@@ -84,14 +84,10 @@ def stats_to_proto(stats: TrainStats) -> trainer_pb2.TrainStats:
 
 
 def _samples_from_proto(request: trainer_pb2.TrainStepRequest) -> list[TrainSample]:
-    samples = []
-    for i, s in enumerate(request.samples):
-        if len(s.output_versions) not in (0, len(s.output_ids)):
-            raise ValueError(f"samples[{i}].output_versions: length {len(s.output_versions)} != "
-                             f"output_ids length {len(s.output_ids)}")
-        samples.append(TrainSample(prompt_ids=list(s.prompt_ids), output_ids=list(s.output_ids),
-                                   rollout_logprobs=list(s.rollout_logprobs), advantage=s.advantage))
-    return samples
+    """The request's samples; their fields are checked by `validate_samples` (in the train step)."""
+    return [TrainSample(prompt_ids=list(s.prompt_ids), output_ids=list(s.output_ids),
+                        rollout_logprobs=list(s.rollout_logprobs), advantage=s.advantage,
+                        output_versions=list(s.output_versions)) for s in request.samples]
 
 
 class TrainerService(trainer_pb2_grpc.TrainerServicer):

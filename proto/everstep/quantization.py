@@ -1,0 +1,46 @@
+"""The rollout engine's weight quantization settings, shared by the controller (job spec, Load) and the engine.
+
+Importable without protobuf and the stubs (the engine runs without them, e.g. `benchmarks.gpu_check` on a
+GPU machine); only the proto conversions import `everstep.v1`.
+"""
+
+from __future__ import annotations
+
+import functools
+from enum import StrEnum
+
+__all__ = ["Quantization", "quantization_from_proto", "quantization_to_proto"]
+
+
+class Quantization(StrEnum):
+    """Weight-only quantization of the engine's linear layers (activations stay in the engine dtype)."""
+
+    none = "none"
+    int8 = "int8"
+    """int8 weights, one scale per output channel."""
+    int8_tensor = "int8-tensor"
+    """int8 weights, one scale per weight tensor: coarser, a larger mismatch."""
+    fp8 = "fp8"
+    """float8 e4m3 weights, one scale per output channel."""
+
+
+@functools.cache
+def _to_proto() -> dict[Quantization, int]:
+    from everstep.v1 import rollout_pb2
+
+    # QUANTIZATION_NONE, QUANTIZATION_INT8, QUANTIZATION_INT8_TENSOR, QUANTIZATION_FP8
+    return {q: rollout_pb2.Quantization.Value("QUANTIZATION_" + q.name.upper()) for q in Quantization}
+
+
+def quantization_to_proto(quantization: Quantization | str) -> int:
+    """The proto enum value; ValueError naming the field for an unknown name."""
+    try:
+        return _to_proto()[Quantization(quantization)]
+    except ValueError:
+        raise ValueError(f"quantization: must be one of {[q.value for q in Quantization]}, "
+                         f"got {quantization!r}") from None
+
+
+def quantization_from_proto(value: int) -> Quantization | None:
+    """The setting a proto enum value names; None for QUANTIZATION_UNSPECIFIED (or a value this build does not know)."""
+    return next((q for q, v in _to_proto().items() if v == value), None)
