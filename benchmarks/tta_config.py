@@ -25,10 +25,6 @@ class Arm(StrEnum):
     overlap = "overlap"  # everstep, C3PO++ with scheduler.overlap 1
     trl = "trl"  # TRL's GRPOTrainer
 
-    @property
-    def everstep(self) -> bool:
-        return self is not Arm.trl
-
 
 @dataclass(frozen=True, kw_only=True)
 class TtaConfig:

@@ -40,8 +40,10 @@ def run_everstep_arm(state: StackState, config: TtaConfig, arm: Arm, root: Path)
         while True:
             record = client.job(job_id)
             now = time.monotonic()
-            for step in range(1, record["step"] + 1):
-                step_seen.setdefault(step, now)
+            for step in range(len(step_seen) + 1, record["step"] + 1):
+                step_seen[step] = now
+                print(f"  {arm.value} step {step}: {now - started:.1f} s since submission", file=sys.stderr,
+                      flush=True)
             for step in map(int, record.get("evaluation") or {}):
                 eval_seen.setdefault(step, now)
             if record["state"] in TERMINAL:

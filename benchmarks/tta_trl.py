@@ -169,6 +169,7 @@ def run_trl_arm(config: TtaConfig, spec: JobSpec, reward_address: str) -> ArmRun
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             step = state.global_step
             clock["last_step"] = time.monotonic() - clock["start"] - clock["paused"]
+            print(f"  trl step {step}: {clock['last_step']:.1f} s of training", file=sys.stderr, flush=True)
             if step % config.eval_every == 0 or step == config.steps:
                 evaluate_at(step)
 
