@@ -166,6 +166,7 @@ def summarize(config: TtaConfig, runs: list[ArmRun], target: float | None) -> di
             "final_greedy_accuracy": _median([r.curve[-1].greedy_accuracy for r in arm_runs]),
             "base_accuracy": _median([r.curve[0].accuracy for r in arm_runs]),
             "train_seconds": _median([r.train_seconds for r in arm_runs]),
+            "seconds_per_step": _median([r.train_seconds / max(1, r.curve[-1].step) for r in arm_runs]),
             "total_seconds": _median([r.total_seconds for r in arm_runs]),
         }
     trl_seconds = arms.get(Arm.trl.value, {}).get("seconds_to_target")

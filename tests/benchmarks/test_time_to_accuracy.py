@@ -65,6 +65,7 @@ def test_summary_gives_seconds_to_target_and_speedup_against_trl(tta: ModuleType
     assert c3po["seconds_to_target"] == 25 and c3po["reached_target"] == 2  # median of 10 and 40
     assert c3po["speedup_vs_trl"] == round(110 / 25, 3)
     assert c3po["final_accuracy"] == pytest.approx(0.455)
+    assert c3po["seconds_per_step"] == pytest.approx(17.5)  # median of 30 s and 40 s over 2 steps
     unreachable = tta.summarize(config, runs, 0.9)["arms"]["c3po"]
     assert unreachable["seconds_to_target"] is None and unreachable["speedup_vs_trl"] is None
 
