@@ -37,7 +37,8 @@ OLD_TRAIN_STATS = {"loss": -0.125, "grad_norm": 1.5, "masked_fraction": 0.25, "m
                    "logp_diff_abs_mean": 0.01, "logp_diff_max": 0.5, "clip_fraction": 0.0, "entropy": 1.25,
                    "learning_rate": 1e-06}
 STALENESS_STATS = {"masked_fraction_fresh": 0.0, "masked_fraction_stale": 0.5, "mismatch_kl_fresh": 0.0005,
-                   "mismatch_kl_stale": 0.002, "num_tokens_fresh": 30, "num_tokens_stale": 10}
+                   "mismatch_kl_stale": 0.002, "num_tokens_fresh": 30, "num_tokens_stale": 10,
+                   "padding_fraction": 0.25}
 """The mismatch split by token staleness, reported after the older statistics."""
 
 

@@ -72,6 +72,9 @@ def test_positive_advantage_raises_the_sample_logp_and_negative_lowers_it(tiny_m
 
 @pytest.mark.parametrize("aggregation", ["seq-mean-token-mean", "token-mean"])
 def test_micro_batch_accumulation_equals_one_micro_batch(tiny_model_dir: Path, aggregation: str) -> None:
+    lengths: list[int] = []
+    padding: dict[int, float] = {}
+
     def run(micro_batch_tokens: int) -> tuple[PolicyTrainer, float]:
         config = TrainerConfig(learning_rate=1e-3, aggregation=aggregation, micro_batch_tokens=micro_batch_tokens,
                                max_grad_norm=1e6, correction="tis")
@@ -80,7 +83,12 @@ def test_micro_batch_accumulation_equals_one_micro_batch(tiny_model_dir: Path, a
         # A mismatch on some tokens, so the TIS weights differ from 1.
         samples[2] = TrainSample(samples[2].prompt_ids, samples[2].output_ids,
                                  [x - 0.3 for x in samples[2].rollout_logprobs], samples[2].advantage)
+        # one sample shorter than the others, so that one padded micro-batch holds padding
+        samples[1] = TrainSample(samples[1].prompt_ids, samples[1].output_ids[:-2],
+                                 samples[1].rollout_logprobs[:-2], samples[1].advantage)
         _, stats = trainer.train_step(samples)
+        lengths[:] = [s.num_tokens for s in samples]
+        padding[micro_batch_tokens] = stats.padding_fraction
         return trainer, stats.loss
 
     initial = PolicyTrainer(tiny_model_dir, TrainerConfig())
@@ -88,6 +96,9 @@ def test_micro_batch_accumulation_equals_one_micro_batch(tiny_model_dir: Path, a
     split, split_loss = run(8)  # every sample alone (each is longer than 4 tokens)
 
     assert split_loss == pytest.approx(whole_loss, abs=1e-6)
+    assert padding[8] == 0.0, "each sample alone: nothing padded"
+    assert padding[16384] == pytest.approx(1 - sum(lengths) / (len(lengths) * max(lengths))), "one padded batch"
+    assert padding[16384] > 0
     max_update = 0.0
     for (name, a), b, c in zip(whole.model.named_parameters(), split.model.parameters(),
                                initial.model.parameters(), strict=True):

@@ -34,6 +34,8 @@ LOGP_DIFF_MAX = Gauge("everstep_trainer_logp_diff_max", "Max |old_logp - rollout
 CLIP_FRACTION = Gauge("everstep_trainer_clip_fraction", "Fraction of tokens with an active PPO clip.")
 ENTROPY = Gauge("everstep_trainer_entropy", "Mean per-token policy entropy in the latest batch.")
 LEARNING_RATE = Gauge("everstep_trainer_learning_rate", "Learning rate of the latest train step.")
+PADDING_FRACTION = Gauge("everstep_trainer_padding_fraction",
+                         "Of the token positions the latest step's forward-backward passes computed, the padding.")
 POLICY_VERSION = Gauge("everstep_trainer_policy_version", "Policy version of the trainer's current weights.")
 STEPS = Counter("everstep_trainer_steps", "Train steps completed.")
 WEIGHT_PUSH_BYTES = Counter("everstep_trainer_weight_push_bytes",
@@ -67,6 +69,7 @@ def observe_train_step(stats: TrainStats, version: int) -> None:
     CLIP_FRACTION.set(stats.clip_fraction)
     ENTROPY.set(stats.entropy)
     LEARNING_RATE.set(stats.learning_rate)
+    PADDING_FRACTION.set(stats.padding_fraction)
     POLICY_VERSION.set(version)
     STEPS.inc()
 

@@ -103,6 +103,9 @@ class TrainStats:
     mismatch_kl_stale: float
     num_tokens_fresh: int
     num_tokens_stale: int
+    padding_fraction: float
+    """Of the token positions the forward-backward passes computed (micro-batches of right-padded rows,
+    every epoch), the fraction that were padding."""
 
 
 @dataclass
@@ -111,6 +114,8 @@ class _MinibatchResult:
     num_tokens: int
     num_clipped: int
     entropy_sum: float
+    computed_positions: int = 0  # rows x length of every real micro-batch pass
+    real_positions: int = 0  # of those, prompt and output tokens
 
 
 class PolicyTrainer:
@@ -256,9 +261,10 @@ class PolicyTrainer:
 
         self.num_train_steps += 1
         self.version += 1
-        loss_sum, num_tokens_seen, num_clipped, entropy_sum = all_reduce_sum(
+        loss_sum, num_tokens_seen, num_clipped, entropy_sum, computed, real = all_reduce_sum(
             [sum(r.loss for r in results), sum(r.num_tokens for r in results), sum(r.num_clipped for r in results),
-             sum(r.entropy_sum for r in results)], self.ranks, self.device)
+             sum(r.entropy_sum for r in results), sum(r.computed_positions for r in results),
+             sum(r.real_positions for r in results)], self.ranks, self.device)
         stats = TrainStats(
             loss=loss_sum / len(results),
             grad_norm=sum(grad_norms) / len(grad_norms),
@@ -280,6 +286,7 @@ class PolicyTrainer:
             mismatch_kl_stale=stale.diagnostics().mismatch_kl,
             num_tokens_fresh=fresh.num_valid,
             num_tokens_stale=stale.num_valid,
+            padding_fraction=1.0 - real / computed if computed else 0.0,
         )
         return self.version, stats
 
@@ -359,6 +366,8 @@ class PolicyTrainer:
             result.num_tokens += int(micro.output_mask.sum())
             result.num_clipped += int(token_loss.clipped.sum())
             result.entropy_sum += float(entropy.detach()[micro.output_mask].sum())
+            result.computed_positions += micro.input_ids.numel()
+            result.real_positions += int(micro.attention_mask.sum())
         return result
 
     def _optimizer_step(self) -> float:
