@@ -217,9 +217,9 @@ def test_weight_checksums_see_a_change_of_one_value_or_of_order(gpu_check: Modul
 
 
 def test_documented_gpu_command_keeps_its_results(gpu_check: ModuleType) -> None:
-    """The command the README and the module give writes into "$OUT" (what the device machine brings back),
+    """The command docs/gpu.md and the module give writes into "$OUT" (what the device machine brings back),
     with `proto` on the path for the torch-only everstep.cuda_ipc."""
-    readme = (REPO / "README.md").read_text()
-    for text in (readme, gpu_check.__doc__ or ""):
+    doc = (REPO / "docs" / "gpu.md").read_text()
+    for text in (doc, gpu_check.__doc__ or ""):
         assert "PYTHONPATH=proto:services/rollout:services/trainer python -m benchmarks.gpu_check --device cuda" in text
         assert '--out "$OUT"' in text and "--out OUT" not in text
