@@ -12,9 +12,10 @@ The runner drives the job's steps and owns its workers; the parts are their own 
   many restarts are left.
 
 With `scheduler.overlap` N >= 1, a step's train step, weight push and commit run on the runner's
-trainer thread while the next iteration's rollout phase runs here; at most N steps are in flight
-(`_train_iteration`). Steps commit in order, each from the `IterationEnd` taken when its iteration
-ended, so a resumed job continues from the last committed step as with N = 0.
+trainer thread (`steps_in_flight.StepsInFlight`) while the next iteration's rollout phase runs here;
+at most N steps are in flight (`_train_iteration`). Steps commit in order, each from the
+`IterationEnd` taken when its iteration ended, so a resumed job continues from the last committed
+step as with N = 0.
 """
 
 from __future__ import annotations
@@ -22,8 +23,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -50,6 +49,7 @@ from everstep_controller.scoring import ScorerPool, ScoringDepth
 from everstep_controller.spec import JobSpec
 from everstep_controller.step_commit import StepCommit, TrainedStep
 from everstep_controller.step_record import StepTimes
+from everstep_controller.steps_in_flight import StepsInFlight
 from everstep_controller.training_batch import build_batch
 from everstep_controller.unscorable_rows import UnscorableRows
 
@@ -57,10 +57,6 @@ __all__ = ["JobCancelled", "JobRunner", "RunOutcome", "RunnerInterrupted", "Runn
            "sample_seed", "scheduler_config"]
 
 log = logging.getLogger(__name__)
-
-
-class _Skipped(Exception):
-    """A step in flight behind one that failed: not trained; the job continues from its last commit."""
 
 
 @dataclass
@@ -89,9 +85,7 @@ class JobRunner:
         self.commit = StepCommit(job_id, owner, progress)
         self.state: RunState | None = None  # set once the workers are attached
         self.next_step = 0  # the last step whose rollout phase ran (committed or in flight)
-        self._trainer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"train-{job_id}")
-        self._in_flight: deque[Future[None]] = deque()  # trained steps not yet joined, oldest first
-        self._failed_in_flight = threading.Event()  # a step in flight failed: those behind it are skipped
+        self.in_flight = StepsInFlight(job_id)  # with scheduler.overlap: steps training while the next decodes
         self.train_rows: list[PromptRow] = []
         self.rows_by_index: dict[int, PromptRow] = {}
         self.eval_rows: list[PromptRow] = []
@@ -122,7 +116,7 @@ class JobRunner:
             self.store.update(self.job_id, fence=self.owner, state=JobState.SUCCEEDED)
             return RunOutcome(True)
         except JobCancelled:
-            self._settle_in_flight()
+            self.in_flight.settle()
             self.store.update(self.job_id, fence=self.owner, state=JobState.CANCELLED)
             return RunOutcome(True, "cancelled")
         except LostOwnership as e:
@@ -137,7 +131,7 @@ class JobRunner:
                 log.info("job %s interrupted at step %d by the controller's shutdown", self.job_id, self.step)
                 return RunOutcome(False, "interrupted")
             log.exception("job %s failed", self.job_id)  # the job fails with its cause; the controller goes on
-            self._settle_in_flight()
+            self.in_flight.settle()
             try:
                 self.store.update(self.job_id, fence=self.owner, state=JobState.FAILED,
                                   error=f"{type(e).__name__}: {e}")
@@ -145,8 +139,7 @@ class JobRunner:
                 return RunOutcome(False, "lost ownership")
             return RunOutcome(True, "failed")
         finally:
-            self._settle_in_flight()
-            self._trainer_thread.shutdown(wait=True)
+            self.in_flight.shutdown()
             log.info("job %s: runner ended after %.1fs at step %d", self.job_id, time.monotonic() - started,
                      self.step)
             self._stop_scorers()
@@ -168,10 +161,10 @@ class JobRunner:
 
     def _step_or_finish(self) -> bool:
         """One step, or the end of the job (True)."""
-        if not self._in_flight:  # a step in flight has nothing due after it (`_must_wait`)
+        if not self.in_flight:  # a step in flight has nothing due after it (`_must_wait`)
             self._after_step()
         if self.next_step >= self.spec.steps or self._enough_samples():
-            self._join_in_flight()
+            self.in_flight.join()
             self._evaluate_once(self.state.step)
             if self.state.last_checkpoint_step != self.state.step:
                 self._checkpoint()
@@ -230,7 +223,7 @@ class JobRunner:
     def _recover(self, error: ServiceUnavailable) -> None:
         """After a failed call: a pause, then the failed worker, and any that died, started anew, and the
         job continued from where its state allows (`job_recovery`)."""
-        self._settle_in_flight()
+        self.in_flight.settle()
         self.recovery.failed(error)
         if error.service is Service.REWARD:  # the shared pool: nothing to restart, the call is retried
             return
@@ -269,7 +262,7 @@ class JobRunner:
         """Between steps: cancel, or pause until resumed (once the steps in flight are committed)."""
         action = self.store.requested(self.job_id)
         if action in (Action.cancel, Action.pause):
-            self._join_in_flight()
+            self.in_flight.join()
         if action == Action.cancel:
             raise JobCancelled
         if action == Action.pause:
@@ -295,11 +288,11 @@ class JobRunner:
         self.next_step = step
         train = partial(self._train_and_commit, step, end, rollout, self.scorers, t0, time.monotonic() - t0)
         if self._must_wait(step):
-            self._join_in_flight()
+            self.in_flight.join()
             train()
             return
-        self._in_flight.append(self._trainer_thread.submit(self._in_order, train))
-        self._join_in_flight(keep=self.spec.scheduler.overlap)
+        self.in_flight.submit(train)
+        self.in_flight.join(keep=self.spec.scheduler.overlap)
 
     def _must_wait(self, step: int) -> bool:
         """True when step `step` trains before the next rollout phase: no overlap, the last step, one with an
@@ -307,40 +300,6 @@ class JobRunner:
         spec, e, c = self.spec, self.spec.evaluation, self.spec.checkpoint
         return (not spec.scheduler.overlap or step >= spec.steps or bool(spec.max_trained_samples)
                 or bool(e.every and step % e.every == 0) or bool(c.interval and step % c.interval == 0))
-
-    def _in_order(self, train: partial[None]) -> None:
-        """A step in flight, on the trainer thread; skipped when one before it failed."""
-        if self._failed_in_flight.is_set():
-            raise _Skipped
-        try:
-            train()
-        except BaseException:
-            self._failed_in_flight.set()
-            raise
-
-    def _join_in_flight(self, keep: int = 0) -> None:
-        """Waits for the oldest steps in flight until at most `keep` are left; when one failed, waits for
-        all of them and raises its error."""
-        while len(self._in_flight) > keep:
-            try:
-                self._in_flight[0].result()
-            except BaseException:
-                self._settle_in_flight()
-                raise
-            self._in_flight.popleft()
-
-    def _settle_in_flight(self) -> None:
-        """Waits for every step in flight, whatever it ends with (a failure is logged: the caller already
-        handles one, or is about to go back to the last committed step)."""
-        while self._in_flight:
-            future = self._in_flight.popleft()
-            try:
-                future.result()
-            except _Skipped:
-                pass
-            except BaseException as e:  # noqa: BLE001 - superseded by the caller's own handling
-                log.warning("job %s: a step in flight failed: %s: %s", self.job_id, type(e).__name__, e)
-        self._failed_in_flight.clear()
 
     def _train_and_commit(self, step: int, end: IterationEnd, rollout: RolloutResult, scorers: ScorerPool,
                           started: float, rollout_seconds: float) -> None:
