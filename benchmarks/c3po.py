@@ -26,7 +26,10 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from benchmarks.c3po_sim import CostModel
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -75,8 +78,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _cost_model(args: argparse.Namespace, cost_model: type) -> Any:
+def _cost_model(args: argparse.Namespace) -> CostModel:
     """The simulation's CostModel: from --cost-model's measured file, or from the --step-*/--train-* flags."""
+    from benchmarks.c3po_sim import CostModel as cost_model
+
     flags = {"base_seconds": args.step_base_seconds, "per_sequence_seconds": args.step_per_sequence_seconds,
              "per_kv_token_seconds": args.step_per_kv_token_seconds,
              "train_per_token_seconds": args.train_per_token_seconds}
@@ -96,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
     if args.simulate:
-        from benchmarks.c3po_sim import CostModel, SimConfig, run_simulation
+        from benchmarks.c3po_sim import SimConfig, run_simulation
 
         group_size, prompts = args.group_size or 16, args.prompts_per_iteration or 256
         config = SimConfig(
@@ -104,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
             trained_samples=args.trained_samples or 10 * group_size * prompts, token_budget=args.token_budget,
             retention=args.retention, prompt_tokens=args.prompt_tokens, median_tokens=args.median_tokens,
             length_sigma=args.length_sigma, max_tokens=args.max_tokens, seed=args.seed,
-            cost=_cost_model(args, CostModel),
+            cost=_cost_model(args),
         )
         result = run_simulation(config)
     else:

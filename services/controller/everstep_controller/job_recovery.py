@@ -28,7 +28,7 @@ from everstep_controller.clients import ServiceUnavailable
 from everstep_controller.dataset import PromptRow
 from everstep_controller.job_store import JobStore, ResumeEvent
 from everstep_controller.job_workers import JobWorkers
-from everstep_controller.progress_store import ProgressStore
+from everstep_controller.progress_store import JobProgress, ProgressStore
 from everstep_controller.run_state import RunState
 from everstep_controller.runner_errors import RunnerInterrupted, WorkersFailed
 from everstep_controller.runner_settings import RunnerSettings
@@ -78,8 +78,7 @@ class Recovery:
                 and self.progress_store.training_marker(self.job_id) is None)
         if live:
             workers.sync_rollout(progress.version)
-            state = RunState.restored(self.job_id, self.spec, progress, self.progress_store.carried(self.job_id),
-                                      rows_by_index)
+            state = self._restored(progress, rows_by_index)
             self.progress_store.prepare_resume(self.job_id, self.owner,
                                                keep_scored=state.scheduler.finished_open_samples())
             self._record_resume(progress.step, "live-workers", reason)
@@ -88,8 +87,7 @@ class Recovery:
         if checkpoint is not None and checkpoint.checkpoint_path and Path(checkpoint.checkpoint_path).is_dir():
             restored = self.progress_store.restore_checkpoint(self.job_id, self.owner)
             workers.resume_checkpoint(checkpoint.checkpoint_path, version=restored.version, step=restored.step)
-            state = RunState.restored(self.job_id, self.spec, restored, self.progress_store.carried(self.job_id),
-                                      rows_by_index)
+            state = self._restored(restored, rows_by_index)
             self._record_resume(restored.step, "checkpoint", reason)
             return state
         self.progress_store.reset(self.job_id, self.owner)
@@ -97,6 +95,11 @@ class Recovery:
         if reason:
             self._record_resume(0, "start-over", reason)
         return RunState.fresh(self.spec, len(rows_by_index))
+
+    def _restored(self, progress: JobProgress, rows_by_index: dict[int, PromptRow]) -> RunState:
+        """The runner's state at `progress`, with the carried partials stored beside it."""
+        return RunState.restored(self.job_id, self.spec, progress, self.progress_store.carried(self.job_id),
+                                 rows_by_index)
 
     def _record_resume(self, from_step: int, source: str, reason: str) -> None:
         record = self.store.get(self.job_id)

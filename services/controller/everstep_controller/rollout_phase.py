@@ -23,6 +23,7 @@ from everstep_controller.run_state import RunState, SampleInFlight
 from everstep_controller.scheduler import GroupToStart, Mode
 from everstep_controller.scoring import ScorerPool
 from everstep_controller.spec import JobSpec
+from everstep_controller.training_batch import has_signal
 
 __all__ = ["RolloutPhase", "RolloutResult", "sample_seed"]
 
@@ -110,12 +111,7 @@ class RolloutPhase:
         members = [s for g in groups for s in g.sample_ids]
         self.scorers.wait_scored(members, self.scoring_timeout_seconds)
         scored = self.scorers.scored(members)
-        count = 0
-        for group in groups:
-            results = [scored[s] for s in group.sample_ids]
-            rewards = {r.reward for r in results}
-            count += not any(r.error_class is not None for r in results) and len(rewards) > 1
-        return count
+        return sum(has_signal([scored[s] for s in group.sample_ids]) for group in groups)
 
     def _start_groups(self, stream: GenerateStream, sampling: common_pb2.SamplingParams) -> dict[str, int]:
         """Starts the groups the scheduler has room for; their sample ids, with no tokens yet."""

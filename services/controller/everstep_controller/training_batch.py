@@ -28,6 +28,11 @@ def trainer_config(spec: JobSpec, start_step: int = 0) -> trainer_pb2.TrainerCon
     )
 
 
+def has_signal(members: list[ScoredSample]) -> bool:
+    """A group GRPO learns from: every member has its reward, and the rewards are not all equal."""
+    return all(m.error_class is None for m in members) and len({m.reward for m in members}) > 1
+
+
 class GroupMembers(Protocol):
     """Who survived in each group: the scheduler, or an iteration's `run_state.IterationEnd`."""
 
@@ -66,7 +71,7 @@ def build_batch(group_ids: list[str], scheduler: GroupMembers, scored: dict[str,
             batch.unscorable[group_id] = bad_rows
             continue
         rewards = [m.reward for m in members]
-        if drop_zero_signal and max(rewards) == min(rewards):
+        if drop_zero_signal and not has_signal(members):
             batch.num_zero_signal += 1
             continue
         for member, advantage in zip(members, grpo_advantages(rewards, normalize_std=normalize_std), strict=True):
