@@ -108,3 +108,12 @@ def test_micro_batches_fit_the_token_budget_longest_first() -> None:
     assert sorted(i for g in groups for i in g) == list(range(5))
     for group in groups[1:]:
         assert len(group) * max(lengths[i] for i in group) <= 18
+
+
+@pytest.mark.parametrize("packing", [True, False])
+def test_packing_reaches_the_trainer_as_written(packing: bool) -> None:
+    spec = JobSpec(model_path="/m", dataset={"train_path": "/d.jsonl"}, trainer={"packing": packing})
+    message = trainer_config(spec)
+    assert message.HasField("packing")
+    assert config_from_proto(trainer_pb2.TrainerConfig.FromString(message.SerializeToString())).packing is packing
+    assert config_from_proto(trainer_pb2.TrainerConfig()).packing is False

@@ -23,6 +23,8 @@ TOLERANCE = 1e-5
     # Two epochs, a KL reference (sharded too) and an entropy bonus, with the paper's aggregation.
     ("seq-mean-token-mean", {"ppo_epochs": 2, "kl_coef": 0.05, "entropy_coef": 0.01}),
     ("token-mean", {"correction": "tis"}),
+    # Packed micro-batches: each rank packs its own rows; the padding passes are packed too.
+    ("seq-mean-token-mean", {"packing": True}),
 ])
 def test_two_ranks_give_the_one_rank_losses_and_weights(tiny_model_dir: Path, tmp_path: Path, aggregation: str,
                                                         extra: dict) -> None:

@@ -266,6 +266,14 @@ class TrainerSpec(_Section):
     max_grad_norm: float = Field(default=1.0, gt=0, description="Gradient clipping norm.")
     warmup_steps: int = Field(default=0, ge=0, description="Linear learning-rate warmup steps.")
     micro_batch_tokens: int = Field(default=16384, ge=1, description="Tokens per micro-batch (accumulated).")
+    packing: bool = Field(
+        default=False,
+        description="Pack each micro-batch's sequences back to back in rows of its longest sequence's width (positions "
+                    "restart per sequence, attention stays within it) instead of right-padding each to the longest: "
+                    "the same loss and gradients up to floating-point order, fewer padding positions computed (see "
+                    "the trainer's padding_fraction). The trainer refuses it for a model whose attention does not "
+                    "keep packed sequences apart.",
+    )
     ppo_epochs: int = Field(default=1, ge=1, description="Passes over each batch.")
     num_minibatches: int = Field(default=1, ge=1, description="Optimizer steps per epoch.")
     kl_coef: float = Field(default=0.0, ge=0, description="k3 KL penalty to the initial policy (0: off).")

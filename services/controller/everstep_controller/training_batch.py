@@ -22,7 +22,7 @@ def trainer_config(spec: JobSpec, start_step: int = 0) -> trainer_pb2.TrainerCon
         beta=loss.beta, tis_cap=loss.tis_cap, clip_low=loss.clip_low, clip_high=loss.clip_high,
         aggregation=trainer_pb2.Aggregation.Value(f"AGGREGATION_{loss.aggregation.name.upper()}"),
         temperature=spec.sampling.temperature,
-        micro_batch_tokens=opt.micro_batch_tokens, ppo_epochs=opt.ppo_epochs,
+        micro_batch_tokens=opt.micro_batch_tokens, packing=opt.packing, ppo_epochs=opt.ppo_epochs,
         num_minibatches=opt.num_minibatches, kl_coef=opt.kl_coef, entropy_coef=opt.entropy_coef,
         seed=spec.seed, dtype="float32", total_steps=max(0, spec.steps - start_step),
     )

@@ -48,6 +48,10 @@ class TrainerConfig:
     """Logits are divided by it before log-softmax, as in the rollout engine."""
     micro_batch_tokens: int = 16384
     """Token budget (padded samples x length) of one forward/backward micro-batch."""
+    packing: bool = False
+    """Pack each micro-batch's sequences back to back in rows of its longest sequence's width (positions restart
+    per sequence, attention kept within it: `everstep_trainer.batching`) instead of right-padding every sequence
+    to the longest; same loss and gradients up to floating-point order, fewer padding positions computed."""
     ppo_epochs: int = 1
     """Passes over each batch per train step."""
     num_minibatches: int = 1

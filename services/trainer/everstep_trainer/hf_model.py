@@ -15,11 +15,13 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from everstep_trainer.batching import PackedRows
 from everstep_trainer.losses import entropy_from_logits
 
 __all__ = [
     "TOKENIZER_FILE_PATTERNS",
     "autocast_context",
+    "check_packing_supported",
     "compute_token_logprobs",
     "compute_token_logprobs_and_entropy",
     "load_causal_lm",
@@ -55,49 +57,89 @@ def autocast_context(device: torch.device, dtype: str) -> contextlib.AbstractCon
     return contextlib.nullcontext()
 
 
-def _shifted_logits(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor,
-                    temperature: float) -> Tensor:
-    """[B, L-1, V] float32 logits / temperature; row t predicts input_ids[:, t + 1]."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-    return logits[:, :-1].float() / temperature
+def _token_logp_and_logits(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, temperature: float,
+                           packed: PackedRows | None) -> tuple[Tensor, Tensor]:
+    """(log-prob [R, W-1] of each token 1..W-1 given the tokens before it, the [R, W-1, V] float32 logits /
+    temperature that predicted it), in the layout the model ran: the padded [B, L] batch, or `packed`'s rows."""
+    if packed is None:
+        ids = input_ids
+        logits = model(input_ids=ids, attention_mask=attention_mask, use_cache=False).logits
+    else:  # no attention mask: the model derives a block-diagonal causal mask from the position ids
+        ids = packed.input_ids
+        logits = model(input_ids=ids, position_ids=packed.position_ids, use_cache=False).logits
+    logits = logits[:, :-1].float() / temperature
+    # gather - logsumexp avoids materialising a second [B, L, V] tensor of log-probs.
+    token_logp = logits.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    return token_logp, logits
 
 
-def _place(values: Tensor, output_mask: Tensor) -> Tensor:
-    """[B, L-1] values for tokens 1..L-1 -> [B, L] at the tokens' positions, 0 outside output_mask."""
+def _place(values: Tensor, attention_mask: Tensor, output_mask: Tensor, packed: PackedRows | None) -> Tensor:
+    """Values of tokens 1..W-1 of the layout the model ran -> [B, L] at the tokens' padded positions, 0
+    outside output_mask. (In a packed row, a sequence's first token gets its predecessor's value; it is a
+    prompt token, never in output_mask.)"""
     placed = torch.nn.functional.pad(values, (1, 0))
+    if packed is not None:
+        placed = packed.unpack(placed, attention_mask)
     return torch.where(output_mask, placed, torch.zeros((), dtype=placed.dtype, device=placed.device))
 
 
 def compute_token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor,
-                           output_mask: Tensor, temperature: float = 1.0) -> Tensor:
+                           output_mask: Tensor, temperature: float = 1.0, *,
+                           packed: PackedRows | None = None) -> Tensor:
     """log softmax(logits / temperature) of each scored token.
 
     input_ids, attention_mask, output_mask: [B, L] (right padded; output_mask bool, False at
-    position 0). Returns [B, L] float32, 0 outside output_mask; differentiable unless called under
-    torch.no_grad().
+    position 0). `packed`: run the model on these rows packed (`batching.PackedRows`) instead of padded;
+    the result is the same up to floating-point order. Returns [B, L] float32, 0 outside output_mask;
+    differentiable unless called under torch.no_grad().
     """
-    logits = _shifted_logits(model, input_ids, attention_mask, temperature)
-    targets = input_ids[:, 1:].unsqueeze(-1)
-    # gather - logsumexp avoids materialising a second [B, L, V] tensor of log-probs.
-    token_logp = logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-    return _place(token_logp, output_mask)
+    token_logp, _ = _token_logp_and_logits(model, input_ids, attention_mask, temperature, packed)
+    return _place(token_logp, attention_mask, output_mask, packed)
 
 
 def compute_token_logprobs_and_entropy(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor,
                                        output_mask: Tensor, temperature: float = 1.0, *,
-                                       differentiable_entropy: bool = True) -> tuple[Tensor, Tensor]:
+                                       differentiable_entropy: bool = True,
+                                       packed: PackedRows | None = None) -> tuple[Tensor, Tensor]:
     """As `compute_token_logprobs`, plus the entropy [B, L] of the distribution each scored token
     was drawn from (same temperature), 0 outside output_mask. With differentiable_entropy=False
     the entropy is a detached diagnostic and keeps no graph."""
-    logits = _shifted_logits(model, input_ids, attention_mask, temperature)
-    targets = input_ids[:, 1:].unsqueeze(-1)
-    token_logp = logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    token_logp, logits = _token_logp_and_logits(model, input_ids, attention_mask, temperature, packed)
     if differentiable_entropy:
         entropy = entropy_from_logits(logits)
     else:
         with torch.no_grad():
             entropy = entropy_from_logits(logits.detach())
-    return _place(token_logp, output_mask), _place(entropy, output_mask)
+    return (_place(token_logp, attention_mask, output_mask, packed),
+            _place(entropy, attention_mask, output_mask, packed))
+
+
+@torch.no_grad()
+def check_packing_supported(model: torch.nn.Module, *, pad_token_id: int, device: torch.device) -> None:
+    """ValueError naming `packing` unless `model` scores two sequences packed in one row as it scores them
+    padded: an architecture that ignores position ids in its attention mask would let them attend to each
+    other, silently."""
+    vocab = int(model.get_input_embeddings().num_embeddings)
+    sequences = [[(7 * i + 3) % vocab for i in range(5)], [(11 * i + 5) % vocab for i in range(3)]]
+    input_ids = torch.full((2, 5), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((2, 5), dtype=torch.long)
+    for row, ids in enumerate(sequences):
+        input_ids[row, :len(ids)] = torch.tensor(ids)
+        attention_mask[row, :len(ids)] = 1
+    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+    output_mask = attention_mask.bool()
+    output_mask[:, 0] = False
+    # Width 8 holds both: a row of 5 + 3 tokens, a second sequence that starts right after the first.
+    wide_ids = torch.nn.functional.pad(input_ids, (0, 3), value=pad_token_id)
+    wide_mask = torch.nn.functional.pad(attention_mask, (0, 3))
+    wide_output = torch.nn.functional.pad(output_mask, (0, 3))
+    packed = PackedRows.build(wide_ids, wide_mask, [[0, 1]], width=8, pad_token_id=pad_token_id)
+    padded = compute_token_logprobs(model, wide_ids, wide_mask, wide_output)
+    packed_logp = compute_token_logprobs(model, wide_ids, wide_mask, wide_output, packed=packed)
+    difference = float((padded - packed_logp).abs().max())
+    if not difference <= 1e-3:
+        raise ValueError(f"packing: {type(model).__name__} does not keep packed sequences apart (log-probs differ "
+                         f"by {difference:.3g} from the padded batch's); set trainer packing off for this model")
 
 
 def _tokenizer_files(tokenizer_dir: Path) -> Iterator[Path]:

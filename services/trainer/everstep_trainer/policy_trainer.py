@@ -25,7 +25,15 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from everstep_trainer.batching import PaddedBatch, TrainSample, pad_samples, split_micro_batches, validate_samples
+from everstep_trainer.batching import (
+    PackedRows,
+    PaddedBatch,
+    TrainSample,
+    pack_micro_batches,
+    pad_samples,
+    split_micro_batches,
+    validate_samples,
+)
 from everstep_trainer.checkpoint import (
     CheckpointMeta,
     RngStates,
@@ -48,6 +56,7 @@ from everstep_trainer.distributed import (
 )
 from everstep_trainer.hf_model import (
     autocast_context,
+    check_packing_supported,
     compute_token_logprobs,
     compute_token_logprobs_and_entropy,
     load_causal_lm,
@@ -108,13 +117,31 @@ class TrainStats:
     every epoch), the fraction that were padding."""
 
 
+@dataclass(frozen=True)
+class _MicroBatch:
+    """One forward/backward pass: batch rows `rows`; `packing`: positions in `rows` of each packed row
+    of `width` tokens (None: right-padded); `real` False: a pass that only keeps the ranks' collectives in step."""
+
+    rows: list[int]
+    real: bool = True
+    packing: list[list[int]] | None = None
+    width: int = 0
+
+    def select(self, batch: PaddedBatch, pad_token_id: int) -> tuple[PaddedBatch, PackedRows | None]:
+        micro = batch.select(self.rows)
+        if self.packing is None:
+            return micro, None
+        return micro, PackedRows.build(micro.input_ids, micro.attention_mask, self.packing, width=self.width,
+                                       pad_token_id=pad_token_id)
+
+
 @dataclass
 class _MinibatchResult:
     loss: float
     num_tokens: int
     num_clipped: int
     entropy_sum: float
-    computed_positions: int = 0  # rows x length of every real micro-batch pass
+    computed_positions: int = 0  # rows x length of every real micro-batch pass (packed rows when packing)
     real_positions: int = 0  # of those, prompt and output tokens
 
 
@@ -158,6 +185,8 @@ class PolicyTrainer:
         self._shuffle = torch.Generator().manual_seed(config.seed)
         pad = getattr(self.model.config, "pad_token_id", None)
         self.pad_token_id = pad if isinstance(pad, int) else 0
+        if config.packing:
+            check_packing_supported(self.model, pad_token_id=self.pad_token_id, device=self.device)
 
     # -- weights and checkpoints ------------------------------------------------------------------------
 
@@ -301,16 +330,29 @@ class PolicyTrainer:
         order = torch.randperm(batch_size, generator=self._shuffle)
         return [chunk.tolist() for chunk in torch.tensor_split(order, self.config.num_minibatches)]
 
-    def _micro_batches(self, batch: PaddedBatch, indices: Sequence[int]) -> list[tuple[list[int], bool]]:
-        """(rows, real) micro-batches of `indices`; with several ranks, padded with (rows, False)
-        passes up to the largest count of any rank, so every rank runs as many collectives."""
+    def _micro_batches(self, batch: PaddedBatch, indices: Sequence[int]) -> list[_MicroBatch]:
+        """The micro-batches of `indices` (packed or padded, see `TrainerConfig.packing`); with several ranks,
+        padded with passes that are not real up to the largest count of any rank, so every rank runs as
+        many collectives."""
         lengths = batch.attention_mask.sum(dim=1).tolist()
-        groups = split_micro_batches([lengths[i] for i in indices], self.config.micro_batch_tokens)
-        micro = [([indices[j] for j in group], True) for group in groups]
+        own = [lengths[i] for i in indices]
+        if self.config.packing:
+            micro = []
+            for packed_rows in pack_micro_batches(own, self.config.micro_batch_tokens):
+                rows = [indices[j] for row in packed_rows for j in row]
+                position = {row: k for k, row in enumerate(rows)}
+                width = max(sum(own[j] for j in row) for row in packed_rows)  # as wide as its fullest row
+                micro.append(_MicroBatch(rows, packing=[[position[indices[j]] for j in row] for row in packed_rows],
+                                         width=width))
+        else:
+            micro = [_MicroBatch([indices[j] for j in group])
+                     for group in split_micro_batches(own, self.config.micro_batch_tokens)]
         if self.ranks.is_distributed:
             (most,) = all_reduce_max([len(micro)], self.ranks, self.device)
             # Row 0 exists on every rank (a batch gives each rank >= 1 sample); its pass is weighted 0.
-            micro += [([0], False)] * (int(most) - len(micro))
+            idle = (_MicroBatch([0], real=False, packing=[[0]], width=lengths[0]) if self.config.packing
+                    else _MicroBatch([0], real=False))
+            micro += [idle] * (int(most) - len(micro))
         return micro
 
     def _reduce_mismatch(self, sums: MismatchSums) -> MismatchSums:
@@ -326,13 +368,13 @@ class PolicyTrainer:
     def _score(self, model: torch.nn.Module, batch: PaddedBatch) -> Tensor:
         """[B, L] log-probs of the output tokens under `model`, without gradient."""
         logp = torch.zeros_like(batch.rollout_logp)
-        for group, real in self._micro_batches(batch, list(range(len(batch)))):
-            micro = batch.select(group)
+        for pass_ in self._micro_batches(batch, list(range(len(batch)))):
+            micro, packed = pass_.select(batch, self.pad_token_id)
             with autocast_context(self.device, self.config.dtype):
                 micro_logp = compute_token_logprobs(model, micro.input_ids, micro.attention_mask,
-                                                    micro.output_mask, self.config.temperature)
-            if real:
-                rows = torch.as_tensor(group, device=self.device)
+                                                    micro.output_mask, self.config.temperature, packed=packed)
+            if pass_.real:
+                rows = torch.as_tensor(pass_.rows, device=self.device)
                 logp[rows, : micro_logp.shape[1]] = micro_logp.float()
         return logp
 
@@ -340,13 +382,13 @@ class PolicyTrainer:
                               reference_logp: Tensor | None) -> _MinibatchResult:
         cfg = self.config
         result = _MinibatchResult(loss=0.0, num_tokens=0, num_clipped=0, entropy_sum=0.0)
-        for group, real in self._micro_batches(batch, indices):
-            micro = batch.select(group)
-            rows, length = torch.as_tensor(group, device=self.device), micro.input_ids.shape[1]
+        for pass_ in self._micro_batches(batch, indices):
+            micro, packed = pass_.select(batch, self.pad_token_id)
+            rows, length = torch.as_tensor(pass_.rows, device=self.device), micro.input_ids.shape[1]
             with autocast_context(self.device, cfg.dtype):
                 logp, entropy = compute_token_logprobs_and_entropy(
                     self.model, micro.input_ids, micro.attention_mask, micro.output_mask, cfg.temperature,
-                    differentiable_entropy=cfg.entropy_coef > 0)
+                    differentiable_entropy=cfg.entropy_coef > 0, packed=packed)
             token_loss = token_policy_loss(
                 logp, old_logp[rows, :length], micro.rollout_logp, micro.advantages, micro.output_mask,
                 correction=cfg.correction, alpha=cfg.alpha, beta=cfg.beta, tis_cap=cfg.tis_cap,
@@ -358,7 +400,7 @@ class PolicyTrainer:
             if cfg.entropy_coef > 0:
                 per_token = per_token - cfg.entropy_coef * entropy
             loss = aggregate_token_loss(per_token, micro.output_mask, cfg.aggregation, normalizer=normalizer)
-            if not real:
+            if not pass_.real:
                 (loss * 0.0).backward()  # a collective pass that contributes nothing
                 continue
             loss.backward()
@@ -366,7 +408,7 @@ class PolicyTrainer:
             result.num_tokens += int(micro.output_mask.sum())
             result.num_clipped += int(token_loss.clipped.sum())
             result.entropy_sum += float(entropy.detach()[micro.output_mask].sum())
-            result.computed_positions += micro.input_ids.numel()
+            result.computed_positions += (packed or micro).input_ids.numel()
             result.real_positions += int(micro.attention_mask.sum())
         return result
 
