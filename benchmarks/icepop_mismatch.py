@@ -9,7 +9,7 @@ pi_infer and pi_train disagree. Four arms, identical but for the engine and the 
   int8-tis      quantized engine, truncated importance sampling, cap --tis-cap (2)
   int8-icepop   quantized engine, IcePop masking outside [--alpha, --beta] ([0.5, 5])
 
-(`--quantization int8-tensor` or `fp8` renames the three quantized arms.) Each arm runs once per seed
+(`--quantization int8-tensor`, `fp8` or `int4` renames the three quantized arms.) Each arm runs once per seed
 (`--seeds`, default 3): seed s fixes the prompt order, the engine's sampling seed and the trainer's seed, the
 same in every arm. A step samples G completions for P prompts of the demo task's train.jsonl with the
 in-process rollout `Engine`, scores them (exact match of the boxed answer), computes GRPO advantages, runs
@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 DEFAULT_MODEL = Path("examples/demo-model")
-QUANTIZATIONS = ("int8", "int8-tensor", "fp8")
+QUANTIZATIONS = ("int8", "int8-tensor", "fp8", "int4")
 EVAL_SAMPLES = 4
 
 log = logging.getLogger("benchmarks.icepop_mismatch")

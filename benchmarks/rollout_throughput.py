@@ -28,7 +28,7 @@ the settings and the load average before and after. It also reports tokens per C
 (ours_tokens_per_cpu_s, hf_tokens_per_cpu_s, cpu_ratio): on a shared machine those vary far less with
 other processes' load than wall-clock figures do.
 
-`--quantization none,int8` (any of none, int8, int8-tensor, fp8, comma-separated) runs our engine once per
+`--quantization none,int8` (any of none, int8, int8-tensor, fp8, int4, comma-separated) runs our engine once per
 setting in every repeat (hf, ours-none, ours-int8, hf, ...), each engine built once; the report's
 `quantization` object gives, per setting, the median tokens/s and tokens per CPU second, the bytes of the
 weights on the device and of the KV cache, and the ratio of its tokens/s to the first setting's.
@@ -89,12 +89,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quantization", default="none",
                    help="our engine's weight quantization, or several comma-separated (none, int8, int8-tensor, "
-                        "fp8): each runs side by side in every repeat")
+                        "fp8, int4): each runs side by side in every repeat")
     args = p.parse_args(argv)
     args.quantization = args.quantization.split(",")
     for quantization in args.quantization:
-        if quantization not in ("none", "int8", "int8-tensor", "fp8"):
-            p.error(f"--quantization: {quantization!r} is not one of none, int8, int8-tensor, fp8")
+        if quantization not in ("none", "int8", "int8-tensor", "fp8", "int4"):
+            p.error(f"--quantization: {quantization!r} is not one of none, int8, int8-tensor, fp8, int4")
     if len(set(args.quantization)) != len(args.quantization):
         p.error("--quantization: a setting is listed twice")
     for name in ("num_prompts", "max_new_tokens", "batch_size", "max_running", "repeats"):

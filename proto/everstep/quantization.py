@@ -22,13 +22,15 @@ class Quantization(StrEnum):
     """int8 weights, one scale per weight tensor: coarser, a larger mismatch."""
     fp8 = "fp8"
     """float8 e4m3 weights, one scale per output channel."""
+    int4 = "int4"
+    """int4 weights (-7..7), one scale per output channel and group of 32 inputs: coarser still."""
 
 
 @functools.cache
 def _to_proto() -> dict[Quantization, int]:
     from everstep.v1 import rollout_pb2
 
-    # QUANTIZATION_NONE, QUANTIZATION_INT8, QUANTIZATION_INT8_TENSOR, QUANTIZATION_FP8
+    # QUANTIZATION_NONE, QUANTIZATION_INT8, QUANTIZATION_INT8_TENSOR, QUANTIZATION_FP8, QUANTIZATION_INT4
     return {q: rollout_pb2.Quantization.Value("QUANTIZATION_" + q.name.upper()) for q in Quantization}
 
 

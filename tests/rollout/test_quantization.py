@@ -31,6 +31,11 @@ def reference_fake_quant(weights: dict[str, torch.Tensor], quantization: str) ->
     for name, w in weights.items():
         if not any(f".{p}.weight" in name for p in PROJECTIONS):
             continue
+        if quantization == "int4":  # groups of 32 consecutive inputs of a row
+            groups = w.reshape(w.shape[0], -1, 32)
+            scale = groups.abs().amax(dim=2, keepdim=True) / 7.0
+            out[name] = (torch.round(groups / scale).clamp(-7, 7) * scale).reshape(w.shape)
+            continue
         amax = w.abs().max() if quantization == "int8-tensor" else w.abs().amax(dim=1, keepdim=True)
         if quantization == "fp8":
             scale = amax / 448.0
@@ -47,7 +52,7 @@ def model_dir_with(weights: dict[str, torch.Tensor], like, out):
     return out
 
 
-@pytest.mark.parametrize("quantization", ["int8", "int8-tensor", "fp8"])
+@pytest.mark.parametrize("quantization", ["int8", "int8-tensor", "fp8", "int4"])
 def test_quantized_logprobs_are_those_of_the_rounded_weights(quantization, tiny_model_dir, tmp_path):
     weights = load_file(str(tiny_model_dir / "model.safetensors"))
     full = hf_model(tiny_model_dir)
@@ -62,7 +67,7 @@ def test_quantized_logprobs_are_those_of_the_rounded_weights(quantization, tiny_
         diffs += [abs(a - b) for a, b in zip(r.output_logprobs, hf_logprobs(full, prompt, r.output_ids, 1.0),
                                              strict=True)]
     # A real mismatch against float32, but a bounded one.
-    assert 1e-4 < max(diffs) < 1.0
+    assert 1e-4 < max(diffs) < (3.0 if quantization == "int4" else 1.0)
     assert engine.weights.num_bytes < 0.5 * Engine(tiny_model_dir, EngineConfig(max_running=4)).weights.num_bytes
 
 
@@ -85,7 +90,7 @@ def test_a_weight_push_is_quantized_on_receipt(tiny_model_dir, tmp_path):
 
 def test_bad_quantization_is_refused_naming_the_field(tiny_model_dir, tiny_gpt2_dir):
     with pytest.raises(ValueError, match="quantization"):
-        EngineConfig(quantization="int4")
+        EngineConfig(quantization="int3")
     with pytest.raises(ValueError, match="quantization.*native executor"):
         Engine(tiny_gpt2_dir, EngineConfig(quantization="int8"))
     with pytest.raises(ValueError, match="quantization.*native executor"):
@@ -117,3 +122,29 @@ def test_quantized_engine_on_cuda_computes_what_the_cpu_one_does(quantization, t
     for want, got in zip(generate(cpu, temperature=0.0), generate(gpu, temperature=0.0), strict=True):
         assert got.output_ids == want.output_ids
         assert got.output_logprobs == pytest.approx(want.output_logprobs, abs=1e-3)
+
+
+@pytest.mark.parametrize("cols", [64, 45])
+def test_int4_packs_two_values_a_byte_with_a_scale_per_group_of_32_inputs(cols: int) -> None:
+    """An odd width and a last group shorter than 32 round like the others; two values are stored a byte."""
+    from everstep.quantization import Quantization
+    from everstep_rollout.quantization import QuantizedMatrix
+
+    generator = torch.Generator().manual_seed(1)
+    w = torch.randn(6, cols, generator=generator)
+    w[2] = 0.0  # an all-zero row dequantizes to exact zeros
+    matrix = QuantizedMatrix(10, cols, quantization=Quantization.int4, dtype=torch.float32, device=torch.device("cpu"))
+    matrix.set_rows(3, w)
+    assert matrix.data.dtype == torch.uint8 and matrix.data.shape == (10, (cols + 1) // 2)
+    assert matrix.scales.shape == (10, -(-cols // 32))
+    want = torch.empty_like(w)
+    for first in range(0, cols, 32):
+        group = w[:, first:first + 32]
+        scale = (group.abs().amax(dim=1, keepdim=True) / 7.0).clamp(min=1e-12)
+        want[:, first:first + 32] = torch.round(group / scale).clamp(-7, 7) * scale
+    got = matrix.dequantized()[3:9]
+    assert torch.allclose(got, want, atol=1e-6, rtol=0)
+    assert torch.equal(got[2], torch.zeros(cols))
+    assert 0 < float((got - w).abs().max()) <= float(w.abs().max()) / 14 + 1e-6  # half a step of the coarsest group
+    x = torch.randn(5, cols, generator=generator)
+    assert torch.allclose(matrix.linear(x)[:, 3:9], x @ want.t(), atol=1e-4)

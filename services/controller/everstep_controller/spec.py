@@ -220,7 +220,8 @@ class SamplingSpec(_Section):
     quantization: Quantization = Field(
         default=Quantization.none,
         description="Weight-only quantization of the engine's linear layers: 'none', 'int8' (per output channel), "
-                    "'int8-tensor' (per tensor) or 'fp8' (e4m3, per output channel); the engine quantizes at load "
+                    "'int8-tensor' (per tensor), 'fp8' (e4m3, per output channel) or 'int4' (per output channel and "
+                    "group of 32 inputs); the engine quantizes at load "
                     "and every weight push (the trainer stays full precision). Torch engine, native executor only.",
     )
 

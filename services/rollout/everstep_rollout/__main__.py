@@ -23,10 +23,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--executor", choices=["auto", "native", "transformers"], default="auto",
                    help="torch engine: native (Llama/Qwen2), transformers (any causal LM), auto: native if supported")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    p.add_argument("--quantization", choices=["none", "int8", "int8-tensor", "fp8"], default="none",
+    p.add_argument("--quantization", choices=["none", "int8", "int8-tensor", "fp8", "int4"], default="none",
                    help="weight-only quantization of the linear layers (native executor): int8 per output channel, "
-                        "int8-tensor per tensor, fp8 (e4m3) per output channel; applied at load and to every "
-                        "weight update; a job's LoadModel sets its own")
+                        "int8-tensor per tensor, fp8 (e4m3) per output channel, int4 per output channel and group "
+                        "of 32 inputs; applied at load and to every weight update; a job's LoadModel sets its own")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--max-running", type=int, default=64, help="sequences decoded together (KV cache slots)")
     p.add_argument("--max-queued", type=int, default=4096, help="sequences that may wait; more are refused")

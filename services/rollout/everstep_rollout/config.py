@@ -51,7 +51,8 @@ class EngineConfig:
     """Weights, activations and KV cache dtype (sampling is always float32)."""
     quantization: Quantization = Quantization.none
     """Weight-only quantization of the linear layers (native executor only): "int8" (per output channel),
-    "int8-tensor" (per tensor), "fp8" (e4m3, per output channel); applied at load and to every weight update."""
+    "int8-tensor" (per tensor), "fp8" (e4m3, per output channel), "int4" (per output channel and group of 32
+    inputs); applied at load and to every weight update."""
     device: str = "cpu"
     """torch device: "cpu" or "cuda" (or "cuda:N")."""
     seed: int = 0

@@ -1,12 +1,14 @@
-"""Weight-only quantization of the native executor's linear layers (int8 or float8 e4m3, with scales).
+"""Weight-only quantization of the native executor's linear layers (int8, int4 or float8 e4m3, with scales).
 
-A `QuantizedMatrix` holds one fused weight [N, K] (q/k/v, o, gate/up, down) as int8 or float8_e4m3fn
-values with one float scale per output row: w[n, k] ~= data[n, k] * scales[n]. The Hugging Face
+A `QuantizedMatrix` holds one fused weight [N, K] (q/k/v, o, gate/up, down) as int8, float8_e4m3fn or
+packed int4 values with float scales: w[n, k] ~= data[n, k] * scales[n] (int4: scales[n, k // 32]). The Hugging Face
 tensors that make up the fused matrix are row ranges of it; each is quantized on its own when it is
 copied in (at load and on every weight update), so the engine never keeps a full-precision copy.
 
 Granularity: "int8" and "fp8" take scale[n] = max_k |w[n, k]| / qmax per output row; "int8-tensor" takes
-one scale per Hugging Face tensor (max over the whole tensor), stored repeated over its rows.
+one scale per Hugging Face tensor (max over the whole tensor), stored repeated over its rows; "int4" takes
+one scale per output row and group of INT4_GROUP_SIZE (32) consecutive inputs (the usual GPTQ/AWQ-style
+g32 layout), values round(w / scale) in [-7, 7], two to a byte.
 
 Compute: int8 uses torch's weight-only int8 kernel `torch._weight_int8pack_mm` for bfloat16 activations
 of at most _INT8_KERNEL_MAX_ROWS rows (where it runs on the device), and otherwise dequantizes the weight
@@ -14,9 +16,10 @@ to the engine dtype for each matmul. Measured on CPU with torch 2.13 (1 thread):
 the kernel is 50-100x slower than dequantize-then-matmul (6.9 ms against 0.1 ms for 128x128 @ 128x384),
 for bfloat16 it wins only at a few rows (6 us against 61 us at 1 row, 303 us against 75 us at 128 rows).
 So on CPU int8 saves weight memory (4x in float32) and costs time: dequantizing every matmul is slower
-than the float matmul alone. fp8 is always dequantized per matmul (weight-only: `torch._scaled_mm` would also
-quantize the activations, a different numerics), so on every device it computes with fp8-rounded weights
-and saves memory, not time. Embeddings, lm_head and norms are not quantized (as in vLLM and sglang by
+than the float matmul alone. int4 is always dequantized per matmul (unpacked, then scaled). fp8 is always
+dequantized per matmul (weight-only: `torch._scaled_mm` would also quantize the activations, a different
+numerics), so on every device it computes with fp8-rounded weights and saves memory, not time.
+Embeddings, lm_head and norms are not quantized (as in vLLM and sglang by
 default): they are a large share of a small model, and quantizing the tied embedding would change the
 input side too.
 """
@@ -30,8 +33,10 @@ import torch.nn.functional as F
 
 from everstep.quantization import Quantization
 
-__all__ = ["QuantizedMatrix", "RowRange"]
+__all__ = ["INT4_GROUP_SIZE", "QuantizedMatrix", "RowRange"]
 
+INT4_GROUP_SIZE = 32
+_INT4_MAX = 7.0  # symmetric: -8 is left unused, so that zero is exact and the range is that of +-7
 _INT8_MAX = 127.0
 _FP8_MAX = 448.0  # largest finite float8_e4m3fn
 _MIN_SCALE = 1e-12  # an all-zero row gets this scale, so it dequantizes to exact zeros
@@ -60,11 +65,16 @@ class QuantizedMatrix:
     def __init__(self, rows: int, cols: int, *, quantization: Quantization, dtype: torch.dtype,
                  device: torch.device) -> None:
         if quantization == Quantization.none:
-            raise ValueError("quantization: a QuantizedMatrix needs int8, int8-tensor or fp8")
+            raise ValueError("quantization: a QuantizedMatrix needs int8, int8-tensor, int4 or fp8")
         self.quantization = quantization
         self.shape = (rows, cols)
         self.dtype = dtype
         storage = torch.float8_e4m3fn if quantization == Quantization.fp8 else torch.int8
+        if quantization == Quantization.int4:  # two values a byte, low nibble first; scales per group of inputs
+            self.data = torch.zeros(rows, (cols + 1) // 2, dtype=torch.uint8, device=device)
+            self.scales = torch.ones(rows, -(-cols // INT4_GROUP_SIZE), dtype=dtype, device=device)
+            self._int8_kernel = False
+            return
         self.data = torch.zeros(rows, cols, dtype=storage, device=device)
         # The int8 kernel wants scales in the activation dtype; dequantizing multiplies in it too.
         self.scales = torch.ones(rows, dtype=dtype, device=device)
@@ -78,6 +88,9 @@ class QuantizedMatrix:
     def set_rows(self, start: int, weight: torch.Tensor) -> None:
         """Quantize `weight` [n, cols] (any float dtype) into rows start..start+n-1."""
         w = weight.to(device=self.data.device, dtype=torch.float32)
+        if self.quantization == Quantization.int4:
+            self._set_int4_rows(start, w)
+            return
         if self.quantization == Quantization.int8_tensor:
             amax = w.abs().amax().expand(w.shape[0])
         else:
@@ -93,8 +106,26 @@ class QuantizedMatrix:
         self.data[start:stop] = values
         self.scales[start:stop] = scales.to(self.dtype)
 
+    def _set_int4_rows(self, start: int, w: torch.Tensor) -> None:
+        rows, cols = w.shape
+        groups = self.scales.shape[1]
+        padded = F.pad(w, (0, groups * INT4_GROUP_SIZE - cols))  # zeros change no group's max
+        grouped = padded.view(rows, groups, INT4_GROUP_SIZE)
+        scales = (grouped.abs().amax(dim=2) / _INT4_MAX).clamp(min=_MIN_SCALE)
+        values = (grouped / scales[:, :, None]).round().clamp(-_INT4_MAX, _INT4_MAX).view(rows, -1)[:, :cols]
+        nibbles = (values + 8).to(torch.uint8)
+        if cols % 2:
+            nibbles = F.pad(nibbles, (0, 1), value=8)  # a zero in the unused last nibble
+        self.data[start:start + rows] = nibbles[:, 0::2] | (nibbles[:, 1::2] << 4)
+        self.scales[start:start + rows] = scales.to(self.dtype)
+
     def dequantized(self) -> torch.Tensor:
         """The weight the engine computes with, [rows, cols] in the engine dtype."""
+        if self.quantization == Quantization.int4:
+            rows, cols = self.shape
+            nibbles = torch.stack((self.data & 0xF, self.data >> 4), dim=2).view(rows, -1)[:, :cols]
+            scales = self.scales.repeat_interleave(INT4_GROUP_SIZE, dim=1)[:, :cols]
+            return (nibbles.to(self.dtype) - 8) * scales
         return self.data.to(self.dtype) * self.scales[:, None]
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
