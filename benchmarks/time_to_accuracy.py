@@ -78,6 +78,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads-per-worker", type=int, default=1,
                    help="torch threads of each rollout engine, trainer and the TRL process")
     p.add_argument("--poll-seconds", type=float, default=0.2, help="how often an everstep job's record is read")
+    p.add_argument("--summarize", type=Path, default=None, metavar="RESULT_JSON",
+                   help="run nothing: summarize a result.json written before (with --target, if given) and print it")
     p.add_argument("--out", default="outputs/time-to-accuracy",
                    help="folder for result.json, time_to_accuracy.png and the stack's logs")
     return p.parse_args(argv)
@@ -173,7 +175,25 @@ def summarize(config: TtaConfig, runs: list[ArmRun], target: float | None) -> di
     for values in arms.values():
         mine = values["seconds_to_target"]
         values["speedup_vs_trl"] = round(trl_seconds / mine, 3) if trl_seconds and mine else None
-    return {"target_accuracy": target, "target_source": target_source, "arms": arms}
+    return {"target_accuracy": target, "target_source": target_source, "arms": arms,
+            "milestones": milestones(by_arm, reference)}
+
+
+def milestones(by_arm: dict[Arm, list[ArmRun]], reference: Arm) -> list[dict[str, Any]]:
+    """Time to every accuracy the reference arm's (first) run reached as it went: at each of its evaluations
+    after step 0 that set a new best, that accuracy, and per arm the median seconds to reach it (None: no run
+    did) and the reference's seconds over the arm's. Shows how far the arms are apart below the final target."""
+    rows, best = [], None
+    for point in by_arm[reference][0].curve[1:]:
+        if point.accuracy is None or (best is not None and point.accuracy <= best):
+            continue
+        best = point.accuracy
+        seconds = {arm.value: _median([seconds_to_target(r, best) for r in runs]) for arm, runs in by_arm.items()}
+        mine = seconds[reference.value]
+        rows.append({"accuracy": best, "reference_step": point.step, "seconds": seconds,
+                     f"speedup_vs_{reference.value}": {arm: round(mine / s, 3) if mine and s else None
+                                                       for arm, s in seconds.items()}})
+    return rows
 
 
 def plot(runs: list[ArmRun], target: float | None, k: int, path: Path) -> None:
@@ -206,8 +226,19 @@ def plot(runs: list[ArmRun], target: float | None, k: int, path: Path) -> None:
     plt.close(fig)
 
 
+def resummarize(path: Path, target: float | None) -> dict[str, Any]:
+    """The summary of a saved result.json, for another --target or a summary field added since."""
+    saved = json.loads(path.read_text())
+    config_json = dict(saved["config"])
+    config = TtaConfig(**{**config_json, "arms": tuple(Arm(a) for a in config_json["arms"])})
+    return summarize(config, [ArmRun.from_json(r) for r in saved["runs"]], target)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.summarize is not None:
+        print(json.dumps(resummarize(args.summarize, args.target)))
+        return
     config = config_from_args(args)
     os.environ["OMP_NUM_THREADS"] = str(config.threads_per_worker)
     out = Path(args.out)

@@ -68,6 +68,25 @@ def test_summary_gives_seconds_to_target_and_speedup_against_trl(tta: ModuleType
     assert c3po["seconds_per_step"] == pytest.approx(17.5)  # median of 30 s and 40 s over 2 steps
     unreachable = tta.summarize(config, runs, 0.9)["arms"]["c3po"]
     assert unreachable["seconds_to_target"] is None and unreachable["speedup_vs_trl"] is None
+    # Every new best of TRL's first run: 0.3 at step 1, 0.4 at step 2; seconds are medians over the runs.
+    first, second = summary["milestones"]
+    assert (first["accuracy"], first["reference_step"], second["accuracy"]) == (0.3, 1, 0.4)
+    assert first["seconds"] == {"trl": 85, "c3po": 15}  # trl: 50 and 120; c3po: 10 and 20
+    assert first["speedup_vs_trl"] == {"trl": 1.0, "c3po": round(85 / 15, 3)}
+    assert second["seconds"]["c3po"] == 25
+
+
+def test_a_saved_result_is_summarized_again(tta: ModuleType, tmp_path: Path) -> None:
+    config_module = importlib.import_module("benchmarks.tta_config")
+    Arm, ArmRun, CurvePoint = config_module.Arm, config_module.ArmRun, config_module.CurvePoint
+    config = config_module.TtaConfig(model="m", train_path="t", eval_path="e", arms=(Arm.trl, Arm.sync))
+    runs = [ArmRun(arm=arm, curve=[CurvePoint(seconds=0, step=0, accuracy=0.1, greedy_accuracy=0.1),
+                                   CurvePoint(seconds=s, step=1, accuracy=0.5, greedy_accuracy=0.4)],
+                   train_seconds=s, total_seconds=s + 1, eval_seconds=0.5) for arm, s in ((Arm.trl, 40), (Arm.sync, 8))]
+    saved = tmp_path / "result.json"
+    saved.write_text(json.dumps({"summary": {}, "runs": [r.to_json() for r in runs], "config": config.to_json()}))
+    again = tta.resummarize(saved, 0.3)
+    assert again["target_source"] == "--target" and again["arms"]["sync"]["speedup_vs_trl"] == 5.0
 
 
 @pytest.mark.slow
