@@ -41,6 +41,7 @@ def test_four_arms_report_a_mismatch_only_where_the_engine_is_quantized(
         for key in ("masked_fraction_mean", "mismatch_kl_first", "mismatch_kl_last"):
             assert math.isfinite(result[key]), (arm, key)
         assert set(result["final_accuracy"]) == {"mean", "std"} and 0.0 <= result["final_accuracy"]["mean"] <= 1.0
+        assert 0.0 <= result["late_accuracy"]["mean"] <= 1.0
         assert 0.0 <= result["masked_fraction_mean"] <= 1.0 and result["num_seeds"] == 2
     # The float32 engine computes what the trainer computes; the int8 engine does not, by a bounded amount.
     assert summary["fp32-none"]["mismatch_kl_first"] < 1e-9
@@ -53,6 +54,7 @@ def test_four_arms_report_a_mismatch_only_where_the_engine_is_quantized(
 
     report = json.loads((out / "icepop_mismatch.json").read_text())
     assert report["summary"] == summary and report["settings"]["steps"] == 2
+    assert benchmark.resummarize(out / "icepop_mismatch.json") == summary  # --summarize: the same figures again
     assert sorted((r["arm"], r["seed"]) for r in report["runs"]) == sorted(
         (arm, seed) for arm in summary for seed in (0, 1))
     for run in report["runs"]:
