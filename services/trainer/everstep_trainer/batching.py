@@ -195,9 +195,9 @@ class PackedRows:
         positions = torch.zeros((len(rows), width), dtype=torch.long)
         start_of = [0] * input_ids.shape[0]
         for r, row in enumerate(rows):
-            offset = 0
-            if sum(int(lengths[i]) for i in row) > width:
-                raise ValueError(f"rows[{r}]: {sum(int(lengths[i]) for i in row)} tokens do not fit the width {width}")
+            offset, total = 0, sum(int(lengths[i]) for i in row)
+            if total > width:
+                raise ValueError(f"rows[{r}]: {total} tokens do not fit the width {width}")
             for i in row:
                 n = int(lengths[i])
                 packed_ids[r, offset:offset + n] = input_ids[i, :n]
