@@ -66,8 +66,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     real.add_argument("--model", default=str(REPO / "examples" / "demo-model"),
                       help="Hugging Face model directory (default: the shipped demo model)")
     real.add_argument("--dataset", default=None, help="JSONL or Parquet rows (default: MODEL/train.jsonl)")
+    real.add_argument("--answer-field", default="answer",
+                      help="row field of the reference answer (verl's parquet: reward_model.ground_truth)")
+    real.add_argument("--verifiers", default="math:1",
+                      help="the reward: comma-separated NAME:WEIGHT (e.g. math:1,format:0.5 for a model that "
+                           "rarely answers right yet, so that groups still differ)")
     real.add_argument("--max-new-tokens", type=int, default=200)
     real.add_argument("--learning-rate", type=float, default=3e-4)
+    real.add_argument("--micro-batch-tokens", type=int, default=16384,
+                      help="trainer.micro_batch_tokens (lower it for a large vocabulary: the logits are per token)")
+    real.add_argument("--packing", action="store_true", help="trainer.packing: packed micro-batches in both runs")
     real.add_argument("--workers", choices=("fresh", "shared"), default="fresh",
                       help="fresh: own rollout and trainer processes per run; shared: one pair for both")
     real.add_argument("--threads-per-worker", type=int, default=0, help="torch threads per worker (0: default)")
@@ -97,6 +105,20 @@ def _cost_model(args: argparse.Namespace) -> CostModel:
     return cost_model(**measured["cost_model"])
 
 
+def _verifiers(text: str) -> tuple[tuple[str, float], ...]:
+    """--verifiers NAME:WEIGHT,... as (name, weight) pairs; the job spec checks the names at submission."""
+    pairs = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, weight = item.partition(":")
+        try:
+            pairs.append((name.strip(), float(weight) if sep else 1.0))
+        except ValueError:
+            raise SystemExit(f"--verifiers: {item!r} is not NAME:WEIGHT with a numeric weight") from None
+    if not pairs:
+        raise SystemExit("--verifiers names no verifier")
+    return tuple(pairs)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
@@ -122,7 +144,8 @@ def main(argv: list[str] | None = None) -> None:
             max_new_tokens=args.max_new_tokens, token_budget=args.token_budget, retention=args.retention,
             learning_rate=args.learning_rate, seed=args.seed, workers=args.workers,
             threads_per_worker=args.threads_per_worker, keep_zero_signal_groups=args.keep_zero_signal_groups,
-            overlap=args.overlap,
+            overlap=args.overlap, answer_field=args.answer_field, verifiers=_verifiers(args.verifiers),
+            micro_batch_tokens=args.micro_batch_tokens, packing=args.packing,
         )
         result = run_real(config)
     result["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]

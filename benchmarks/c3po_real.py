@@ -53,6 +53,10 @@ class RealConfig:
     threads_per_worker: int = 0
     keep_zero_signal_groups: bool = False  # train groups whose rewards are all equal (a random model's are)
     overlap: int = 0  # > 0: a third run, c3po with scheduler.overlap, as many steps as the c3po run took
+    answer_field: str = "answer"  # the row field of the reference answer
+    verifiers: tuple[tuple[str, float], ...] = (("math", 1.0),)  # (name, weight) of the reward's verifiers
+    micro_batch_tokens: int = 16384
+    packing: bool = False
 
     @property
     def max_steps(self) -> int:
@@ -71,14 +75,17 @@ def _spec(config: RealConfig, mode: str, budget: int, checkpoint_dir: Path, *, o
     known only after the next step started)."""
     name = f"{mode}-overlap{overlap}" if overlap else mode
     return JobSpec.model_validate({
-        "name": f"c3po-benchmark-{name}", "model_path": config.model, "dataset": {"train_path": config.dataset},
+        "name": f"c3po-benchmark-{name}", "model_path": config.model,
+        "dataset": {"train_path": config.dataset, "answer_field": config.answer_field},
+        "reward": {"verifiers": [{"name": name, "weight": weight} for name, weight in config.verifiers]},
         "algorithm": {"group_size": config.group_size,
                       "drop_zero_signal_groups": not config.keep_zero_signal_groups},
         "sampling": {"temperature": config.temperature, "max_new_tokens": config.max_new_tokens},
         "scheduler": {"mode": mode, "token_budget": max(1, budget), "retention": config.retention,
                       "pool_capacity": config.prompts_per_iteration * config.group_size,
                       "prompts_per_iteration": config.prompts_per_iteration, "overlap": overlap},
-        "trainer": {"learning_rate": config.learning_rate},
+        "trainer": {"learning_rate": config.learning_rate, "micro_batch_tokens": config.micro_batch_tokens,
+                    "packing": config.packing},
         "checkpoint": {"dir": str(checkpoint_dir / name)},
         "steps": steps or config.max_steps, "max_trained_samples": 0 if steps else config.trained_samples,
         "seed": config.seed,

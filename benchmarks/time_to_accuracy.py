@@ -65,6 +65,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompts-per-step", type=int, default=64, help="prompts per step of the sync and TRL arms")
     p.add_argument("--token-budget", type=int, default=16384, help="Phi of the c3po and overlap arms")
     p.add_argument("--pool-capacity", type=int, default=512, help="Omega of the c3po and overlap arms")
+    p.add_argument("--num-minibatches", type=int, default=1,
+                   help="optimizer steps per step of the everstep arms (trainer.num_minibatches, verl's "
+                        "train_batch_size / ppo_mini_batch_size); the TRL arm takes one per step, its default")
     p.add_argument("--eval-every", type=int, default=None,
                    help=f"evaluate every N steps, besides before the first and after the last (default "
                         f"{FULL['eval_every']})")
@@ -96,7 +99,7 @@ def config_from_args(args: argparse.Namespace) -> TtaConfig:
         eval_path=args.eval_path or str(model / "eval.jsonl"),
         steps=args.steps or sizes["steps"], group_size=args.group_size, learning_rate=args.learning_rate,
         temperature=args.temperature, max_new_tokens=args.max_new_tokens, prompts_per_step=args.prompts_per_step,
-        token_budget=args.token_budget, pool_capacity=args.pool_capacity,
+        token_budget=args.token_budget, pool_capacity=args.pool_capacity, num_minibatches=args.num_minibatches,
         eval_every=args.eval_every or sizes["eval_every"], eval_prompts=args.eval_prompts or sizes["eval_prompts"],
         eval_samples=args.eval_samples, seed=args.seed, threads_per_worker=args.threads_per_worker,
         poll_seconds=args.poll_seconds, arms=arms, repeats=args.repeats,

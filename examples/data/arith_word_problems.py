@@ -3,6 +3,7 @@ in verl writes them): `data_source`, `prompt` (a list of chat messages), `abilit
 `reward_model: {style, ground_truth}`, `extra_info`.
 
     python examples/data/arith_word_problems.py [--out examples/data/arith-word-problems] [--train 256] [--test 64]
+        [--instruction "Think step by step, then put the final answer in \\boxed{}."]
 
 One or two operations on small whole numbers, in a handful of everyday phrasings; the instruction asks for
 the answer in `\\boxed{}`, which the math and format verifiers read. Deterministic for a seed.
@@ -42,14 +43,14 @@ def problem(rng: random.Random) -> tuple[str, int]:
     return f"{name} shares {total} {thing} equally among {c} friends. How many {thing} does each friend get?", b
 
 
-def rows(n: int, split: str, seed: int) -> list[dict]:
+def rows(n: int, split: str, seed: int, instruction: str = INSTRUCTION) -> list[dict]:
     rng = random.Random(f"{seed}-{split}")
     out = []
     for index in range(n):
         question, answer = problem(rng)
         out.append({
             "data_source": DATA_SOURCE,
-            "prompt": [{"role": "user", "content": f"{question} {INSTRUCTION}"}],
+            "prompt": [{"role": "user", "content": f"{question} {instruction}"}],
             "ability": "math",
             "reward_model": {"style": "rule", "ground_truth": str(answer)},
             "extra_info": {"split": split, "index": index, "answer": str(answer), "question": question},
@@ -63,10 +64,15 @@ def main() -> None:
     p.add_argument("--train", type=int, default=256)
     p.add_argument("--test", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--instruction", default=INSTRUCTION,
+                   help="what follows every question (default: %(default)r); asking for steps gives long-tailed "
+                        "chain-of-thought answers")
     args = p.parse_args()
+    if "\\boxed" not in args.instruction:
+        p.error("--instruction must ask for the answer in \\boxed{}: the math and format verifiers read it there")
     args.out.mkdir(parents=True, exist_ok=True)
     for split, n in (("train", args.train), ("test", args.test)):
-        pq.write_table(pa.Table.from_pylist(rows(n, split, args.seed)), args.out / f"{split}.parquet")
+        pq.write_table(pa.Table.from_pylist(rows(n, split, args.seed, args.instruction)), args.out / f"{split}.parquet")
         print(f"{args.out / f'{split}.parquet'}: {n} rows")
 
 

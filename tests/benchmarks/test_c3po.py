@@ -88,3 +88,24 @@ def test_real_run_at_tiny_size(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert overlapped["steps"] == result["c3po"]["steps"], "as many steps as the c3po run"
     assert overlapped["max_staleness"] <= 1 + 2, "bounded by overlap + retention"
     assert result["wall_speedup_overlap"] > 0 and result["wall_speedup_c3po"] > 0
+
+
+def test_real_run_spec_carries_the_dataset_reward_and_trainer_flags(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Path) -> None:
+    monkeypatch.syspath_prepend(str(REPO))
+    c3po, real = importlib.import_module("benchmarks.c3po"), importlib.import_module("benchmarks.c3po_real")
+    assert c3po._verifiers("math:1, format:0.5") == (("math", 1.0), ("format", 0.5))
+    assert c3po._verifiers("math") == (("math", 1.0),)
+    for bad in ("math:x", " , "):
+        with pytest.raises(SystemExit, match="--verifiers"):
+            c3po._verifiers(bad)
+    config = real.RealConfig(model="m", dataset="d.parquet", answer_field="reward_model.ground_truth",
+                             verifiers=(("math", 1.0), ("format", 0.5)), micro_batch_tokens=4096, packing=True)
+    spec = real._spec(config, "c3po", 1000, tmp_path, overlap=1, steps=3)
+    assert spec.dataset.answer_field == "reward_model.ground_truth"
+    assert [(v.name, v.weight) for v in spec.reward.verifiers] == [("math", 1.0), ("format", 0.5)]
+    assert spec.trainer.micro_batch_tokens == 4096 and spec.trainer.packing is True
+    assert spec.scheduler.overlap == 1 and spec.steps == 3
+    default = real._spec(real.RealConfig(model="m", dataset="d.jsonl"), "sync", 1, tmp_path)
+    assert default.dataset.answer_field == "answer" and [v.name for v in default.reward.verifiers] == ["math"]
+    assert default.trainer.packing is False

@@ -119,3 +119,20 @@ def test_trl_arm_at_tiny_size(tmp_path: Path) -> None:
     assert run["arm"] == "trl" and [p["step"] for p in run["curve"]] == [0, 1, 2]
     assert run["details"]["trained_samples"] == 2 * 8 * 8
     assert result["summary"]["arms"]["trl"]["speedup_vs_trl"] == 1.0
+
+
+def test_everstep_arms_take_the_optimizer_steps_per_step_and_trl_keeps_its_own(tmp_path: Path,
+                                                                              tta: ModuleType) -> None:
+    config_module = importlib.import_module("benchmarks.tta_config")
+    args = tta.parse_args(["--num-minibatches", "2", "--arms", "trl,c3po"])
+    config = tta.config_from_args(args)
+    assert config.num_minibatches == 2
+    for arm in (config_module.Arm.sync, config_module.Arm.c3po, config_module.Arm.overlap):
+        spec = config_module.job_spec(config, arm, tmp_path)
+        assert spec["trainer"]["num_minibatches"] == 2 and spec["trainer"]["learning_rate"] == config.learning_rate
+    assert tta.config_from_args(tta.parse_args([])).num_minibatches == 1, "one optimizer step per step by default"
+    # a result saved before the setting existed is still read (it ran with one optimizer step per step)
+    saved = config.to_json()
+    del saved["num_minibatches"]
+    assert config_module.TtaConfig(**{**saved, "arms": tuple(config_module.Arm(a) for a in saved["arms"])}
+                                   ).num_minibatches == 1
