@@ -12,6 +12,14 @@
         Redis, the reward service, the controller's job runner and a real rollout engine and trainer
         (benchmarks/c3po_real.py).
 
+    python -m benchmarks.c3po --model outputs/smollm2-135m-instruct --dataset outputs/arith-cot/train.parquet \\
+        --answer-field reward_model.ground_truth --verifiers math:1,format:0.5 --keep-zero-signal-groups \\
+        --prompts-per-iteration 8 --group-size 4 --max-new-tokens 512 --learning-rate 2e-6 \\
+        --micro-batch-tokens 4096 --packing --threads-per-worker 1 --overlap 1
+        A real chat model (`make real-model`) on chain-of-thought word problems in verl's parquet schema
+        (`python examples/data/arith_word_problems.py --out outputs/arith-cot --instruction "Think step by
+        step, then put the final answer in \\boxed{}."`): long-tailed answers, as docs/benchmarks.md reports.
+
 The last line of output is one JSON object with at least `rollout_speedup` and `e2e_speedup`
 (synchronous seconds per trained sample over C3PO++'s: >1 means C3PO++ is faster), and for the
 real run `reward_sync`, `reward_c3po` and `reward_ratio` (mean reward over each run's last 20% of
