@@ -69,7 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     sim.add_argument("--train-per-token-seconds", type=float, default=2.5e-5, help="train step cost per token")
     sim.add_argument("--cost-model", type=Path, default=None,
                      help="a benchmarks.decode_cost result (JSON): its fitted cost_model replaces the four "
-                          "--step-*/--train-* constants above, which must then be left at their defaults")
+                          "--step-*/--train-* constants above, which must then be left at their defaults, except "
+                          "one the file lists under not_measured (--train-per-token-seconds)")
     real = p.add_argument_group("real generation")
     real.add_argument("--model", default=str(REPO / "examples" / "demo-model"),
                       help="Hugging Face model directory (default: the shipped demo model)")
@@ -104,13 +105,15 @@ def _cost_model(args: argparse.Namespace) -> CostModel:
     if args.cost_model is None:
         return cost_model(**flags)
     defaults = cost_model()
-    changed = sorted(name for name, value in flags.items() if value != getattr(defaults, name))
-    if changed:
-        raise SystemExit(f"--cost-model {args.cost_model} sets the cost constants; leave out the flags for {changed}")
     measured = json.loads(args.cost_model.read_text())
     if "cost_model" not in measured:
         raise SystemExit(f"--cost-model {args.cost_model}: no 'cost_model' object (benchmarks.decode_cost writes one)")
-    return cost_model(**measured["cost_model"])
+    changed = {name: value for name, value in flags.items() if value != getattr(defaults, name)}
+    # a flag may set a constant the file names as not measured (decode_cost does not time a train step)
+    clashing = sorted(set(changed) - set(measured.get("not_measured", ())))
+    if clashing:
+        raise SystemExit(f"--cost-model {args.cost_model} sets the cost constants; leave out the flags for {clashing}")
+    return cost_model(**{**measured["cost_model"], **changed})
 
 
 def _verifiers(text: str) -> tuple[tuple[str, float], ...]:

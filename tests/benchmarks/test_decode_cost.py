@@ -47,6 +47,15 @@ def test_the_measured_cost_feeds_the_simulation(tiny_model_dir: Path, tmp_path: 
     refused = _run("benchmarks.c3po", "--simulate", "--cost-model", str(out), "--step-base-seconds", "0.5")
     assert refused.returncode != 0 and "leave out the flags for ['base_seconds']" in refused.stderr
 
+    # the train constant is not measured by decode_cost: a flag sets it, and it changes the end-to-end figures
+    slow_train = _run("benchmarks.c3po", "--simulate", "--cost-model", str(out), "--group-size", "4",
+                      "--prompts-per-iteration", "4", "--trained-samples", "64", "--median-tokens", "40",
+                      "--max-tokens", "200", "--prompt-tokens", "10", "--train-per-token-seconds", "0.02")
+    assert slow_train.returncode == 0, slow_train.stderr[-3000:]
+    slow = json.loads(slow_train.stdout.strip().splitlines()[-1])
+    assert slow["rollout_speedup"] == summary["rollout_speedup"], "the decode cost is the file's either way"
+    assert slow["e2e_speedup"] != summary["e2e_speedup"]
+
 
 def test_the_measured_curve_is_interpolated_and_extended(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(REPO))
