@@ -41,7 +41,7 @@ class TtaConfig:
     prompts_per_step: int = 64  # sync and TRL: prompts per step (x group_size samples)
     token_budget: int = 16384  # c3po and overlap: Phi
     pool_capacity: int = 512  # c3po and overlap: Omega
-    num_minibatches: int = 1  # everstep arms: optimizer steps per step (trainer.num_minibatches); TRL takes one
+    num_minibatches: int | None = None  # everstep arms: trainer.num_minibatches (None: the demo job's); TRL takes one
     eval_every: int = 5
     eval_prompts: int = 200
     eval_samples: int = 4  # k of avg@k
@@ -74,7 +74,7 @@ def job_spec(config: TtaConfig, arm: Arm, checkpoint_dir: Path) -> dict[str, Any
         "sampling": {**spec["sampling"], "temperature": config.temperature, "max_new_tokens": config.max_new_tokens},
         "scheduler": scheduler,
         "trainer": {**spec["trainer"], "learning_rate": config.learning_rate,
-                    "num_minibatches": config.num_minibatches},
+                    **({} if config.num_minibatches is None else {"num_minibatches": config.num_minibatches})},
         "evaluation": {"every": config.eval_every, "num_prompts": config.eval_prompts,
                        "samples_per_prompt": config.eval_samples, "greedy": True},
         "checkpoint": {"dir": str(checkpoint_dir / arm.value)},

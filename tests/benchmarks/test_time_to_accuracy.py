@@ -130,9 +130,16 @@ def test_everstep_arms_take_the_optimizer_steps_per_step_and_trl_keeps_its_own(t
     for arm in (config_module.Arm.sync, config_module.Arm.c3po, config_module.Arm.overlap):
         spec = config_module.job_spec(config, arm, tmp_path)
         assert spec["trainer"]["num_minibatches"] == 2 and spec["trainer"]["learning_rate"] == config.learning_rate
-    assert tta.config_from_args(tta.parse_args([])).num_minibatches == 1, "one optimizer step per step by default"
-    # a result saved before the setting existed is still read (it ran with one optimizer step per step)
+    ones = tta.config_from_args(tta.parse_args(["--num-minibatches", "1"]))
+    assert config_module.job_spec(ones, config_module.Arm.c3po, tmp_path)["trainer"]["num_minibatches"] == 1
+    # by default the everstep arms run the demo job's own setting
+    default = tta.config_from_args(tta.parse_args([]))
+    demo = config_module.load_job_file(config_module.DEMO_SPEC)
+    assert default.num_minibatches is None
+    assert (config_module.job_spec(default, config_module.Arm.overlap, tmp_path)["trainer"].get("num_minibatches")
+            == demo["trainer"].get("num_minibatches"))
+    # a result saved before the setting existed is still read
     saved = config.to_json()
     del saved["num_minibatches"]
     assert config_module.TtaConfig(**{**saved, "arms": tuple(config_module.Arm(a) for a in saved["arms"])}
-                                   ).num_minibatches == 1
+                                   ).num_minibatches is None
