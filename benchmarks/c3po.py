@@ -14,7 +14,7 @@
 
     python -m benchmarks.c3po --model outputs/smollm2-135m-instruct --dataset outputs/arith-cot/train.parquet \\
         --answer-field reward_model.ground_truth --verifiers math:1,format:0.5 --keep-zero-signal-groups \\
-        --prompts-per-iteration 8 --group-size 4 --max-new-tokens 512 --learning-rate 2e-6 \\
+        --prompts-per-iteration 4 --group-size 4 --trained-samples 48 --max-new-tokens 512 --learning-rate 2e-6 \\
         --micro-batch-tokens 4096 --packing --threads-per-worker 1 --overlap 1
         A real chat model (`make real-model`) on chain-of-thought word problems in verl's parquet schema
         (`python examples/data/arith_word_problems.py --out outputs/arith-cot --instruction "Think step by

@@ -77,7 +77,7 @@ def _spec(config: RealConfig, mode: str, budget: int, checkpoint_dir: Path, *, o
     return JobSpec.model_validate({
         "name": f"c3po-benchmark-{name}", "model_path": config.model,
         "dataset": {"train_path": config.dataset, "answer_field": config.answer_field},
-        "reward": {"verifiers": [{"name": name, "weight": weight} for name, weight in config.verifiers]},
+        "reward": {"verifiers": [{"name": verifier, "weight": weight} for verifier, weight in config.verifiers]},
         "algorithm": {"group_size": config.group_size,
                       "drop_zero_signal_groups": not config.keep_zero_signal_groups},
         "sampling": {"temperature": config.temperature, "max_new_tokens": config.max_new_tokens},
