@@ -37,9 +37,10 @@ def test_the_measured_cost_feeds_the_simulation(tiny_model_dir: Path, tmp_path: 
     assert set(result["decode_step_seconds_median"]) == {"B1_C4", "B1_C12", "B4_C4", "B4_C12"}
     assert result["fit_median_relative_error"] >= 0 and result["curve_median_relative_error"] >= 0
 
-    simulated = _run("benchmarks.c3po", "--simulate", "--cost-model", str(out), "--group-size", "4",
-                     "--prompts-per-iteration", "4", "--trained-samples", "64", "--median-tokens", "40",
-                     "--max-tokens", "200", "--prompt-tokens", "10")
+    simulate = ("benchmarks.c3po", "--simulate", "--cost-model", str(out), "--group-size", "4",
+                "--prompts-per-iteration", "4", "--trained-samples", "64", "--median-tokens", "40",
+                "--max-tokens", "200", "--prompt-tokens", "10")
+    simulated = _run(*simulate)
     assert simulated.returncode == 0, simulated.stderr[-3000:]
     summary = json.loads(simulated.stdout.strip().splitlines()[-1])
     assert summary["rollout_speedup"] > 0 and summary["e2e_speedup"] > 0
@@ -48,9 +49,7 @@ def test_the_measured_cost_feeds_the_simulation(tiny_model_dir: Path, tmp_path: 
     assert refused.returncode != 0 and "leave out the flags for ['base_seconds']" in refused.stderr
 
     # the train constant is not measured by decode_cost: a flag sets it, and it changes the end-to-end figures
-    slow_train = _run("benchmarks.c3po", "--simulate", "--cost-model", str(out), "--group-size", "4",
-                      "--prompts-per-iteration", "4", "--trained-samples", "64", "--median-tokens", "40",
-                      "--max-tokens", "200", "--prompt-tokens", "10", "--train-per-token-seconds", "0.02")
+    slow_train = _run(*simulate, "--train-per-token-seconds", "0.02")
     assert slow_train.returncode == 0, slow_train.stderr[-3000:]
     slow = json.loads(slow_train.stdout.strip().splitlines()[-1])
     assert slow["rollout_speedup"] == summary["rollout_speedup"], "the decode cost is the file's either way"
