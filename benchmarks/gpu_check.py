@@ -378,7 +378,7 @@ class GpuCheck:
     def trainer(self, *, fresh: bool = False):
         """The PolicyTrainer (bf16 autocast on CUDA); `fresh` reloads it from the model directory."""
         if self._trainer is None or fresh:
-            from everstep_trainer.config import TrainerConfig
+            from everstep.settings import TrainerConfig
             from everstep_trainer.policy_trainer import PolicyTrainer
 
             self._trainer = None

@@ -182,11 +182,11 @@ def run_one(arm: Arm, seed: int, settings: Settings, prompts: list[tuple[str, st
     """One training run of `arm` with `seed`."""
     import torch
 
+    from everstep.settings import TrainerConfig
     from everstep_controller.scheduler import grpo_advantages
     from everstep_rollout.config import EngineConfig
     from everstep_rollout.engine import Engine
     from everstep_trainer.batching import TrainSample
-    from everstep_trainer.config import TrainerConfig
     from everstep_trainer.demo.evaluation import is_correct
     from everstep_trainer.policy_trainer import PolicyTrainer
 

@@ -6,8 +6,11 @@ GPU machine); only the proto conversions import `everstep.v1`.
 
 from __future__ import annotations
 
-import functools
 from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from google.protobuf.descriptor import EnumDescriptor
 
 __all__ = ["Quantization", "quantization_from_proto", "quantization_to_proto"]
 
@@ -26,23 +29,29 @@ class Quantization(StrEnum):
     """int4 weights (-7..7), one scale per output channel and group of 32 inputs: coarser still."""
 
 
-@functools.cache
-def _to_proto() -> dict[Quantization, int]:
+def _descriptor() -> EnumDescriptor:
     from everstep.v1 import rollout_pb2
 
-    # QUANTIZATION_NONE, QUANTIZATION_INT8, QUANTIZATION_INT8_TENSOR, QUANTIZATION_FP8, QUANTIZATION_INT4
-    return {q: rollout_pb2.Quantization.Value("QUANTIZATION_" + q.name.upper()) for q in Quantization}
+    return rollout_pb2.Quantization.DESCRIPTOR
 
 
 def quantization_to_proto(quantization: Quantization | str) -> int:
     """The proto enum value; ValueError naming the field for an unknown name."""
     try:
-        return _to_proto()[Quantization(quantization)]
+        member = Quantization(quantization)
     except ValueError:
         raise ValueError(f"quantization: must be one of {[q.value for q in Quantization]}, "
                          f"got {quantization!r}") from None
+    from everstep.proto_enums import enum_to_proto
+
+    return enum_to_proto(member, _descriptor())
 
 
 def quantization_from_proto(value: int) -> Quantization | None:
     """The setting a proto enum value names; None for QUANTIZATION_UNSPECIFIED (or a value this build does not know)."""
-    return next((q for q, v in _to_proto().items() if v == value), None)
+    from everstep.proto_enums import enum_from_proto
+
+    try:
+        return enum_from_proto(Quantization, value, _descriptor(), field="quantization")
+    except ValueError:
+        return None

@@ -12,11 +12,12 @@ import redis
 from pydantic import ValidationError
 from step_rows import eval_row, step_row
 
+from everstep.settings import SchedulerMode
 from everstep.v1 import common_pb2
 from everstep_controller.job_store import InvalidJobUpdate, JobState, JobStore, LostOwnership
 from everstep_controller.progress_store import JobProgress, ProgressStore, ScoredSample
 from everstep_controller.prompt_order import PromptOrder
-from everstep_controller.scheduler import C3POScheduler, Mode, SchedulerConfig
+from everstep_controller.scheduler import C3POScheduler, SchedulerConfig
 from everstep_controller.spec import JobSpec
 
 
@@ -43,7 +44,7 @@ def _drive(scheduler: C3POScheduler, iterations: int, rng: random.Random, length
 
 
 def test_a_restored_scheduler_decides_as_the_original() -> None:
-    config = SchedulerConfig(mode=Mode.c3po, group_size=4, token_budget=150, retention=1, pool_capacity=16,
+    config = SchedulerConfig(mode=SchedulerMode.c3po, group_size=4, token_budget=150, retention=1, pool_capacity=16,
                              prompts_per_iteration=4)
     original = C3POScheduler(config)
     state: dict[str, dict] = {"lengths": {}, "done": {}}
@@ -63,7 +64,7 @@ def test_a_restored_scheduler_decides_as_the_original() -> None:
 
 
 def test_scheduler_state_is_only_taken_between_iterations() -> None:
-    config = SchedulerConfig(mode=Mode.c3po, group_size=2, token_budget=10, retention=1, pool_capacity=4,
+    config = SchedulerConfig(mode=SchedulerMode.c3po, group_size=2, token_budget=10, retention=1, pool_capacity=4,
                              prompts_per_iteration=1)
     scheduler = C3POScheduler(config)
     scheduler.start_group("g0", 0, ["a", "b"])

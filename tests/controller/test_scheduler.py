@@ -7,17 +7,17 @@ from dataclasses import dataclass
 
 import pytest
 
+from everstep.settings import SchedulerMode
 from everstep_controller.scheduler import (
     C3POScheduler,
     IterationOutcome,
-    Mode,
     SchedulerConfig,
     grpo_advantages,
 )
 
 
 def config(**overrides) -> SchedulerConfig:
-    values = dict(mode=Mode.c3po, group_size=4, token_budget=400, retention=1, pool_capacity=32,
+    values = dict(mode=SchedulerMode.c3po, group_size=4, token_budget=400, retention=1, pool_capacity=32,
                   prompts_per_iteration=4)
     values.update(overrides)
     return SchedulerConfig(**values)
@@ -145,7 +145,7 @@ def test_retention_sigma_allows_sigma_carry_overs() -> None:
 
 
 def test_sync_baseline_waits_for_every_rollout_and_never_carries_over() -> None:
-    scheduler = C3POScheduler(config(mode=Mode.sync, prompts_per_iteration=3))
+    scheduler = C3POScheduler(config(mode=SchedulerMode.sync, prompts_per_iteration=3))
     r = run(scheduler, iterations=5)
     trained, started, outcomes = r.trained, r.prompts_started, r.outcomes
     assert len(started) == 15
@@ -193,8 +193,8 @@ def test_schedule_names_and_starts_the_groups_the_pool_has_room_for() -> None:
     assert [g.group_id for g in restored.schedule(lambda: next(more))] == ["g2"], "names continue after a resume"
 
 
-@pytest.mark.parametrize("mode", [Mode.sync, Mode.c3po])
-def test_extend_gives_the_iteration_another_round_and_the_next_starts_with_one(mode: Mode) -> None:
+@pytest.mark.parametrize("mode", [SchedulerMode.sync, SchedulerMode.c3po])
+def test_extend_gives_the_iteration_another_round_and_the_next_starts_with_one(mode: SchedulerMode) -> None:
     scheduler = C3POScheduler(config(mode=mode, group_size=2, token_budget=4, pool_capacity=2,
                                      prompts_per_iteration=1))
     prompts = iter(range(100))

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from everstep.settings import SchedulerMode
 from everstep.v1 import common_pb2
 from everstep_controller.progress_store import ScoredSample
 from everstep_controller.reward_errors import RewardFailed
-from everstep_controller.scheduler import C3POScheduler, Mode, SchedulerConfig
+from everstep_controller.scheduler import C3POScheduler, SchedulerConfig
 from everstep_controller.spec import JobSpec
 from everstep_controller.training_batch import build_batch, trainer_config
 
@@ -21,7 +22,7 @@ def _scored(reward: float, error: str = "") -> ScoredSample:
 @pytest.fixture
 def scheduler() -> C3POScheduler:
     """g0: three finished, one purged; g1: all finished with equal rewards."""
-    scheduler = C3POScheduler(SchedulerConfig(mode=Mode.c3po, group_size=4, token_budget=10_000, retention=0,
+    scheduler = C3POScheduler(SchedulerConfig(mode=SchedulerMode.c3po, group_size=4, token_budget=10_000, retention=0,
                                               pool_capacity=8, prompts_per_iteration=1))
     scheduler.start_group("g0", 0, ["a", "b", "c", "d"])
     scheduler.start_group("g1", 1, ["e", "f", "g", "h"])

@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 import redis
 
+from everstep.settings import SchedulerMode
 from everstep.v1 import common_pb2
 from everstep_controller import metrics
 from everstep_controller.clients import RewardClient
@@ -20,7 +21,7 @@ from everstep_controller.progress_store import ProgressStore, ScoredSample
 from everstep_controller.reward_errors import ErrorClass, RewardFailed
 from everstep_controller.reward_items import RewardItemBuilder
 from everstep_controller.row_tests import RowTests, StdioCase
-from everstep_controller.scheduler import C3POScheduler, Mode, SchedulerConfig
+from everstep_controller.scheduler import C3POScheduler, SchedulerConfig
 from everstep_controller.scoring import ScorerPool, ScoringDepth
 from everstep_controller.spec import JobSpec, RewardSpec
 from everstep_controller.training_batch import build_batch
@@ -65,7 +66,7 @@ def _score(progress: ProgressStore, reward_address: str, verifiers: list, rows: 
 
 
 def _scheduler(groups: dict[str, list[str]]) -> C3POScheduler:
-    scheduler = C3POScheduler(SchedulerConfig(mode=Mode.c3po, group_size=2, token_budget=10_000, retention=0,
+    scheduler = C3POScheduler(SchedulerConfig(mode=SchedulerMode.c3po, group_size=2, token_budget=10_000, retention=0,
                                               pool_capacity=8, prompts_per_iteration=1))
     for index, (group_id, sample_ids) in enumerate(groups.items()):
         scheduler.start_group(group_id, index, sample_ids)

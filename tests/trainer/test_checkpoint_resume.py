@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from everstep.settings import TrainerConfig
 from everstep_trainer.checkpoint import CHECKPOINT_META_FILE
-from everstep_trainer.config import TrainerConfig
 from everstep_trainer.distributed_check import check_batches
 from everstep_trainer.policy_trainer import PolicyTrainer
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from everstep.settings import TrainerConfig
 from everstep_trainer.batching import PackedRows, TrainSample, pack_micro_batches, pad_samples
-from everstep_trainer.config import TrainerConfig
 from everstep_trainer.hf_model import (
     check_packing_supported,
     compute_token_logprobs,

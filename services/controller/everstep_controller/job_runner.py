@@ -29,6 +29,8 @@ from pathlib import Path
 
 import redis
 
+from everstep.settings import SchedulerMode
+from everstep.settings_codec import SAMPLING_PARAMS
 from everstep.v1 import common_pb2
 from everstep_controller import metrics
 from everstep_controller.clients import RewardClient, Service, ServiceUnavailable
@@ -191,7 +193,8 @@ class JobRunner:
     def _worker_request(self) -> WorkerRequest:
         spec, s = self.spec, self.spec.scheduler
         # the engine decodes the whole pool at once: Omega for C3PO++, one batch for the baseline
-        max_running = s.pool_capacity if s.mode.value == "c3po" else s.prompts_per_iteration * spec.algorithm.group_size
+        max_running = (s.pool_capacity if s.mode == SchedulerMode.c3po
+                       else s.prompts_per_iteration * spec.algorithm.group_size)
         longest_prompt = max(len(r.prompt_ids) for r in self.train_rows + self.eval_rows)
         return WorkerRequest(job_id=self.job_id, max_running=max_running, seed=spec.seed,
                              max_seq_len=longest_prompt + spec.sampling.max_new_tokens, resources=spec.resources)
@@ -360,11 +363,10 @@ class JobRunner:
         return result
 
     def _sampling(self, *, greedy: bool = False) -> common_pb2.SamplingParams:
-        s = self.spec.sampling
-        return common_pb2.SamplingParams(
-            temperature=0.0 if greedy else s.temperature, top_p=s.top_p, top_k=s.top_k,
-            max_new_tokens=s.max_new_tokens, stop=s.stop,
-        )
+        message = SAMPLING_PARAMS.to_proto(self.spec.sampling)
+        if greedy:
+            message.temperature = 0.0  # the engine's greedy
+        return message
 
     # -- evaluation and checkpoints ----------------------------------------------------------
     def _after_step(self) -> None:

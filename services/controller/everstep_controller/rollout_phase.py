@@ -16,11 +16,12 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from everstep.settings import SchedulerMode
 from everstep.v1 import common_pb2
 from everstep_controller.clients import GenerateStream
 from everstep_controller.dataset import PromptRow
 from everstep_controller.run_state import RunState, SampleInFlight
-from everstep_controller.scheduler import GroupToStart, Mode
+from everstep_controller.scheduler import GroupToStart
 from everstep_controller.scoring import ScorerPool
 from everstep_controller.spec import JobSpec
 from everstep_controller.training_batch import has_signal
@@ -83,7 +84,7 @@ class RolloutPhase:
                 if closing:
                     continue
                 if self.should_stop() or self._done():
-                    stream.drain_and_close() if scheduler.config.mode == Mode.c3po else stream.close()
+                    stream.drain_and_close() if scheduler.config.mode == SchedulerMode.c3po else stream.close()
                     closing = True
                 else:
                     tokens_before.update(self._start_groups(stream, sampling))

@@ -16,17 +16,14 @@ from everstep.v1 import common_pb2
 from everstep_controller.dataset import PromptRow
 from everstep_controller.progress_store import JobProgress
 from everstep_controller.prompt_order import PromptOrder
-from everstep_controller.scheduler import C3POScheduler, IterationOutcome, Mode, SchedulerConfig
+from everstep_controller.scheduler import C3POScheduler, IterationOutcome, SchedulerConfig
 from everstep_controller.spec import JobSpec
 
 __all__ = ["IterationEnd", "RunState", "SampleInFlight", "scheduler_config"]
 
 
 def scheduler_config(spec: JobSpec) -> SchedulerConfig:
-    s = spec.scheduler
-    return SchedulerConfig(mode=Mode(s.mode.value), group_size=spec.algorithm.group_size,
-                           token_budget=s.token_budget, retention=s.retention, pool_capacity=s.pool_capacity,
-                           prompts_per_iteration=s.prompts_per_iteration)
+    return SchedulerConfig(**spec.scheduler.model_dump(), group_size=spec.algorithm.group_size)
 
 
 @dataclass

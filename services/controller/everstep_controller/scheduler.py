@@ -21,29 +21,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from enum import StrEnum
 from typing import Any
 
+from pydantic import ConfigDict, Field, model_validator
 
-class Mode(StrEnum):
-    c3po = "c3po"
-    sync = "sync"
+from everstep.settings import SchedulerMode, SchedulerSettings
 
 
-@dataclass(frozen=True, kw_only=True)
-class SchedulerConfig:
-    mode: Mode
-    group_size: int
-    token_budget: int  # Phi (c3po)
-    retention: int  # sigma (c3po)
-    pool_capacity: int  # Omega (c3po)
-    prompts_per_iteration: int  # sync
+class SchedulerConfig(SchedulerSettings):
+    """The job's scheduler settings and the group size they schedule."""
 
-    def __post_init__(self) -> None:
-        if self.group_size < 2:
-            raise ValueError(f"group_size must be at least 2, got {self.group_size}")
-        if self.mode == Mode.c3po and self.pool_capacity < self.group_size:
-            raise ValueError(f"pool_capacity ({self.pool_capacity}) is smaller than one group ({self.group_size})")
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    group_size: int = Field(ge=2, description="Samples per prompt (the job's algorithm.group_size).")
+
+    @model_validator(mode="after")
+    def _pool_holds_a_group(self) -> SchedulerConfig:
+        self.check_holds_a_group(self.group_size)
+        return self
 
 
 @dataclass
@@ -125,7 +120,7 @@ class C3POScheduler:
     def groups_to_start(self) -> int:
         """How many new groups of G prompts the runner may start now."""
         c = self.config
-        if c.mode == Mode.sync:
+        if c.mode == SchedulerMode.sync:
             if self._active:
                 return 0
             return max(0, self._rounds * c.prompts_per_iteration - self._started_this_iteration)
@@ -137,7 +132,7 @@ class C3POScheduler:
     def iteration_done(self) -> bool:
         """C3PO++: the budget of finished tokens (Phi per round) is reached. Sync: every rollout of every
         round's batch finished."""
-        if self.config.mode == Mode.sync:
+        if self.config.mode == SchedulerMode.sync:
             return self._started_this_iteration > 0 and not self._active and self.groups_to_start() == 0
         return self._finished_tokens >= self.config.token_budget * self._rounds or (
             not self._active and self._started_this_iteration > 0 and self.groups_to_start() == 0

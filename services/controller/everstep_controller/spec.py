@@ -1,6 +1,8 @@
 """The job spec: what a user submits (YAML for the CLI, JSON over REST).
 
-Every field has its default here and nowhere else; docs/job-spec.md is generated from this
+It composes the algorithm, sampling, scheduler and trainer sections of `everstep.settings`, where those
+settings are declared (field, default, check, description) once for the controller, the trainer and the
+engine; the sections only the controller reads live here. docs/job-spec.md is generated from this
 schema (`python -m everstep_controller.spec_docs`). Paths are taken as given by the REST API;
 the CLI resolves relative paths against the directory of the YAML file before submitting.
 """
@@ -9,14 +11,17 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
+from pydantic import Field, JsonValue, model_validator
 
-from everstep.quantization import Quantization
+from everstep.settings import (
+    AlgorithmSettings,
+    SamplingSettings,
+    SchedulerMode,
+    SchedulerSettings,
+    TrainerSettings,
+)
+from everstep.settings import Section as _Section
 from everstep.verifiers import VERIFIER_PARAMS
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class DatasetFormat(StrEnum):
@@ -156,131 +161,6 @@ class RewardSpec(_Section):
         return self
 
 
-class Correction(StrEnum):
-    icepop = "icepop"
-    tis = "tis"
-    none = "none"
-
-
-class Aggregation(StrEnum):
-    seq_mean_token_mean = "seq-mean-token-mean"
-    token_mean = "token-mean"
-
-
-class LossSpec(_Section):
-    """Options of `everstep_trainer.losses.policy_loss`."""
-
-    correction: Correction = Field(default=Correction.icepop, description="Training/inference mismatch correction.")
-    alpha: float = Field(default=0.5, gt=0, description="IcePop lower bound on k = pi_train/pi_infer.")
-    beta: float = Field(default=5.0, gt=0, description="IcePop upper bound on k.")
-    tis_cap: float = Field(default=2.0, gt=0, description="TIS weight cap C.")
-    clip_low: float = Field(default=0.2, ge=0, lt=1, description="PPO epsilon below 1.")
-    clip_high: float = Field(default=0.2, ge=0, description="PPO epsilon above 1.")
-    aggregation: Aggregation = Field(default=Aggregation.seq_mean_token_mean, description="Loss aggregation.")
-
-    @model_validator(mode="after")
-    def _bounds_ordered(self) -> LossSpec:
-        if self.alpha > self.beta:
-            raise ValueError(f"alpha ({self.alpha}) must not exceed beta ({self.beta})")
-        return self
-
-
-class AlgorithmSpec(_Section):
-    """GRPO with a corrected policy loss."""
-
-    group_size: int = Field(default=8, ge=2, description="Samples per prompt (G).")
-    normalize_std: bool = Field(default=True, description="Divide advantages by the group's reward std.")
-    drop_zero_signal_groups: bool = Field(
-        default=True, description="Leave out of training groups whose rewards are all equal (zero advantage)."
-    )
-    min_signal_groups: int = Field(
-        default=0, ge=0,
-        description="Signal-aware sampling (DAPO's dynamic sampling): a step keeps sampling until it holds this "
-                    "many complete groups whose rewards differ (a nonzero advantage), instead of training on what "
-                    "survives the zero-signal drop. Each extra round lets C3PO++ refill until another token_budget "
-                    "of finished tokens, or starts another prompts_per_iteration batch (sync). 0: off.",
-    )
-    max_sampling_rounds: int = Field(
-        default=4, ge=1,
-        description="Rounds of sampling a step may take to reach min_signal_groups; after the last it trains "
-                    "what it has (per step: num_sampling_rounds, num_groups_trained).",
-    )
-    loss: LossSpec = Field(default_factory=LossSpec)
-
-
-class SamplingSpec(_Section):
-    """How the rollout engine samples during training."""
-
-    temperature: float = Field(default=1.0, gt=0, description="Sampling temperature; the trainer uses the same.")
-    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling threshold (1: off).")
-    top_k: int = Field(default=0, ge=0, description="Top-k filtering (0: off).")
-    max_new_tokens: int = Field(default=256, ge=1, description="Longest response, in tokens.")
-    stop: list[str] = Field(default_factory=list, description="Extra stop strings besides EOS.")
-    dtype: str = Field(default="float32", pattern="^(float32|bfloat16)$", description="Engine dtype.")
-    quantization: Quantization = Field(
-        default=Quantization.none,
-        description="Weight-only quantization of the engine's linear layers: 'none', 'int8' (per output channel), "
-                    "'int8-tensor' (per tensor), 'fp8' (e4m3, per output channel) or 'int4' (per output channel and "
-                    "group of 32 inputs); the engine quantizes at load "
-                    "and every weight push (the trainer stays full precision). Torch engine, native executor only.",
-    )
-
-
-class SchedulerMode(StrEnum):
-    c3po = "c3po"
-    sync = "sync"
-
-
-class SchedulerSpec(_Section):
-    """C3PO++ (token-budgeted partial rollouts) or the synchronous baseline."""
-
-    mode: SchedulerMode = Field(default=SchedulerMode.c3po, description="'c3po' or the 'sync' baseline.")
-    token_budget: int = Field(
-        default=16384, ge=1, description="Phi: output tokens of rollouts finished per iteration (c3po)."
-    )
-    retention: int = Field(
-        default=1, ge=0,
-        description="Sigma: carry-overs allowed; an unfinished rollout already carried this often is purged.",
-    )
-    pool_capacity: int = Field(default=256, ge=2, description="Omega: rollouts decoding at once (c3po).")
-    prompts_per_iteration: int = Field(
-        default=32, ge=1, description="Prompts started per iteration by the sync baseline."
-    )
-    overlap: int = Field(
-        default=0, ge=0, le=16,
-        description="Asynchronous depth: how many policy versions the engines may run ahead of the trainer. 0: each "
-                    "step's rollout, train step and weight push run one after another. N >= 1: while step n trains, "
-                    "the engines keep decoding step n+1 (new prompts and carried rollouts) under the weights they "
-                    "have, and the new weights are swapped in place at a decode-step boundary; at most N trained "
-                    "steps are in flight. Every token keeps the version that sampled it, so staleness is at most "
-                    "overlap + retention; IcePop/TIS's ratio k then also covers the stale tokens' staleness. A step "
-                    "with an evaluation or checkpoint after it, a pause or cancel, and the last step wait for the "
-                    "steps in flight.",
-    )
-
-
-class TrainerSpec(_Section):
-    """Optimizer and step options of the trainer."""
-
-    learning_rate: float = Field(default=1e-5, gt=0, description="AdamW learning rate.")
-    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
-    max_grad_norm: float = Field(default=1.0, gt=0, description="Gradient clipping norm.")
-    warmup_steps: int = Field(default=0, ge=0, description="Linear learning-rate warmup steps.")
-    micro_batch_tokens: int = Field(default=16384, ge=1, description="Tokens per micro-batch (accumulated).")
-    packing: bool = Field(
-        default=False,
-        description="Pack each micro-batch's sequences back to back in rows of its longest sequence's width (positions "
-                    "restart per sequence, attention stays within it) instead of right-padding each to the longest: "
-                    "the same loss and gradients up to floating-point order, fewer padding positions computed (see "
-                    "the trainer's padding_fraction). The trainer refuses it for a model whose attention does not "
-                    "keep packed sequences apart.",
-    )
-    ppo_epochs: int = Field(default=1, ge=1, description="Passes over each batch.")
-    num_minibatches: int = Field(default=1, ge=1, description="Optimizer steps per epoch.")
-    kl_coef: float = Field(default=0.0, ge=0, description="k3 KL penalty to the initial policy (0: off).")
-    entropy_coef: float = Field(default=0.0, ge=0, description="Entropy bonus coefficient (0: off).")
-
-
 class EvaluationSpec(_Section):
     """Held-out evaluation: avg@k sampled at the training temperature, plus greedy."""
 
@@ -326,10 +206,10 @@ class JobSpec(_Section):
     dataset: DatasetSpec
     prompt: PromptSpec = Field(default_factory=PromptSpec)
     reward: RewardSpec = Field(default_factory=RewardSpec)
-    algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
-    sampling: SamplingSpec = Field(default_factory=SamplingSpec)
-    scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
-    trainer: TrainerSpec = Field(default_factory=TrainerSpec)
+    algorithm: AlgorithmSettings = Field(default_factory=AlgorithmSettings)
+    sampling: SamplingSettings = Field(default_factory=SamplingSettings)
+    scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
+    trainer: TrainerSettings = Field(default_factory=TrainerSettings)
     evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
@@ -355,11 +235,7 @@ class JobSpec(_Section):
         if self.deterministic and self.scheduler.overlap:
             raise ValueError(f"deterministic needs scheduler.overlap 0 (got {self.scheduler.overlap}): with overlap, "
                              "the version that samples a token depends on when the new weights arrive")
-        if self.scheduler.mode == SchedulerMode.c3po and self.algorithm.group_size > self.scheduler.pool_capacity:
-            raise ValueError(
-                f"scheduler.pool_capacity ({self.scheduler.pool_capacity}) must hold at least one group "
-                f"(algorithm.group_size = {self.algorithm.group_size})"
-            )
+        self.scheduler.check_holds_a_group(self.algorithm.group_size)
         if self.trainer.warmup_steps >= self.steps:
             raise ValueError(f"trainer.warmup_steps ({self.trainer.warmup_steps}) must be less than steps "
                              f"({self.steps})")

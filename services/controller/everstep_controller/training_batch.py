@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from everstep.settings import TrainerConfig
+from everstep.settings_codec import TRAINER_CONFIG
 from everstep.v1 import trainer_pb2
 from everstep_controller.progress_store import ScoredSample
 from everstep_controller.reward_errors import ErrorClass, RewardFailed, describe
@@ -14,18 +16,10 @@ from everstep_controller.spec import JobSpec
 
 def trainer_config(spec: JobSpec, start_step: int = 0) -> trainer_pb2.TrainerConfig:
     """The trainer's options; a trainer restarted at `start_step` gets the schedule of the remaining steps."""
-    loss, opt = spec.algorithm.loss, spec.trainer
-    return trainer_pb2.TrainerConfig(
-        learning_rate=opt.learning_rate, weight_decay=opt.weight_decay, max_grad_norm=opt.max_grad_norm,
-        warmup_steps=max(0, opt.warmup_steps - start_step),
-        correction=trainer_pb2.Correction.Value(f"CORRECTION_{loss.correction.name.upper()}"), alpha=loss.alpha,
-        beta=loss.beta, tis_cap=loss.tis_cap, clip_low=loss.clip_low, clip_high=loss.clip_high,
-        aggregation=trainer_pb2.Aggregation.Value(f"AGGREGATION_{loss.aggregation.name.upper()}"),
-        temperature=spec.sampling.temperature,
-        micro_batch_tokens=opt.micro_batch_tokens, packing=opt.packing, ppo_epochs=opt.ppo_epochs,
-        num_minibatches=opt.num_minibatches, kl_coef=opt.kl_coef, entropy_coef=opt.entropy_coef,
-        seed=spec.seed, dtype="float32", total_steps=max(0, spec.steps - start_step),
-    )
+    trainer = spec.trainer.model_copy(update={"warmup_steps": max(0, spec.trainer.warmup_steps - start_step)})
+    config = TrainerConfig.compose(trainer=trainer, loss=spec.algorithm.loss, temperature=spec.sampling.temperature,
+                                   seed=spec.seed, total_steps=max(0, spec.steps - start_step))
+    return TRAINER_CONFIG.to_proto(config)
 
 
 def has_signal(members: list[ScoredSample]) -> bool:

@@ -9,6 +9,7 @@ from typing import Literal
 import torch
 
 from everstep.quantization import Quantization
+from everstep.settings import Dtype
 
 DEFAULT_MAX_SEQ_LEN = 2048
 """The KV cache length per slot when neither the job nor the server sets max_seq_len (and the model allows it)."""
@@ -47,7 +48,7 @@ class EngineConfig:
     """Prompt + output tokens a sequence may hold (the KV cache's length per slot). None: the model's
     max_position_embeddings, at most DEFAULT_MAX_SEQ_LEN. A value above the model's position limit is
     refused at load (ValueError), never capped."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    dtype: Dtype = Dtype.float32
     """Weights, activations and KV cache dtype (sampling is always float32)."""
     quantization: Quantization = Quantization.none
     """Weight-only quantization of the linear layers (native executor only): "int8" (per output channel),
@@ -81,8 +82,10 @@ class EngineConfig:
             raise ValueError(f"engine must be 'torch' or 'sglang', got {self.engine!r}")
         if self.executor not in ("auto", "native", "transformers"):
             raise ValueError(f"executor must be 'auto', 'native' or 'transformers', got {self.executor!r}")
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+        try:
+            object.__setattr__(self, "dtype", Dtype(self.dtype))
+        except ValueError:
+            raise ValueError(f"dtype must be one of {[d.value for d in Dtype]}, got {self.dtype!r}") from None
         try:
             object.__setattr__(self, "quantization", Quantization(self.quantization))
         except ValueError:

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from everstep_trainer.config import TrainerConfig
+from everstep.settings import TrainerConfig
 
 __all__ = [
     "CHECKPOINT_META_FILE",
@@ -62,7 +62,7 @@ class CheckpointMeta:
     config: TrainerConfig
 
     def to_json(self) -> str:
-        body = dataclasses.asdict(self)
+        body = {**dataclasses.asdict(self), "config": self.config.model_dump(mode="json")}
         return json.dumps({"format": _FORMAT, **body}, indent=2) + "\n"
 
 
@@ -132,5 +132,5 @@ def write_checkpoint_dir(out_dir: str | Path, *, write_model: Callable[[Path], o
 
 def config_differences(saved: TrainerConfig, given: TrainerConfig) -> list[str]:
     """'field: saved -> given' for every field that differs."""
-    return [f"{f.name}: {getattr(saved, f.name)!r} -> {getattr(given, f.name)!r}"
-            for f in dataclasses.fields(TrainerConfig) if getattr(saved, f.name) != getattr(given, f.name)]
+    return [f"{f}: {getattr(saved, f)!r} -> {getattr(given, f)!r}"
+            for f in TrainerConfig.model_fields if getattr(saved, f) != getattr(given, f)]

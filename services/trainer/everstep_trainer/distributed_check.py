@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
+from everstep.settings import TrainerConfig
 from everstep_trainer.batching import TrainSample
-from everstep_trainer.config import TrainerConfig
 
 __all__ = ["RankRunResult", "check", "check_batches", "train_on_one_rank", "train_on_ranks"]
 

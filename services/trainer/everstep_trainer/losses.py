@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor
 
-from everstep_trainer.config import AGGREGATIONS, CORRECTIONS
+from everstep.settings import Aggregation, Correction
 
 __all__ = [
     "MismatchDiagnostics",
@@ -101,8 +101,8 @@ def _validate(logp: Tensor, old_logp: Tensor, rollout_logp: Tensor, advantages: 
 
 def _validate_options(correction: str, alpha: float, beta: float, tis_cap: float,
                       clip_low: float, clip_high: float) -> None:
-    if correction not in CORRECTIONS:
-        raise ValueError(f"correction: must be one of {CORRECTIONS}, got {correction!r}")
+    if correction not in tuple(Correction):
+        raise ValueError(f"correction: must be one of {[c.value for c in Correction]}, got {correction!r}")
     if alpha > beta:
         raise ValueError(f"alpha: must be <= beta, got alpha={alpha}, beta={beta}")
     if tis_cap <= 0:
@@ -135,7 +135,7 @@ def mismatch_weight(old_logp: Tensor, rollout_logp: Tensor, *, correction: str, 
             return k.clamp(max=tis_cap)
         if correction == "none":
             return torch.ones_like(k)
-    raise ValueError(f"correction: must be one of {CORRECTIONS}, got {correction!r}")
+    raise ValueError(f"correction: must be one of {[c.value for c in Correction]}, got {correction!r}")
 
 
 def token_policy_loss(logp: Tensor, old_logp: Tensor, rollout_logp: Tensor, advantages: Tensor, mask: Tensor,
@@ -173,7 +173,7 @@ def loss_normalizer(mask: Tensor, aggregation: str) -> int:
         return int((valid.sum(dim=1) > 0).sum())
     if aggregation == "token-mean":
         return int(valid.sum())
-    raise ValueError(f"aggregation: must be one of {AGGREGATIONS}, got {aggregation!r}")
+    raise ValueError(f"aggregation: must be one of {[a.value for a in Aggregation]}, got {aggregation!r}")
 
 
 def aggregate_token_loss(per_token: Tensor, mask: Tensor, aggregation: str, *,
@@ -195,7 +195,7 @@ def aggregate_token_loss(per_token: Tensor, mask: Tensor, aggregation: str, *,
     elif aggregation == "token-mean":
         total = masked.sum()
     else:
-        raise ValueError(f"aggregation: must be one of {AGGREGATIONS}, got {aggregation!r}")
+        raise ValueError(f"aggregation: must be one of {[a.value for a in Aggregation]}, got {aggregation!r}")
     return total / max(float(normalizer), 1.0)
 
 
@@ -271,8 +271,8 @@ def policy_loss(logp: Tensor, old_logp: Tensor, rollout_logp: Tensor, advantages
     float (non-zero = valid). Gradient flows only into `logp`. Returns a scalar loss and
     `PolicyLossStats` (python floats); masked_fraction is what IcePop masks, whatever `correction`.
     """
-    if aggregation not in AGGREGATIONS:
-        raise ValueError(f"aggregation: must be one of {AGGREGATIONS}, got {aggregation!r}")
+    if aggregation not in tuple(Aggregation):
+        raise ValueError(f"aggregation: must be one of {[a.value for a in Aggregation]}, got {aggregation!r}")
     token_loss = token_policy_loss(logp, old_logp, rollout_logp, advantages, mask, correction=correction,
                                    alpha=alpha, beta=beta, tis_cap=tis_cap, clip_low=clip_low,
                                    clip_high=clip_high)

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from everstep.settings import Aggregation, TrainerConfig
 from everstep_trainer.batching import (
     PackedRows,
     PaddedBatch,
@@ -42,7 +43,6 @@ from everstep_trainer.checkpoint import (
     read_trainer_state,
     write_checkpoint_dir,
 )
-from everstep_trainer.config import AGGREGATIONS, TrainerConfig
 from everstep_trainer.distributed import (
     RankContext,
     all_reduce_max,
@@ -429,4 +429,4 @@ def _normalizer(num_outputs: Sequence[int], aggregation: str) -> int:
         return len(num_outputs)
     if aggregation == "token-mean":
         return sum(num_outputs)
-    raise ValueError(f"aggregation: must be one of {AGGREGATIONS}, got {aggregation!r}")
+    raise ValueError(f"aggregation: must be one of {[a.value for a in Aggregation]}, got {aggregation!r}")

@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from everstep.settings import TrainerConfig
 from everstep_trainer.batching import TrainSample
 from everstep_trainer.checkpoint import CheckpointMeta
-from everstep_trainer.config import TrainerConfig
 from everstep_trainer.distributed import RankContext
 from everstep_trainer.policy_trainer import PolicyTrainer, TrainStats
 

@@ -16,56 +16,30 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
 
+from everstep.settings import TrainerConfig
+from everstep.settings_codec import TRAINER_CONFIG
 from everstep.transport import bind, new_server
 from everstep.v1 import trainer_pb2, trainer_pb2_grpc
 from everstep_trainer import metrics
 from everstep_trainer.batching import TrainSample, validate_samples
 from everstep_trainer.checkpoint import read_checkpoint_meta
-from everstep_trainer.config import TrainerConfig
 from everstep_trainer.distributed import init_distributed_from_env, rank_device
 from everstep_trainer.policy_trainer import PolicyTrainer, TrainStats
 from everstep_trainer.rank_commands import CommandRunner, follow
 from everstep_trainer.sample_log import SampleLog
 from everstep_trainer.weight_push import GRPC_MAX_MESSAGE_BYTES, Transport, WeightPusher, WeightPushError
 
-__all__ = ["PROTO_AGGREGATIONS", "PROTO_CORRECTIONS", "TrainerService", "config_from_proto", "serve",
+__all__ = ["TrainerService", "config_from_proto", "serve",
            "serve_distributed", "stats_to_proto"]
 
 log = logging.getLogger(__name__)
 
 
-PROTO_CORRECTIONS: dict[int, str] = {trainer_pb2.CORRECTION_ICEPOP: "icepop", trainer_pb2.CORRECTION_TIS: "tis",
-                                      trainer_pb2.CORRECTION_NONE: "none"}
-PROTO_AGGREGATIONS: dict[int, str] = {trainer_pb2.AGGREGATION_SEQ_MEAN_TOKEN_MEAN: "seq-mean-token-mean",
-                                       trainer_pb2.AGGREGATION_TOKEN_MEAN: "token-mean"}
-_ENUM_FIELDS = {"correction": PROTO_CORRECTIONS, "aggregation": PROTO_AGGREGATIONS}
-"""The proto enums as TrainerConfig's values; UNSPECIFIED (0) is unset."""
-
-
 def config_from_proto(message: trainer_pb2.TrainerConfig) -> TrainerConfig:
-    """The one place where a proto field left unset means "use the TrainerConfig default".
-
-    Every scalar field of the message has presence (proto3 `optional`): a field set is used as given,
-    zero included (clip_low 0 trains with 0, learning_rate 0 is an error naming it), and validated; an
-    enum is unset at UNSPECIFIED. Fields this trainer does not know (the strings `correction` and
-    `aggregation` of a sender built before the enums) are an error, never a silent default.
-    """
-    unknown = sorted({f.field_number for f in UnknownFieldSet(message)})
-    if unknown:
-        raise ValueError(f"config: fields {unknown} are unknown to this trainer (5, 11: the strings correction and "
-                         "aggregation of a sender built before trainer.proto's enums)")
-    values: dict[str, object] = {}
-    for f in fields(TrainerConfig):
-        if f.name in _ENUM_FIELDS:
-            number = getattr(message, f.name)
-            if number:  # a number this trainer has no name for stays a number: TrainerConfig names the field
-                values[f.name] = _ENUM_FIELDS[f.name].get(number, number)
-        elif message.HasField(f.name):
-            values[f.name] = getattr(message, f.name)
-    try:
-        return TrainerConfig(**values)
-    except ValueError as e:
-        raise ValueError(f"config.{e}") from e
+    """The trainer's config a Load or LoadCheckpoint carries: `everstep.settings_codec.TRAINER_CONFIG` (a field
+    left unset takes its default, a field set to 0 is 0, a field this trainer does not know is an error: fields
+    5 and 11 were the strings correction and aggregation of a sender built before trainer.proto's enums)."""
+    return TRAINER_CONFIG.from_proto(message)
 
 
 def _transport_from_proto(request: trainer_pb2.PushWeightsRequest) -> Transport | None:

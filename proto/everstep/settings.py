@@ -1,0 +1,250 @@
+"""Every algorithm, trainer and sampling setting, declared once: field, default, check and description.
+
+The controller's job spec composes these sections (`spec.algorithm.loss` is a `LossSettings`, ...), the
+trainer runs on a `TrainerConfig` built from them, and the rollout engine takes its dtype and quantization
+types from here. A new setting is one field here; `everstep.settings_codec` carries it through the proto
+message of the same field name (a round-trip test fails until the proto has it, or until it is declared
+controller-only).
+
+Importable without torch and without the gRPC stubs (pydantic only).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from everstep.quantization import Quantization
+
+__all__ = [
+    "Aggregation",
+    "AlgorithmSettings",
+    "Correction",
+    "Dtype",
+    "LossSettings",
+    "SamplingSettings",
+    "SchedulerMode",
+    "SchedulerSettings",
+    "Section",
+    "TrainerConfig",
+    "TrainerSettings",
+    "describe_validation_error",
+]
+
+
+class Section(BaseModel):
+    """A settings section: unknown keys are refused (a typo never becomes a silent default)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Correction(StrEnum):
+    """Training/inference mismatch correction of the policy loss."""
+
+    icepop = "icepop"
+    """IcePop: tokens whose k = pi_train/pi_infer falls outside [alpha, beta] get weight 0."""
+    tis = "tis"
+    """Truncated importance sampling: weight min(k, tis_cap)."""
+    none = "none"
+    """Plain GRPO: weight 1."""
+
+
+class Aggregation(StrEnum):
+    """How per-token losses reduce to one number."""
+
+    seq_mean_token_mean = "seq-mean-token-mean"
+    """Mean over each sample's tokens, then over samples (the paper's)."""
+    token_mean = "token-mean"
+    """Mean over all tokens."""
+
+
+class Dtype(StrEnum):
+    """A floating-point dtype by its torch name."""
+
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+
+
+class SchedulerMode(StrEnum):
+    """How rollouts are scheduled into steps."""
+
+    c3po = "c3po"
+    """C3PO++: token-budgeted partial rollouts carried over across policy versions."""
+    sync = "sync"
+    """The synchronous baseline: one batch of prompts per step, every rollout finished."""
+
+
+class LossSettings(Section):
+    """Options of `everstep_trainer.losses.policy_loss`."""
+
+    correction: Correction = Field(default=Correction.icepop, description="Training/inference mismatch correction.")
+    alpha: float = Field(default=0.5, gt=0, allow_inf_nan=False,
+                         description="IcePop lower bound on k = pi_train/pi_infer.")
+    beta: float = Field(default=5.0, gt=0, allow_inf_nan=False, description="IcePop upper bound on k.")
+    tis_cap: float = Field(default=2.0, gt=0, allow_inf_nan=False, description="TIS weight cap C.")
+    clip_low: float = Field(default=0.2, ge=0, lt=1, allow_inf_nan=False, description="PPO epsilon below 1.")
+    clip_high: float = Field(default=0.2, ge=0, allow_inf_nan=False, description="PPO epsilon above 1.")
+    aggregation: Aggregation = Field(default=Aggregation.seq_mean_token_mean, description="Loss aggregation.")
+
+    @model_validator(mode="after")
+    def _bounds_ordered(self) -> LossSettings:
+        if self.alpha > self.beta:
+            raise ValueError(f"beta: must not be below alpha ({self.alpha}) (got {self.beta})")
+        return self
+
+
+class AlgorithmSettings(Section):
+    """GRPO with a corrected policy loss."""
+
+    group_size: int = Field(default=8, ge=2, description="Samples per prompt (G).")
+    normalize_std: bool = Field(default=True, description="Divide advantages by the group's reward std.")
+    drop_zero_signal_groups: bool = Field(
+        default=True, description="Leave out of training groups whose rewards are all equal (zero advantage)."
+    )
+    min_signal_groups: int = Field(
+        default=0, ge=0,
+        description="Signal-aware sampling (DAPO's dynamic sampling): a step keeps sampling until it holds this "
+                    "many complete groups whose rewards differ (a nonzero advantage), instead of training on what "
+                    "survives the zero-signal drop. Each extra round lets C3PO++ refill until another token_budget "
+                    "of finished tokens, or starts another prompts_per_iteration batch (sync). 0: off.",
+    )
+    max_sampling_rounds: int = Field(
+        default=4, ge=1,
+        description="Rounds of sampling a step may take to reach min_signal_groups; after the last it trains "
+                    "what it has (per step: num_sampling_rounds, num_groups_trained).",
+    )
+    loss: LossSettings = Field(default_factory=LossSettings)
+
+
+class _Temperature(Section):
+    temperature: float = Field(default=1.0, gt=0, allow_inf_nan=False,
+                               description="Sampling temperature; the trainer divides its logits by the same.")
+
+
+class SamplingSettings(_Temperature):
+    """How the rollout engine samples during training."""
+
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling threshold (1: off).")
+    top_k: int = Field(default=0, ge=0, description="Top-k filtering (0: off).")
+    max_new_tokens: int = Field(default=256, ge=1, description="Longest response, in tokens.")
+    stop: list[str] = Field(default_factory=list, description="Extra stop strings besides EOS.")
+    dtype: Dtype = Field(default=Dtype.float32, description="Engine dtype.")
+    quantization: Quantization = Field(
+        default=Quantization.none,
+        description="Weight-only quantization of the engine's linear layers: 'none', 'int8' (per output channel), "
+                    "'int8-tensor' (per tensor), 'fp8' (e4m3, per output channel) or 'int4' (per output channel and "
+                    "group of 32 inputs); the engine quantizes at load "
+                    "and every weight push (the trainer stays full precision). Torch engine, native executor only.",
+    )
+
+
+class SchedulerSettings(Section):
+    """C3PO++ (token-budgeted partial rollouts) or the synchronous baseline."""
+
+    mode: SchedulerMode = Field(default=SchedulerMode.c3po, description="'c3po' or the 'sync' baseline.")
+    token_budget: int = Field(
+        default=16384, ge=1, description="Phi: output tokens of rollouts finished per iteration (c3po)."
+    )
+    retention: int = Field(
+        default=1, ge=0,
+        description="Sigma: carry-overs allowed; an unfinished rollout already carried this often is purged.",
+    )
+    pool_capacity: int = Field(default=256, ge=2, description="Omega: rollouts decoding at once (c3po).")
+    prompts_per_iteration: int = Field(
+        default=32, ge=1, description="Prompts started per iteration by the sync baseline."
+    )
+    overlap: int = Field(
+        default=0, ge=0, le=16,
+        description="Asynchronous depth: how many policy versions the engines may run ahead of the trainer. 0: each "
+                    "step's rollout, train step and weight push run one after another. N >= 1: while step n trains, "
+                    "the engines keep decoding step n+1 (new prompts and carried rollouts) under the weights they "
+                    "have, and the new weights are swapped in place at a decode-step boundary; at most N trained "
+                    "steps are in flight. Every token keeps the version that sampled it, so staleness is at most "
+                    "overlap + retention; IcePop/TIS's ratio k then also covers the stale tokens' staleness. A step "
+                    "with an evaluation or checkpoint after it, a pause or cancel, and the last step wait for the "
+                    "steps in flight.",
+    )
+
+    def check_holds_a_group(self, group_size: int) -> None:
+        """ValueError naming pool_capacity when C3PO++'s pool cannot hold one group of `group_size` samples."""
+        if self.mode == SchedulerMode.c3po and group_size > self.pool_capacity:
+            raise ValueError(f"scheduler.pool_capacity ({self.pool_capacity}) must hold at least one group "
+                             f"(algorithm.group_size = {group_size})")
+
+
+class TrainerSettings(Section):
+    """Optimizer and step options of the trainer."""
+
+    learning_rate: float = Field(default=1e-5, gt=0, allow_inf_nan=False,
+                                 description="Peak AdamW learning rate (reached after warmup).")
+    weight_decay: float = Field(default=0.0, ge=0, allow_inf_nan=False,
+                                description="AdamW decoupled weight decay, applied to matrices only (not to biases "
+                                            "and norm weights).")
+    max_grad_norm: float = Field(default=1.0, gt=0, allow_inf_nan=False,
+                                 description="Global gradient-norm clip applied before every optimizer step.")
+    warmup_steps: int = Field(default=0, ge=0, description="Linear learning-rate warmup steps.")
+    micro_batch_tokens: int = Field(
+        default=16384, ge=1,
+        description="Token budget (padded samples x length) of one forward/backward micro-batch (accumulated).",
+    )
+    packing: bool = Field(
+        default=False,
+        description="Pack each micro-batch's sequences back to back in rows of its longest sequence's width (positions "
+                    "restart per sequence, attention stays within it) instead of right-padding each to the longest: "
+                    "the same loss and gradients up to floating-point order, fewer padding positions computed (see "
+                    "the trainer's padding_fraction). The trainer refuses it for a model whose attention does not "
+                    "keep packed sequences apart.",
+    )
+    ppo_epochs: int = Field(default=1, ge=1, description="Passes over each batch.")
+    num_minibatches: int = Field(
+        default=1, ge=1,
+        description="Optimizer steps per epoch; the batch is split into this many minibatches of samples.",
+    )
+    kl_coef: float = Field(default=0.0, ge=0, allow_inf_nan=False,
+                           description="k3 KL penalty to the initial policy (0: off; the reference model is loaded "
+                                       "only when > 0).")
+    entropy_coef: float = Field(default=0.0, ge=0, allow_inf_nan=False,
+                                description="Entropy bonus coefficient (0: off).")
+
+
+class TrainerConfig(TrainerSettings, LossSettings, _Temperature):
+    """Everything the trainer runs with: the job's trainer and loss sections, its sampling temperature, and what the
+    controller derives from the job (seed, the schedule's length). What proto `everstep.v1.TrainerConfig` carries."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    seed: int = Field(default=0, ge=0, description="Seed of torch and of the minibatch shuffling.")
+    dtype: Dtype = Field(default=Dtype.float32,
+                         description="Compute dtype: bfloat16 autocast on CUDA only; weights and optimizer state "
+                                     "stay float32.")
+    total_steps: int = Field(default=0, ge=0,
+                             description="Train steps of the schedule: > 0 gives cosine decay to 0 after warmup; 0 "
+                                         "keeps the learning rate constant.")
+
+    @model_validator(mode="after")
+    def _schedule_longer_than_warmup(self) -> TrainerConfig:
+        if self.total_steps and self.total_steps <= self.warmup_steps:
+            raise ValueError(f"total_steps: must be 0 (constant) or > warmup_steps ({self.warmup_steps}) "
+                             f"(got {self.total_steps})")
+        return self
+
+    @classmethod
+    def compose(cls, *, trainer: TrainerSettings, loss: LossSettings, temperature: float, seed: int,
+                total_steps: int, dtype: Dtype = Dtype.float32) -> TrainerConfig:
+        """The trainer's config from the job's sections: every field of `trainer` and `loss`, as given."""
+        return cls(**trainer.model_dump(), **loss.model_dump(), temperature=temperature, seed=seed,
+                   total_steps=total_steps, dtype=dtype)
+
+
+def describe_validation_error(error: ValidationError, prefix: str = "") -> str:
+    """'field.path: why (got value)' for each problem, one per line: the field to change comes first."""
+    lines = []
+    for problem in error.errors(include_url=False):
+        path = ".".join(str(p) for p in problem["loc"])
+        message = problem["msg"].removeprefix("Value error, ")
+        if path:  # a field's own check
+            lines.append(f"{prefix}{path}: {message} (got {problem['input']!r})")
+        else:  # a check across fields: its message starts with the field to change
+            lines.append(f"{prefix}{message}")
+    return "\n".join(lines)

@@ -1,0 +1,128 @@
+"""Every settings field crosses its proto message and comes back as it was: the codecs map every field.
+
+A field added to a proto message or to a settings model fails `test_every_field_is_mapped` until the codec
+maps it (same name on both sides) or names it as one side's only; and the round trips below set every
+mapped field to a value other than its default, so a field the codec drops fails them too.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from everstep.proto_enums import enum_from_proto, enum_to_proto
+from everstep.quantization import Quantization, quantization_from_proto, quantization_to_proto
+from everstep.settings import Aggregation, Correction, SamplingSettings, TrainerConfig
+from everstep.settings_codec import SAMPLING_PARAMS, TRAINER_CONFIG, SettingsCodec
+from everstep.v1 import common_pb2, rollout_pb2, trainer_pb2
+
+CODECS = [TRAINER_CONFIG, SAMPLING_PARAMS]
+
+
+def _not_default(model: type[BaseModel], name: str) -> Any:
+    """A valid value of `name` that differs from its default."""
+    field = model.model_fields[name]
+    default = field.get_default(call_default_factory=True)
+    annotation = field.annotation
+    if isinstance(annotation, type) and issubclass(annotation, StrEnum):
+        return next(m for m in annotation if m != default)
+    if annotation is bool:
+        return not default
+    if annotation is int:
+        return default + 3
+    if annotation is float:
+        return default * 0.5 if default else 0.25
+    if isinstance(default, list):
+        return ["</answer>", "\n\n"]
+    raise AssertionError(f"{model.__name__}.{name}: no test value for {annotation!r}; add one here")
+
+
+def _everything_changed(model: type[BaseModel], names: list[str]) -> dict[str, Any]:
+    values = {name: _not_default(model, name) for name in names}
+    if model is TrainerConfig:
+        values["total_steps"] = values["warmup_steps"] + 10
+        values["alpha"], values["beta"] = 0.25, 4.0
+    if model is SamplingSettings:
+        values["top_p"] = 0.5
+    return values
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=lambda c: c.message.DESCRIPTOR.name)
+def test_every_field_is_mapped(codec: SettingsCodec) -> None:
+    assert codec.unmapped() == [], "map these fields (same name on both sides) or name them as one side's only"
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=lambda c: c.message.DESCRIPTOR.name)
+def test_every_field_survives_the_round_trip(codec: SettingsCodec) -> None:
+    mapped = [n for n in codec.settings.model_fields if n not in codec.settings_only]
+    values = _everything_changed(codec.settings, mapped)
+    settings = codec.settings(**values)
+    assert all(getattr(settings, n) != codec.settings.model_fields[n].get_default(call_default_factory=True)
+               for n in mapped), "the round trip must change every field"
+    message = codec.to_proto(settings)
+    for field in codec.message.DESCRIPTOR.fields:
+        if field.name in codec.message_only:
+            continue
+        assert (message.HasField(field.name) if field.has_presence else getattr(message, field.name)), field.name
+    wire = codec.message.FromString(message.SerializeToString())
+    back = codec.from_proto(wire, **{n: getattr(settings, n) for n in codec.settings_only})
+    assert back == settings
+
+
+def test_an_unset_field_takes_the_settings_default_and_zero_stays_zero() -> None:
+    assert TRAINER_CONFIG.from_proto(trainer_pb2.TrainerConfig()) == TrainerConfig()
+    config = TRAINER_CONFIG.from_proto(trainer_pb2.TrainerConfig(clip_low=0.0, kl_coef=0.0, seed=0))
+    assert (config.clip_low, config.learning_rate) == (0.0, 1e-5)
+
+
+def test_message_only_fields_are_given_to_the_encoder() -> None:
+    message = SAMPLING_PARAMS.to_proto(SamplingSettings(), seed=11)
+    assert message.seed == 11
+    with pytest.raises(TypeError, match="temperature"):
+        SAMPLING_PARAMS.to_proto(SamplingSettings(), temperature=0.0)
+
+
+def test_a_codec_names_a_field_one_side_lacks() -> None:
+    partial = SettingsCodec(SamplingSettings, common_pb2.SamplingParams, settings_only={"dtype", "quantization"})
+    assert partial.unmapped() == ["everstep.v1.SamplingParams.seed"]
+    partial = SettingsCodec(SamplingSettings, common_pb2.SamplingParams, message_only={"seed"})
+    assert partial.unmapped() == ["SamplingSettings.dtype", "SamplingSettings.quantization"]
+
+
+def test_bad_values_are_refused_naming_the_field() -> None:
+    with pytest.raises(ValueError, match=r"^config\.micro_batch_tokens: "):
+        TRAINER_CONFIG.from_proto(trainer_pb2.TrainerConfig(micro_batch_tokens=0))
+    with pytest.raises(ValueError, match=r"^config\.aggregation: unknown value 7"):
+        TRAINER_CONFIG.from_proto(trainer_pb2.TrainerConfig(aggregation=7))
+    with pytest.raises(ValueError, match=r"^config\.dtype: "):
+        TRAINER_CONFIG.from_proto(trainer_pb2.TrainerConfig(dtype="float16"))
+
+
+@pytest.mark.parametrize(("enum", "descriptor"), [
+    (Correction, trainer_pb2.Correction.DESCRIPTOR), (Aggregation, trainer_pb2.Aggregation.DESCRIPTOR),
+    (Quantization, rollout_pb2.Quantization.DESCRIPTOR)])
+def test_every_enum_member_has_its_proto_value_and_back(enum: type[StrEnum], descriptor: Any) -> None:
+    numbers = {enum_to_proto(member, descriptor) for member in enum}
+    assert numbers == set(descriptor.values_by_number) - {0}, "one proto value per member, UNSPECIFIED aside"
+    assert [enum_from_proto(enum, enum_to_proto(m, descriptor), descriptor, field="f") for m in enum] == list(enum)
+    assert enum_from_proto(enum, 0, descriptor, field="f") is None
+
+
+def test_quantization_keeps_its_helpers() -> None:
+    assert quantization_from_proto(quantization_to_proto("int8-tensor")) == Quantization.int8_tensor
+    assert quantization_from_proto(0) is None and quantization_from_proto(99) is None
+    with pytest.raises(ValueError, match="^quantization: must be one of"):
+        quantization_to_proto("int3")
+
+
+def test_the_settings_module_imports_neither_torch_nor_the_stubs() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, everstep.settings; "
+            "print(sorted(m for m in ('torch', 'everstep.v1', 'grpc') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
