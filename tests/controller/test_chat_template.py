@@ -141,7 +141,7 @@ def test_a_template_that_refuses_a_row_skips_it_with_the_cause(tmp_path: Path) -
 
 
 def test_the_reward_service_gets_the_decoded_completion_and_the_users_text_only(tmp_path: Path) -> None:
-    """The engine decodes a completion as engine.py does (AutoTokenizer.decode(..., skip_special_tokens=True)):
+    """The engine decodes a completion as the torch engine does (AutoTokenizer.decode(..., skip_special_tokens=True)):
     the <|im_end|> that ends the assistant's turn is not in it; the item's prompt is the user's message."""
     model = _model_dir(tmp_path / "model", QWEN2_TEMPLATE, jinja_file=True)
     rows = tmp_path / "rows.jsonl"

@@ -10,10 +10,11 @@ import torch
 from rollout_reference import assert_matches_hf, hf_greedy, hf_logprobs, hf_model
 from safetensors.torch import load_file
 
-from everstep_rollout.engine import Engine, EngineConfig, QueueFullError
-from everstep_rollout.llama_executor import LlamaExecutor
+from everstep_rollout.config import EngineConfig
+from everstep_rollout.engine import Engine, QueueFullError
+from everstep_rollout.executor.native import LlamaExecutor
+from everstep_rollout.executor.transformers_executor import TransformersExecutor
 from everstep_rollout.sequence import FinishReason, GenerationRequest, SamplingOptions, SequenceResult
-from everstep_rollout.transformers_executor import TransformersExecutor
 
 PROMPTS = [[1, 5, 12, 4, 13, 6], [1, 20], [1, 30, 31, 32, 33, 34, 35, 36, 37, 7, 8], [1, 9, 10], [1, 40, 41, 42]]
 

@@ -7,8 +7,8 @@ import random
 import threading
 import time
 
-from everstep_rollout.engine import Engine, EngineConfig
-from everstep_rollout.engine_loop import EngineLoop, Withdrawn
+from everstep_rollout.config import EngineConfig
+from everstep_rollout.engine import Engine, EngineLoop, Withdrawn
 from everstep_rollout.sequence import FinishReason, GenerationRequest, SamplingOptions, SequenceResult
 
 SAMPLING = SamplingOptions(temperature=0.0, max_new_tokens=12)

@@ -9,7 +9,8 @@ import torch
 from rollout_reference import hf_logprobs, hf_model
 from safetensors.torch import load_file, save_file
 
-from everstep_rollout.engine import Engine, EngineConfig
+from everstep_rollout.config import EngineConfig
+from everstep_rollout.engine import Engine
 from everstep_rollout.sequence import GenerationRequest, SamplingOptions, SequenceResult
 
 PROMPTS = [[1, 5, 12, 4, 13, 6], [1, 20, 21], [1, 30, 31, 32, 33]]
@@ -100,7 +101,7 @@ def test_bad_quantization_is_refused_naming_the_field(tiny_model_dir, tiny_gpt2_
 def test_int8_kernel_and_dequantized_matmul_agree() -> None:
     """bfloat16 with few rows takes torch's int8 kernel where it runs, more rows dequantize: same numbers."""
     from everstep.quantization import Quantization
-    from everstep_rollout.quantization import QuantizedMatrix
+    from everstep_rollout.executor.quantization import QuantizedMatrix
 
     generator = torch.Generator().manual_seed(0)
     matrix = QuantizedMatrix(48, 64, quantization=Quantization.int8, dtype=torch.bfloat16, device=torch.device("cpu"))
@@ -128,7 +129,7 @@ def test_quantized_engine_on_cuda_computes_what_the_cpu_one_does(quantization, t
 def test_int4_packs_two_values_a_byte_with_a_scale_per_group_of_32_inputs(cols: int) -> None:
     """An odd width and a last group shorter than 32 round like the others; two values are stored a byte."""
     from everstep.quantization import Quantization
-    from everstep_rollout.quantization import QuantizedMatrix
+    from everstep_rollout.executor.quantization import QuantizedMatrix
 
     generator = torch.Generator().manual_seed(1)
     w = torch.randn(6, cols, generator=generator)

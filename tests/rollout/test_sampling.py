@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from everstep_rollout.sampling import SamplingBatch, sample
+from everstep_rollout.engine.sampling import SamplingBatch, sample
 
 LOGITS = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0])
 

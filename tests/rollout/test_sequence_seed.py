@@ -5,7 +5,8 @@ seed and whichever sequences decode beside it."""
 from __future__ import annotations
 
 from everstep.v1 import common_pb2
-from everstep_rollout.engine import Engine, EngineConfig
+from everstep_rollout.config import EngineConfig
+from everstep_rollout.engine import Engine
 from everstep_rollout.proto_convert import request_from_proto, sampling_from_proto
 
 PROMPT = [1, 5, 12, 4, 13, 6]

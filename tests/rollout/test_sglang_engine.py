@@ -41,10 +41,9 @@ import torch
 import torch.multiprocessing  # noqa: F401 - registers torch's tensor reductions with ForkingPickler
 
 from everstep import cuda_ipc
-from everstep_rollout.engine import QueueFullError
-from everstep_rollout.engines import EngineUnavailableError, build_engine
+from everstep_rollout.engine import EngineUnavailableError, QueueFullError, build_engine
+from everstep_rollout.engine.sglang_engine import SglangEngine
 from everstep_rollout.sequence import FinishReason, GenerationRequest, SamplingOptions, SequenceResult
-from everstep_rollout.sglang_engine import SglangEngine
 
 SGLANG_INSTALLED = importlib.util.find_spec("sglang") is not None
 
@@ -372,7 +371,7 @@ def test_sglang_signal_registration_is_skipped_off_the_main_thread():
     engine on a gRPC thread. `launch_stand_in` plays that one call of sglang's `_set_envs_and_config`."""
     import signal
 
-    from everstep_rollout.sglang_engine import signal_handlers_skipped_off_main_thread
+    from everstep_rollout.engine.sglang_engine import signal_handlers_skipped_off_main_thread
 
     def launch_stand_in() -> None:
         signal.signal(signal.SIGQUIT, lambda *_: None)

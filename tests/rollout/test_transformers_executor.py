@@ -9,9 +9,10 @@ from rollout_reference import assert_matches_hf, hf_greedy, hf_model
 from safetensors.torch import load_file
 from test_engine import PROMPTS, requests, run
 
-from everstep_rollout.engine import Engine, EngineConfig
+from everstep_rollout.config import EngineConfig
+from everstep_rollout.engine import Engine
+from everstep_rollout.executor.transformers_executor import TransformersExecutor
 from everstep_rollout.sequence import GenerationRequest, SamplingOptions
-from everstep_rollout.transformers_executor import TransformersExecutor
 
 
 @pytest.fixture(params=["gpt2", "neox"])

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from everstep_rollout import metrics
     from everstep_rollout.config import EngineConfig, default_num_threads
-    from everstep_rollout.engines import EngineUnavailableError
+    from everstep_rollout.engine import EngineUnavailableError
     from everstep_rollout.server import RolloutServicer, build_server, set_serving
 
     torch.set_num_threads(args.num_threads or default_num_threads())

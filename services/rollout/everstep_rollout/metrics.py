@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from everstep_rollout.engine import StepStats
-from everstep_rollout.engine_loop import EngineStatus
+from everstep_rollout.engine.interface import StepStats
+from everstep_rollout.engine.loop import EngineStatus
 
 GENERATED_TOKENS = Counter("everstep_rollout_generated_tokens_total", "Output tokens generated.")
 RUNNING_SEQUENCES = Gauge("everstep_rollout_running_sequences", "Sequences holding a KV cache slot.")

@@ -19,10 +19,17 @@ from everstep.transport import bind, new_server
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc
 from everstep_rollout import metrics
 from everstep_rollout.config import EngineConfig, resolve_max_seq_len
-from everstep_rollout.engine import QueueFullError
-from everstep_rollout.engine_loop import EngineFailed, EngineLoop, EngineStatus, Withdrawn
-from everstep_rollout.engines import EngineUnavailableError, GenerationEngine, build_engine
-from everstep_rollout.llama_executor import read_config
+from everstep_rollout.engine import (
+    EngineFailed,
+    EngineLoop,
+    EngineStatus,
+    EngineUnavailableError,
+    GenerationEngine,
+    QueueFullError,
+    Withdrawn,
+    build_engine,
+)
+from everstep_rollout.model_files import read_config
 from everstep_rollout.proto_convert import request_from_proto, result_to_proto, sampling_from_proto
 from everstep_rollout.sequence import SequenceResult
 from everstep_rollout.weight_group import WeightGroupMember

@@ -68,9 +68,9 @@ from everstep import cuda_ipc
 from everstep.model_config import position_limit
 from everstep.quantization import Quantization
 from everstep_rollout.config import EngineConfig, resolve_max_seq_len
-from everstep_rollout.engine import QueueFullError, StepStats, ThroughputWindow, read_eos_token_ids
-from everstep_rollout.engines import EngineUnavailableError
-from everstep_rollout.llama_executor import read_config
+from everstep_rollout.engine.interface import EngineUnavailableError, QueueFullError, StepStats
+from everstep_rollout.engine.throughput import ThroughputWindow
+from everstep_rollout.model_files import read_config, read_eos_token_ids
 from everstep_rollout.sequence import FinishReason, GenerationRequest, SequenceResult
 
 log = logging.getLogger(__name__)

@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 
 from everstep_rollout.config import resolve_max_seq_len
-from everstep_rollout.executor import ExecutorOptions, StepBatch
-from everstep_rollout.llama_executor import long_tensor
+from everstep_rollout.executor.interface import ExecutorOptions, ForwardBatch
+from everstep_rollout.executor.tensors import long_tensor
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ class TransformersExecutor:
         executor = cls(model, options, max_seq_len)
         try:  # allocates every layer's storage now, and checks that the model runs over our cache
             with torch.inference_mode():
-                executor.forward(StepBatch(decode_tokens=[0], decode_positions=[0]))
+                executor.forward(ForwardBatch(decode_tokens=[0], decode_positions=[0]))
         except Exception as e:
             raise NotImplementedError(
                 f"model_type {executor.model_type!r} does not run with the transformers executor's KV cache "
@@ -194,7 +194,7 @@ class TransformersExecutor:
     def _cache(self, plan: dict):
         return self._cache_class(layers=[self._layer_class(self._store, li, plan) for li in range(self._num_layers)])
 
-    def forward(self, batch: StepBatch) -> torch.Tensor | None:
+    def forward(self, batch: ForwardBatch) -> torch.Tensor | None:
         if batch.prefill_rows:
             self._prefill(batch.prefill_rows, batch.prefill_slots)
         if not batch.decode_tokens:

@@ -18,8 +18,7 @@ from typing import TypeVar
 
 import torch
 
-from everstep_rollout.engine import StepStats
-from everstep_rollout.engines import GenerationEngine
+from everstep_rollout.engine.interface import GenerationEngine, StepStats
 from everstep_rollout.sequence import GenerationRequest, SequenceResult
 
 log = logging.getLogger(__name__)

@@ -1,33 +1,22 @@
-"""The model executor interface of the torch engine, and the factory that picks one for a model.
+"""The model executor interface of the torch engine: what one forward pass computes, and what runs it.
 
-Two executors implement it:
-
-- `LlamaExecutor` (native): our own forward pass for Llama-architecture models (Llama, Qwen2) with
-  fused projections and a preallocated KV cache; the fast path.
-- `TransformersExecutor`: any causal LM that `transformers.AutoModelForCausalLM` loads, run through its
-  own modeling code, with its keys and values kept in our per-slot storage.
-
-`executor="auto"` (the default) takes the native one when the config is one it supports and the
-transformers one otherwise; "native" and "transformers" force a choice.
+Two executors implement it: `native.LlamaExecutor` and `transformers_executor.TransformersExecutor`;
+`factory.build_executor` picks one for a model. This module imports no implementation.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol
 
 import torch
 
 from everstep.quantization import Quantization
 
-log = logging.getLogger(__name__)
-
 
 @dataclass(frozen=True, kw_only=True)
-class StepBatch:
+class ForwardBatch:
     """What one forward pass computes.
 
     Decode rows: row i is KV cache slot i, for i in 0..len(decode_tokens)-1. Each row's token at
@@ -69,7 +58,7 @@ class Executor(Protocol):
     weights: WeightStore
     cache_bytes: int
 
-    def forward(self, batch: StepBatch) -> torch.Tensor | None:
+    def forward(self, batch: ForwardBatch) -> torch.Tensor | None:
         """Run the batch; logits [len(decode_tokens), vocab] float32 of the decode rows (None without any)."""
 
     def move_slot(self, src: int, dst: int, length: int) -> None:
@@ -85,26 +74,3 @@ class ExecutorOptions:
     device: torch.device
     quantization: Quantization = Quantization.none
     """Weight-only quantization of the linear layers; native executor only (ValueError elsewhere)."""
-
-
-def build_executor(model_dir: Path, model_config: Mapping, kind: str, options: ExecutorOptions) -> Executor:
-    """The executor `kind` ("auto", "native" or "transformers") names, loaded with the model's weights."""
-    from everstep_rollout.llama_executor import LlamaExecutor, LlamaSpec
-
-    if kind not in ("auto", "native", "transformers"):
-        raise ValueError(f"executor must be 'auto', 'native' or 'transformers', got {kind!r}")
-    if kind != "transformers":
-        try:
-            spec = LlamaSpec.from_config(model_config)
-        except NotImplementedError as e:
-            if kind == "native":
-                raise
-            log.info("native executor does not support %s (%s); using the transformers executor", model_dir, e)
-        else:
-            return LlamaExecutor.load(model_dir, spec, options)
-    if options.quantization != Quantization.none:
-        raise ValueError(f"quantization: {options.quantization.value!r} needs the native executor (Llama/Qwen2 "
-                         f"models), and {model_dir} runs on the transformers executor; use quantization 'none'")
-    from everstep_rollout.transformers_executor import TransformersExecutor
-
-    return TransformersExecutor.load(model_dir, options)

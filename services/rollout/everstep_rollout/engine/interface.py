@@ -1,25 +1,42 @@
-"""The engine interface the rollout server drives, and the factory that builds the configured engine.
+"""The engine interface the rollout server and `EngineLoop` drive, and the types it shares.
 
-`EngineConfig.engine` picks it: "torch" (`engine.Engine`, the default, CPU or GPU) or "sglang"
-(`sglang_engine.SglangEngine`, GPU, in its own environment: `make sglang-venv`). sglang is imported only
-when selected.
+Implementations: `torch_engine.Engine` (our continuous-batching engine, CPU or GPU) and
+`sglang_engine.SglangEngine` (sglang's offline engine, GPU); `factory.build_engine` picks one. This module
+imports no implementation.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
 from everstep_rollout.config import EngineConfig
-from everstep_rollout.engine import StepStats
-from everstep_rollout.sequence import GenerationRequest, SequenceResult
+from everstep_rollout.sequence import FinishReason, GenerationRequest, SequenceResult
+
+
+class QueueFullError(RuntimeError):
+    """add() refused: accepting the requests would make more than max_queued sequences wait."""
 
 
 class EngineUnavailableError(RuntimeError):
     """The configured engine cannot run here (its optional dependency is missing)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepStats:
+    """What one step did, for metrics."""
+
+    num_decoded: int
+    """Sequences that generated a token (= tokens generated)."""
+    num_prefilled: int
+    decode_seconds: float
+    """The forward pass that decoded a token for every running sequence, and sampling. Prefill of joining
+    sequences runs in the same pass (up to prefill_max_tokens); larger prefills run in passes before it."""
+    step_seconds: float
+    finished: dict[FinishReason, int]
 
 
 class GenerationEngine(Protocol):
@@ -49,14 +66,3 @@ class GenerationEngine(Protocol):
     def update_weights(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> int: ...
     def step(self) -> list[SequenceResult]: ...
     def shutdown(self) -> None: ...
-
-
-def build_engine(model_dir: str | Path, config: EngineConfig) -> GenerationEngine:
-    """The engine config.engine names; EngineUnavailableError (naming the extra) when sglang is missing."""
-    if config.engine == "sglang":
-        from everstep_rollout.sglang_engine import SglangEngine
-
-        return SglangEngine(model_dir, config)
-    from everstep_rollout.engine import Engine
-
-    return Engine(model_dir, config)

@@ -12,8 +12,6 @@ With `quantization` set, the four projections of every layer are held quantized 
 
 from __future__ import annotations
 
-import array
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,9 +22,10 @@ import torch.nn.functional as F
 
 from everstep.quantization import Quantization
 from everstep_rollout.config import resolve_max_seq_len
-from everstep_rollout.executor import ExecutorOptions, StepBatch
+from everstep_rollout.executor.interface import ExecutorOptions, ForwardBatch
+from everstep_rollout.executor.quantization import QuantizedMatrix, RowRange
+from everstep_rollout.executor.tensors import long_tensor
 from everstep_rollout.kv_cache import CacheShape, KVCache
-from everstep_rollout.quantization import QuantizedMatrix, RowRange
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 # Buffers some checkpoints carry that are derived from the config, not weights.
@@ -240,10 +239,6 @@ def _add_linear(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | 
     return torch.addmm(residual, x, weight.t())
 
 
-def read_config(model_dir: Path) -> dict:
-    return json.loads((model_dir / "config.json").read_text())
-
-
 def read_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
     """The checkpoint's tensors: safetensors directly when present, else via transformers."""
     from safetensors.torch import load_file
@@ -267,14 +262,8 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return weight * F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
 
 
-def long_tensor(values: list[int], device: torch.device) -> torch.Tensor:
-    """A list of ints as an int64 tensor; through array.array, 5x faster than torch.tensor(list) on CPU."""
-    t = torch.frombuffer(array.array("q", values), dtype=torch.long) if values else torch.empty(0, dtype=torch.long)
-    return t.to(device, non_blocking=True) if device.type != "cpu" else t
-
-
 class LlamaExecutor:
-    """Runs a `StepBatch`: prefill rows and decode rows through one forward pass.
+    """Runs a `ForwardBatch`: prefill rows and decode rows through one forward pass.
 
     Per layer, the q/k/v projection of every row (prefill and decode) is one matmul; RoPE is applied to
     q, k and v heads together (v rows get cos = 1, sin = 0, which leaves them exact), so that keys and
@@ -333,7 +322,7 @@ class LlamaExecutor:
     def move_slot(self, src: int, dst: int, length: int) -> None:
         self.cache.move(src, dst, length)
 
-    def forward(self, batch: StepBatch) -> torch.Tensor | None:
+    def forward(self, batch: ForwardBatch) -> torch.Tensor | None:
         s, device = self.spec, self._device
         nh, nkv, d = s.num_heads, s.num_kv_heads, s.head_dim
         num_decode, num_prefill = len(batch.decode_tokens), len(batch.prefill_rows)

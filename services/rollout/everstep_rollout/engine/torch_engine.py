@@ -3,8 +3,8 @@
 `Engine.step()` is one iteration of schedule -> execute -> update: queued sequences are admitted into
 free KV cache slots, and one forward pass prefills them and decodes one token for every running sequence
 (the joining ones included); sequences that hit EOS, a stop string or their length limit leave (their slot
-is reused at the next step). The model runs in an executor (`executor.py`): our native one for Llama and
-Qwen2 models, or transformers' own modeling code for any other causal LM.
+is reused at the next step). The model runs in an executor (`everstep_rollout.executor`): our native one
+for Llama and Qwen2 models, or transformers' own modeling code for any other causal LM.
 
 Per-token log-probabilities (`output_logprobs`): log_softmax(logits / T) of the sampled token, in
 float32, over the full vocabulary BEFORE top-k/top-p filtering, with T the sequence's temperature
@@ -22,18 +22,20 @@ import collections
 import logging
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from everstep.model_config import position_limit
 from everstep_rollout.config import EngineConfig
-from everstep_rollout.executor import ExecutorOptions, StepBatch, build_executor
+from everstep_rollout.engine.interface import QueueFullError, StepStats
+from everstep_rollout.engine.sampling import SamplingBatch, sample
+from everstep_rollout.engine.throughput import ThroughputWindow
+from everstep_rollout.executor import ExecutorOptions, ForwardBatch, build_executor
 from everstep_rollout.kv_cache import SlotAllocator
-from everstep_rollout.llama_executor import read_config
-from everstep_rollout.sampling import SamplingBatch, sample
-from everstep_rollout.sequence import FinishReason, GenerationRequest, SamplingOptions, SequenceResult
+from everstep_rollout.model_files import read_config, read_eos_token_ids
+from everstep_rollout.sequence import FinishReason, GenerationRequest, SequenceResult
 
 log = logging.getLogger(__name__)
 
@@ -42,24 +44,6 @@ _THROUGHPUT_WINDOW_SECONDS = 10.0
 # text token decodes to at least one character, so a stop string that the last token completed lies
 # inside that window; decoding the whole output every step would cost O(length) per token.
 _STOP_WINDOW_EXTRA_TOKENS = 8
-
-
-class QueueFullError(RuntimeError):
-    """add() refused: accepting the requests would make more than max_queued sequences wait."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class StepStats:
-    """What one step did, for metrics."""
-
-    num_decoded: int
-    """Sequences that generated a token (= tokens generated)."""
-    num_prefilled: int
-    decode_seconds: float
-    """The forward pass that decoded a token for every running sequence, and sampling. Prefill of joining
-    sequences runs in the same pass (up to prefill_max_tokens); larger prefills run in passes before it."""
-    step_seconds: float
-    finished: dict[FinishReason, int]
 
 
 @dataclass(eq=False, kw_only=True)
@@ -76,25 +60,6 @@ class _Sequence:
     @property
     def key(self) -> tuple[int, str]:
         return (self.request.stream, self.request.id)
-
-
-@dataclass(kw_only=True)
-class ThroughputWindow:
-    """Tokens per second over a sliding window of (end_time, num_tokens) events."""
-
-    window_seconds: float
-    events: collections.deque = field(default_factory=collections.deque)  # (end_time, num_tokens)
-
-    def record(self, end_time: float, num_tokens: int) -> None:
-        self.events.append((end_time, num_tokens))
-
-    def tokens_per_second(self, now: float) -> float:
-        while self.events and self.events[0][0] < now - self.window_seconds:
-            self.events.popleft()
-        if len(self.events) < 2:
-            return 0.0
-        span = now - self.events[0][0]
-        return sum(n for _, n in list(self.events)[1:]) / span if span > 0 else 0.0
 
 
 class Engine:
@@ -309,7 +274,7 @@ class Engine:
             chunks.append(rows[:n])
             rows = rows[n:]
         for chunk in chunks[:-1]:
-            self.executor.forward(StepBatch(prefill_rows=[s.token_ids[:-1] for s in chunk],
+            self.executor.forward(ForwardBatch(prefill_rows=[s.token_ids[:-1] for s in chunk],
                                             prefill_slots=[s.slot for s in chunk]))
         return chunks[-1] if chunks else []
 
@@ -326,7 +291,7 @@ class Engine:
             tokens[slot], positions[slot] = s.token_ids[-1], len(s.token_ids) - 1
             temperature[slot], top_p[slot], top_k[slot] = o.temperature, o.top_p, o.top_k
             generators[slot] = s.generator
-        logits = self.executor.forward(StepBatch(
+        logits = self.executor.forward(ForwardBatch(
             decode_tokens=tokens, decode_positions=positions,
             prefill_rows=[s.token_ids[:-1] for s in prefill], prefill_slots=[s.slot for s in prefill],
         ))
@@ -365,25 +330,3 @@ class Engine:
             output_logprobs=seq.output_logprobs, output_versions=seq.output_versions, finish_reason=reason,
             output_text=self.tokenizer.decode(seq.output_ids, skip_special_tokens=True),
         )
-
-
-def read_eos_token_ids(model_dir: Path, model_config: Mapping) -> frozenset[int]:
-    """EOS ids of config.json and generation_config.json together (either may hold an int or a list)."""
-    import json
-
-    ids: set[int] = set()
-    sources = [model_config]
-    generation_config = model_dir / "generation_config.json"
-    if generation_config.exists():
-        sources.append(json.loads(generation_config.read_text()))
-    for source in sources:
-        eos = source.get("eos_token_id")
-        if isinstance(eos, int):
-            ids.add(eos)
-        elif isinstance(eos, list):
-            ids.update(int(e) for e in eos)
-    return frozenset(ids)
-
-
-__all__ = ["Engine", "EngineConfig", "GenerationRequest", "QueueFullError", "SamplingOptions", "SequenceResult",
-           "StepStats"]

@@ -1,0 +1,44 @@
+"""The factory that picks the executor for a model, and loads it.
+
+- `LlamaExecutor` (`native.py`): our own forward pass for Llama-architecture models (Llama, Qwen2) with
+  fused projections and a preallocated KV cache; the fast path.
+- `TransformersExecutor` (`transformers_executor.py`): any causal LM that `transformers.AutoModelForCausalLM`
+  loads, run through its own modeling code, with its keys and values kept in our per-slot storage.
+
+`executor="auto"` (the default) takes the native one when the config is one it supports and the
+transformers one otherwise; "native" and "transformers" force a choice.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+
+from everstep.quantization import Quantization
+from everstep_rollout.executor.interface import Executor, ExecutorOptions
+
+log = logging.getLogger(__name__)
+
+
+def build_executor(model_dir: Path, model_config: Mapping, kind: str, options: ExecutorOptions) -> Executor:
+    """The executor `kind` ("auto", "native" or "transformers") names, loaded with the model's weights."""
+    from everstep_rollout.executor.native import LlamaExecutor, LlamaSpec
+
+    if kind not in ("auto", "native", "transformers"):
+        raise ValueError(f"executor must be 'auto', 'native' or 'transformers', got {kind!r}")
+    if kind != "transformers":
+        try:
+            spec = LlamaSpec.from_config(model_config)
+        except NotImplementedError as e:
+            if kind == "native":
+                raise
+            log.info("native executor does not support %s (%s); using the transformers executor", model_dir, e)
+        else:
+            return LlamaExecutor.load(model_dir, spec, options)
+    if options.quantization != Quantization.none:
+        raise ValueError(f"quantization: {options.quantization.value!r} needs the native executor (Llama/Qwen2 "
+                         f"models), and {model_dir} runs on the transformers executor; use quantization 'none'")
+    from everstep_rollout.executor.transformers_executor import TransformersExecutor
+
+    return TransformersExecutor.load(model_dir, options)
