@@ -19,7 +19,6 @@ import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 from pathlib import Path
 
 from everstep_sandbox import metrics
@@ -40,12 +39,12 @@ from everstep_sandbox.languages import SANDBOX_PATH, Language, ProgramFiles, ava
 from everstep_sandbox.languages import tool_exists as _exists
 from everstep_sandbox.paths import PathPolicy, PathRefused
 from everstep_sandbox.pool import PoolBusy, PoolClosed, SlotPool
-from everstep_sandbox.process import CommandResult, CommandStatus
+from everstep_sandbox.process import CommandResult, CommandRunStatus, RunStatus
 from everstep_sandbox.seccomp import build_filter
 from everstep_sandbox.slots import ExecRequest, Slot
 
 __all__ = [
-    "InvalidRequest", "ProgramResult", "ProgramSpec", "RunStatus", "SandboxRunner", "TestCase",
+    "InvalidRequest", "ProgramResult", "ProgramSpec", "SandboxRunner", "TestCase",
     "TestCaseResult", "TestsResult",
 ]
 
@@ -54,12 +53,6 @@ log = logging.getLogger(__name__)
 
 class InvalidRequest(ValueError):
     """The request cannot be run as given (unknown language, bad path, timeout too long)."""
-
-
-class RunStatus(StrEnum):
-    SUCCESS = "Success"
-    FAILED = "Failed"
-    SANDBOX_ERROR = "SandboxError"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,9 +118,9 @@ def _status_of(*results: CommandResult | None) -> tuple[RunStatus, str]:
     """SandboxFusion's rule: Error → SandboxError; timeout or non-zero exit → Failed; else Success."""
     present = [r for r in results if r is not None]
     for result in present:
-        if result.status == CommandStatus.ERROR:
+        if result.status == CommandRunStatus.ERROR:
             return RunStatus.SANDBOX_ERROR, result.stderr
-    if any(r.status == CommandStatus.TIME_LIMIT_EXCEEDED or r.return_code != 0 for r in present):
+    if any(r.status == CommandRunStatus.TIME_LIMIT_EXCEEDED or r.return_code != 0 for r in present):
         return RunStatus.FAILED, ""
     return RunStatus.SUCCESS, ""
 
@@ -202,7 +195,7 @@ class SandboxRunner:
                               memory_limit_mb=spec.memory_limit_mb, files=spec.files)
         result = self._run_program(program, self._jupyter, "", [*spec.fetch_files, JUPYTER_OUTPUT], cancel)
         if result.status == RunStatus.SANDBOX_ERROR:
-            return JupyterResult(result.status.value, result.message, result.run_result)
+            return JupyterResult(result.status, result.message, result.run_result)
         files = dict(result.files)
         status, cells = parse_output(result.run_result, files.pop(JUPYTER_OUTPUT, None))
         return JupyterResult(status, "", result.run_result, cells, files)
@@ -269,7 +262,7 @@ class SandboxRunner:
             run_result = self._run(slot, language, plan, case.stdin)
             cancel.check()
             self._check_not_stopped()
-            passed = (run_result.status == CommandStatus.FINISHED and run_result.return_code == 0
+            passed = (run_result.status == CommandRunStatus.FINISHED and run_result.return_code == 0
                       and outputs_match(run_result.stdout, case.expected_stdout))
             results.append(TestCaseResult(passed, run_result))
         status = RunStatus.SUCCESS if all(r.passed for r in results) else RunStatus.FAILED
@@ -401,4 +394,4 @@ def _abandoned(error: Exception) -> str:
 
 
 def _compiled(result: CommandResult) -> bool:
-    return result.status == CommandStatus.FINISHED and result.return_code == 0
+    return result.status == CommandRunStatus.FINISHED and result.return_code == 0
