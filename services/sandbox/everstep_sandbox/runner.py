@@ -219,14 +219,8 @@ class SandboxRunner:
                     files = slot.fetch(fetch, self._config.max_file_size_bytes)
                     status, message = _status_of(compile_result, run_result)
                     result = ProgramResult(status, message, compile_result, run_result, files)
-            except (PoolBusy, PoolClosed) as e:
-                result = ProgramResult(RunStatus.SANDBOX_ERROR, str(e))
             except Exception as e:
-                if cancel.cancelled:  # dropped from the queue, or its run killed: nobody is waiting
-                    result = ProgramResult(RunStatus.SANDBOX_ERROR, _abandoned(e))
-                else:  # a fault of the sandbox itself, never of the program
-                    log.exception("run_code failed for language %s", language.name)
-                    result = ProgramResult(RunStatus.SANDBOX_ERROR, f"sandbox error: {e}")
+                result = ProgramResult(RunStatus.SANDBOX_ERROR, _error_message(e, cancel, "run_code", language))
             outcome.status = result.status.value
             return result
 
@@ -239,14 +233,8 @@ class SandboxRunner:
             try:
                 with self._pool.acquire(cancel) as slot:
                     result = self._run_cases(slot, spec, language, plan, cases, cancel)
-            except (PoolBusy, PoolClosed) as e:
-                result = TestsResult(RunStatus.SANDBOX_ERROR, str(e))
             except Exception as e:
-                if cancel.cancelled:
-                    result = TestsResult(RunStatus.SANDBOX_ERROR, _abandoned(e))
-                else:
-                    log.exception("run_tests failed for language %s", language.name)
-                    result = TestsResult(RunStatus.SANDBOX_ERROR, f"sandbox error: {e}")
+                result = TestsResult(RunStatus.SANDBOX_ERROR, _error_message(e, cancel, "run_tests", language))
             outcome.status = result.status.value
             return result
 
@@ -383,6 +371,17 @@ class _Plan:
     compile_timeout_seconds: float
     run_timeout_seconds: float
     memory_mb: int
+
+
+def _error_message(error: Exception, cancel: CancelToken, request: str, language: Language) -> str:
+    """The message of a request that ended in a SandboxError (call it from the `except` block)."""
+    if isinstance(error, (PoolBusy, PoolClosed)):
+        return str(error)
+    if cancel.cancelled:  # dropped from the queue, or its run killed: nobody is waiting
+        return _abandoned(error)
+    # a fault of the sandbox itself, never of the program
+    log.exception("%s failed for language %s", request, language.name)
+    return f"sandbox error: {error}"
 
 
 def _abandoned(error: Exception) -> str:
