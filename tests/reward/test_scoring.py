@@ -11,7 +11,7 @@ from everstep.v1 import reward_pb2
 from everstep_reward.scoring import RewardScorer
 from everstep_reward.verifiers import VerifierRegistry
 from everstep_reward.verifiers.code import CodeParams, CodeVerifier, extract_code
-from everstep_reward.verifiers.format import FormatVerifier, is_well_formatted
+from everstep_reward.verifiers.format import FormatRules, FormatVerifier, find_format_violation
 
 
 def make_scorer(sandbox_endpoint: str | None = None) -> RewardScorer:
@@ -134,7 +134,7 @@ def test_score_batch_yields_every_item_once() -> None:
     ("\\boxed{}", False),
 ])
 def test_format_rule(response: str, ok: bool) -> None:
-    assert is_well_formatted(response) is ok
+    assert (find_format_violation(response, FormatRules()) is None) is ok
 
 
 def test_extract_code_takes_last_fenced_block() -> None:

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from everstep_sandbox.process import CommandStatus
-from everstep_sandbox.runner import InvalidRequest, ProgramSpec, RunStatus, SandboxRunner
+from everstep_sandbox.process import CommandRunStatus, RunStatus
+from everstep_sandbox.runner import InvalidRequest, ProgramSpec, SandboxRunner
 
 
 def test_java_runs_with_assertions_enabled(runner: SandboxRunner) -> None:
@@ -41,7 +41,7 @@ def test_time_limited_typescript_program_really_times_out(runner: SandboxRunner)
     start = time.monotonic()
     result = runner.run_code(ProgramSpec(code=code, language="typescript", run_timeout_seconds=1.5))
     assert result.status == RunStatus.FAILED, result
-    assert result.run_result.status == CommandStatus.TIME_LIMIT_EXCEEDED, result
+    assert result.run_result.status == CommandRunStatus.TIME_LIMIT_EXCEEDED, result
     assert 1.4 < result.run_result.execution_time < 5 and time.monotonic() - start < 15
 
 

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from everstep_sandbox.languages import available_languages
-from everstep_sandbox.process import CommandStatus
-from everstep_sandbox.runner import ProgramSpec, RunStatus, SandboxRunner
+from everstep_sandbox.process import CommandRunStatus, RunStatus
+from everstep_sandbox.runner import ProgramSpec, SandboxRunner
 
 REQUIRED = ("python", "cpp", "c", "java", "go", "rust", "nodejs", "typescript", "bash", "ruby", "php", "perl",
             "lua")
@@ -154,7 +154,7 @@ def test_hello_and_stdin(runner: SandboxRunner, language: str) -> None:
 def test_runtime_error_is_failed_with_its_return_code(runner: SandboxRunner, language: str) -> None:
     result, run = _run(runner, language, "fail\n")
     assert result.status == RunStatus.FAILED
-    assert run.status == CommandStatus.FINISHED and run.return_code == 3
+    assert run.status == CommandRunStatus.FINISHED and run.return_code == 3
     assert "boom" in run.stderr
 
 
@@ -164,7 +164,7 @@ def test_timeout_is_failed_and_killed(runner: SandboxRunner, language: str) -> N
     result, run = _run(runner, language, "spin\n", run_timeout_seconds=1.0)
     assert time.monotonic() - start < 8.0
     assert result.status == RunStatus.FAILED
-    assert run.status == CommandStatus.TIME_LIMIT_EXCEEDED and run.return_code is None
+    assert run.status == CommandRunStatus.TIME_LIMIT_EXCEEDED and run.return_code is None
 
 
 @pytest.mark.parametrize("language", REQUIRED)
@@ -173,7 +173,7 @@ def test_compile_or_syntax_error_is_failed(runner: SandboxRunner, language: str)
     assert result.status == RunStatus.FAILED, result
     if LANGUAGES[language].is_compiled:  # SandboxFusion's rule: no run after a failed compile
         assert result.run_result is None
-        assert result.compile_result.status == CommandStatus.FINISHED and result.compile_result.return_code != 0
+        assert result.compile_result.status == CommandRunStatus.FINISHED and result.compile_result.return_code != 0
         assert result.compile_result.stderr
     else:
         assert result.compile_result is None

@@ -20,7 +20,8 @@ from sandbox_procs import alive, descendants, open_request, run_processes, wait_
 
 from everstep.v1 import sandbox_pb2, sandbox_pb2_grpc
 from everstep_sandbox.config import SandboxConfig
-from everstep_sandbox.runner import ProgramSpec, RunStatus, SandboxRunner
+from everstep_sandbox.process import RunStatus
+from everstep_sandbox.runner import ProgramSpec, SandboxRunner
 
 SPIN = {"code": "while True:\n    pass", "language": "python"}
 

@@ -6,8 +6,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from everstep_sandbox.compile_cache import cache_key
-from everstep_sandbox.process import CommandStatus
-from everstep_sandbox.runner import InvalidRequest, ProgramSpec, RunStatus, SandboxRunner, TestCase, outputs_match
+from everstep_sandbox.process import CommandRunStatus, RunStatus
+from everstep_sandbox.runner import InvalidRequest, ProgramSpec, SandboxRunner, TestCase, outputs_match
 
 ECHO_SUM_CPP = "#include <iostream>\nint main() { long a, b; std::cin >> a >> b; std::cout << a + b << '\\n'; }"
 
@@ -87,7 +87,7 @@ def test_timeout_reports_time_limit_exceeded(runner: SandboxRunner) -> None:
     result = runner.run_code(ProgramSpec(code="import time\ntime.sleep(30)", language="python",
                                          run_timeout_seconds=0.5))
     assert result.status == RunStatus.FAILED
-    assert result.run_result.status == CommandStatus.TIME_LIMIT_EXCEEDED
+    assert result.run_result.status == CommandRunStatus.TIME_LIMIT_EXCEEDED
     assert 0.4 < result.run_result.execution_time < 3
 
 

@@ -9,8 +9,8 @@ import os
 import pytest
 
 from everstep_sandbox.languages import available_languages
-from everstep_sandbox.process import CommandStatus
-from everstep_sandbox.runner import ProgramSpec, RunStatus, SandboxRunner
+from everstep_sandbox.process import CommandRunStatus, RunStatus
+from everstep_sandbox.runner import ProgramSpec, SandboxRunner
 
 LANGUAGES = available_languages()
 INSTALLED_BY_SCRIPT = ("pytest", "junit", "go_test", "jest", "scala", "R", "D_ut", "verilog", "sql")
@@ -97,7 +97,7 @@ def test_failing_program_or_test_is_failed_with_the_report(runner: SandboxRunner
                                          run_timeout_seconds=60))
     assert result.status == RunStatus.FAILED, result
     failed = result.run_result if result.run_result is not None else result.compile_result
-    assert failed.status == CommandStatus.FINISHED and failed.return_code != 0, result
+    assert failed.status == CommandRunStatus.FINISHED and failed.return_code != 0, result
     assert expected in failed.stdout + failed.stderr, result
 
 

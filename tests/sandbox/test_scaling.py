@@ -7,7 +7,8 @@ import concurrent.futures
 import httpx
 
 from everstep_sandbox.config import SandboxConfig
-from everstep_sandbox.runner import ProgramSpec, RunStatus, SandboxRunner
+from everstep_sandbox.process import RunStatus
+from everstep_sandbox.runner import ProgramSpec, SandboxRunner
 
 
 def test_worker_processes_share_the_ports_and_the_metrics(service_process) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from everstep_sandbox.process import CommandResult, CommandStatus
+from everstep_sandbox.process import CommandResult, CommandRunStatus
 
 __all__ = ["CompileCache", "CompiledProgram", "cache_key"]
 
@@ -67,7 +67,7 @@ class CompileCache:
             entry = json.loads((self._dir / f"{key}.json").read_text())
             program = CompiledProgram(
                 {p: (base64.b64decode(c), m) for p, (c, m) in entry["artifacts"].items()},
-                CommandResult(CommandStatus(entry["status"]), entry["execution_time"], entry["return_code"],
+                CommandResult(CommandRunStatus(entry["status"]), entry["execution_time"], entry["return_code"],
                               entry["stdout"], entry["stderr"]))
         except (OSError, ValueError, KeyError):
             return None

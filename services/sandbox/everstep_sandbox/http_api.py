@@ -18,7 +18,6 @@ import dataclasses
 import logging
 import os
 import socket
-from enum import StrEnum
 from typing import Any, Literal
 
 from fastapi import FastAPI, HTTPException, Response
@@ -28,24 +27,12 @@ from pydantic import BaseModel, Field
 from everstep_sandbox.cancel import CancelToken
 from everstep_sandbox.hot_path import HotPathApp, HotRoute
 from everstep_sandbox.jupyter import JupyterSpec
-from everstep_sandbox.process import CommandResult
+from everstep_sandbox.process import CommandResult, CommandRunStatus, RunStatus
 from everstep_sandbox.runner import InvalidRequest, ProgramSpec, SandboxRunner, TestCase
 
 __all__ = ["create_app"]
 
 log = logging.getLogger(__name__)
-
-
-class CommandRunStatus(StrEnum):
-    Finished = "Finished"
-    Error = "Error"
-    TimeLimitExceeded = "TimeLimitExceeded"
-
-
-class RunStatus(StrEnum):
-    Success = "Success"
-    Failed = "Failed"
-    SandboxError = "SandboxError"
 
 
 class CommandRunResult(BaseModel):
@@ -136,7 +123,7 @@ class RunTestsResponse(BaseModel):
 def _command_json(result: CommandResult | None) -> CommandRunResult | None:
     if result is None:
         return None
-    return CommandRunResult(status=CommandRunStatus(result.status.value), execution_time=result.execution_time,
+    return CommandRunResult(status=result.status, execution_time=result.execution_time,
                             return_code=result.return_code, stdout=result.stdout, stderr=result.stderr)
 
 
@@ -187,7 +174,7 @@ def create_app(runner: SandboxRunner) -> HotPathApp:
         except InvalidRequest as e:
             raise _unprocessable(("body",), str(e)) from None
         return _json_response(RunCodeResponse(
-            status=RunStatus(result.status.value), message=result.message,
+            status=result.status, message=result.message,
             compile_result=_command_json(result.compile_result), run_result=_command_json(result.run_result),
             executor_pod_name=pod_name,
             files={path: base64.b64encode(content).decode() for path, content in result.files.items()},
@@ -205,7 +192,7 @@ def create_app(runner: SandboxRunner) -> HotPathApp:
         except InvalidRequest as e:
             raise _unprocessable(("body",), str(e)) from None
         return _json_response(RunTestsResponse(
-            status=RunStatus(result.status.value), message=result.message,
+            status=result.status, message=result.message,
             compile_result=_command_json(result.compile_result),
             results=[TestCaseResultModel(passed=r.passed, run_result=_command_json(r.run_result))
                      for r in result.results],
@@ -221,7 +208,7 @@ def create_app(runner: SandboxRunner) -> HotPathApp:
         except InvalidRequest as e:
             raise _unprocessable(("body",), str(e)) from None
         return _json_response(RunJupyterResponse(
-            status=RunStatus(result.status), message=result.message, driver=_command_json(result.driver),
+            status=result.status, message=result.message, driver=_command_json(result.driver),
             cells=[CellRunResult(stdout=c.stdout, stderr=c.stderr, display=c.display, error=c.error)
                    for c in result.cells],
             executor_pod_name=pod_name,

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from everstep_sandbox.languages import Language
-from everstep_sandbox.process import CommandResult, CommandStatus
+from everstep_sandbox.process import CommandResult, CommandRunStatus, RunStatus
 
 __all__ = ["IPYKERNEL", "JUPYTER_OUTPUT", "CellResult", "JupyterResult", "JupyterSpec", "driver_input",
            "jupyter_language", "parse_output"]
@@ -43,8 +43,8 @@ class CellResult:
 
 @dataclass(frozen=True)
 class JupyterResult:
-    status: str
-    """Success, Failed (the driver failed or ran out of time, or a cell timed out), SandboxError."""
+    status: RunStatus
+    """Failed: the driver failed or ran out of time, or a cell timed out."""
     message: str = ""
     driver: CommandResult | None = None
     cells: list[CellResult] = field(default_factory=list)
@@ -65,11 +65,11 @@ def driver_input(spec: JupyterSpec) -> str:
                        "total_timeout": spec.total_timeout_seconds})
 
 
-def parse_output(driver: CommandResult | None, output: bytes | None) -> tuple[str, list[CellResult]]:
+def parse_output(driver: CommandResult | None, output: bytes | None) -> tuple[RunStatus, list[CellResult]]:
     """(status, cells) from the driver's run and its output file (SandboxFusion's rule: a driver that
     did not finish, or wrote nothing, is Failed)."""
-    if driver is None or driver.status != CommandStatus.FINISHED or driver.return_code != 0 or output is None:
-        return "Failed", []
+    if driver is None or driver.status != CommandRunStatus.FINISHED or driver.return_code != 0 or output is None:
+        return RunStatus.FAILED, []
     report = json.loads(output)
     cells = [CellResult(c["stdout"], c["stderr"], c["display"], c["error"]) for c in report["cells"]]
-    return ("Success" if report["status"] == "Finished" else "Failed"), cells
+    return (RunStatus.SUCCESS if report["status"] == "Finished" else RunStatus.FAILED), cells

@@ -19,7 +19,6 @@ import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 from pathlib import Path
 
 from everstep_sandbox import metrics
@@ -40,12 +39,12 @@ from everstep_sandbox.languages import SANDBOX_PATH, Language, ProgramFiles, ava
 from everstep_sandbox.languages import tool_exists as _exists
 from everstep_sandbox.paths import PathPolicy, PathRefused
 from everstep_sandbox.pool import PoolBusy, PoolClosed, SlotPool
-from everstep_sandbox.process import CommandResult, CommandStatus
+from everstep_sandbox.process import CommandResult, CommandRunStatus, RunStatus
 from everstep_sandbox.seccomp import build_filter
 from everstep_sandbox.slots import ExecRequest, Slot
 
 __all__ = [
-    "InvalidRequest", "ProgramResult", "ProgramSpec", "RunStatus", "SandboxRunner", "TestCase",
+    "InvalidRequest", "ProgramResult", "ProgramSpec", "SandboxRunner", "TestCase",
     "TestCaseResult", "TestsResult",
 ]
 
@@ -54,12 +53,6 @@ log = logging.getLogger(__name__)
 
 class InvalidRequest(ValueError):
     """The request cannot be run as given (unknown language, bad path, timeout too long)."""
-
-
-class RunStatus(StrEnum):
-    SUCCESS = "Success"
-    FAILED = "Failed"
-    SANDBOX_ERROR = "SandboxError"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,9 +118,9 @@ def _status_of(*results: CommandResult | None) -> tuple[RunStatus, str]:
     """SandboxFusion's rule: Error → SandboxError; timeout or non-zero exit → Failed; else Success."""
     present = [r for r in results if r is not None]
     for result in present:
-        if result.status == CommandStatus.ERROR:
+        if result.status == CommandRunStatus.ERROR:
             return RunStatus.SANDBOX_ERROR, result.stderr
-    if any(r.status == CommandStatus.TIME_LIMIT_EXCEEDED or r.return_code != 0 for r in present):
+    if any(r.status == CommandRunStatus.TIME_LIMIT_EXCEEDED or r.return_code != 0 for r in present):
         return RunStatus.FAILED, ""
     return RunStatus.SUCCESS, ""
 
@@ -202,7 +195,7 @@ class SandboxRunner:
                               memory_limit_mb=spec.memory_limit_mb, files=spec.files)
         result = self._run_program(program, self._jupyter, "", [*spec.fetch_files, JUPYTER_OUTPUT], cancel)
         if result.status == RunStatus.SANDBOX_ERROR:
-            return JupyterResult(result.status.value, result.message, result.run_result)
+            return JupyterResult(result.status, result.message, result.run_result)
         files = dict(result.files)
         status, cells = parse_output(result.run_result, files.pop(JUPYTER_OUTPUT, None))
         return JupyterResult(status, "", result.run_result, cells, files)
@@ -226,14 +219,8 @@ class SandboxRunner:
                     files = slot.fetch(fetch, self._config.max_file_size_bytes)
                     status, message = _status_of(compile_result, run_result)
                     result = ProgramResult(status, message, compile_result, run_result, files)
-            except (PoolBusy, PoolClosed) as e:
-                result = ProgramResult(RunStatus.SANDBOX_ERROR, str(e))
             except Exception as e:
-                if cancel.cancelled:  # dropped from the queue, or its run killed: nobody is waiting
-                    result = ProgramResult(RunStatus.SANDBOX_ERROR, _abandoned(e))
-                else:  # a fault of the sandbox itself, never of the program
-                    log.exception("run_code failed for language %s", language.name)
-                    result = ProgramResult(RunStatus.SANDBOX_ERROR, f"sandbox error: {e}")
+                result = ProgramResult(RunStatus.SANDBOX_ERROR, _error_message(e, cancel, "run_code", language))
             outcome.status = result.status.value
             return result
 
@@ -246,14 +233,8 @@ class SandboxRunner:
             try:
                 with self._pool.acquire(cancel) as slot:
                     result = self._run_cases(slot, spec, language, plan, cases, cancel)
-            except (PoolBusy, PoolClosed) as e:
-                result = TestsResult(RunStatus.SANDBOX_ERROR, str(e))
             except Exception as e:
-                if cancel.cancelled:
-                    result = TestsResult(RunStatus.SANDBOX_ERROR, _abandoned(e))
-                else:
-                    log.exception("run_tests failed for language %s", language.name)
-                    result = TestsResult(RunStatus.SANDBOX_ERROR, f"sandbox error: {e}")
+                result = TestsResult(RunStatus.SANDBOX_ERROR, _error_message(e, cancel, "run_tests", language))
             outcome.status = result.status.value
             return result
 
@@ -269,7 +250,7 @@ class SandboxRunner:
             run_result = self._run(slot, language, plan, case.stdin)
             cancel.check()
             self._check_not_stopped()
-            passed = (run_result.status == CommandStatus.FINISHED and run_result.return_code == 0
+            passed = (run_result.status == CommandRunStatus.FINISHED and run_result.return_code == 0
                       and outputs_match(run_result.stdout, case.expected_stdout))
             results.append(TestCaseResult(passed, run_result))
         status = RunStatus.SUCCESS if all(r.passed for r in results) else RunStatus.FAILED
@@ -392,6 +373,17 @@ class _Plan:
     memory_mb: int
 
 
+def _error_message(error: Exception, cancel: CancelToken, request: str, language: Language) -> str:
+    """The message of a request that ended in a SandboxError (call it from the `except` block)."""
+    if isinstance(error, (PoolBusy, PoolClosed)):
+        return str(error)
+    if cancel.cancelled:  # dropped from the queue, or its run killed: nobody is waiting
+        return _abandoned(error)
+    # a fault of the sandbox itself, never of the program
+    log.exception("%s failed for language %s", request, language.name)
+    return f"sandbox error: {error}"
+
+
 def _abandoned(error: Exception) -> str:
     """The message of a request whose client went away (never sent: for the metrics and the log)."""
     if not (isinstance(error, Cancelled) and error.queued):  # the pool counts those it dropped
@@ -401,4 +393,4 @@ def _abandoned(error: Exception) -> str:
 
 
 def _compiled(result: CommandResult) -> bool:
-    return result.status == CommandStatus.FINISHED and result.return_code == 0
+    return result.status == CommandRunStatus.FINISHED and result.return_code == 0

@@ -26,7 +26,7 @@ from pathlib import Path
 from everstep_sandbox.cgroups import SlotCgroup
 from everstep_sandbox.config import SandboxConfig
 from everstep_sandbox.isolation import IsolationReport, SlotLayout, slot_layout
-from everstep_sandbox.process import CommandResult, CommandStatus
+from everstep_sandbox.process import CommandResult, CommandRunStatus
 
 __all__ = ["ExecRequest", "Slot", "SlotError"]
 
@@ -216,7 +216,7 @@ class Slot:
             # The out-of-memory killer chose the zygote, which shares the run's cgroup (many
             # small processes): the run still gets its verdict, and the pool replaces the slot
             # (killing everything in it) before the response is sent.
-            return CommandResult(CommandStatus.FINISHED, None, -signal.SIGKILL, "", f"[sandbox: {memory_note}]")
+            return CommandResult(CommandRunStatus.FINISHED, None, -signal.SIGKILL, "", f"[sandbox: {memory_note}]")
         stragglers = self._cgroup.kill_all() if self._cgroup is not None else 0
         stdout, stdout_cut = _output(reply["stdout"])
         stderr, stderr_cut = _output(reply["stderr"])
@@ -231,8 +231,8 @@ class Slot:
         if notes:
             stderr += "".join(f"\n[sandbox: {note}]" for note in notes)
         if reply["timed_out"] or exit_code == -signal.SIGXCPU:
-            return CommandResult(CommandStatus.TIME_LIMIT_EXCEEDED, reply["execution_time"], None, stdout, stderr)
-        return CommandResult(CommandStatus.FINISHED, reply["execution_time"], exit_code, stdout, stderr)
+            return CommandResult(CommandRunStatus.TIME_LIMIT_EXCEEDED, reply["execution_time"], None, stdout, stderr)
+        return CommandResult(CommandRunStatus.FINISHED, reply["execution_time"], exit_code, stdout, stderr)
 
     # -- protocol -----------------------------------------------------------------------------
     def _send(self, step: dict, timeout_seconds: float) -> dict:

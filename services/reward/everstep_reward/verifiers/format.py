@@ -26,8 +26,7 @@ from everstep_reward.verifiers.base import VerifierResult
 from everstep_reward.verifiers.math import extract_boxed_answer
 from everstep_reward.verifiers.params import VerifierParams, read_params
 
-__all__ = ["FormatRule", "FormatRules", "FormatVerifier", "find_format_violation", "has_degenerate_repetition",
-           "is_well_formatted"]
+__all__ = ["FormatRule", "FormatRules", "FormatVerifier", "find_format_violation", "has_degenerate_repetition"]
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 _TAG_NAME = re.compile(r"^[A-Za-z][\w.-]*$")
@@ -107,10 +106,6 @@ def find_format_violation(response: str, rules: FormatRules) -> FormatRule | Non
                                  min_words=rules.repetition_min_words, max_period=rules.repetition_max_period):
         return FormatRule.REPETITION
     return None
-
-
-def is_well_formatted(response: str, rules: FormatRules | None = None) -> bool:
-    return find_format_violation(response, rules or FormatRules()) is None
 
 
 class FormatVerifier:

@@ -1,4 +1,4 @@
-"""The languages the sandbox can run: how to compile and how to run one program.
+"""The `Language` type and the base languages (SandboxFusion's main keys, and `c`).
 
 A language is data, not code: the runner writes the source into the slot's work directory,
 runs `compile_argv` there (if any), keeps the files matching `artifacts` in the compile cache,
@@ -8,8 +8,8 @@ class, Scala's object), `{memory_mb}` (the run's memory limit), `{runtime}` (the
 sandbox's helper scripts), `{classpath}` (`.`, the language's jars, the request's `.jar` files) and,
 as a whole argument, `{args}` (the request's `args`, pytest's). Language names follow
 SandboxFusion's (`python`, `cpp`, `nodejs`, `go`, ...); `c` is an addition; the further keys of
-SandboxFusion (test frameworks, ...) are in `languages_sandboxfusion.py`. A language is offered
-only when every tool in `required_tools` exists.
+SandboxFusion (test frameworks, ...) are in `sandboxfusion.py`. A language is offered (see
+`available_languages` in `__init__.py`) only when every tool in `required_tools` exists.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import re
 import shutil
 from dataclasses import dataclass, field
 
-__all__ = ["JAVATUPLES_JAR", "NODE_LIBRARIES", "SANDBOX_PATH", "TYPESCRIPT_MODULE", "Language", "ProgramFiles",
-           "available_languages", "definitions", "existing", "tool_exists"]
+__all__ = ["GO_ENV", "JAVATUPLES_JAR", "JAVA_PUBLIC_CLASS", "JVM_OPTIONS", "NODE_LIBRARIES", "SANDBOX_PATH",
+           "TYPESCRIPT_MODULE", "Language", "ProgramFiles", "definitions", "existing", "tool_exists"]
 
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 JAVA_PUBLIC_CLASS = re.compile(r"^\s*public\s+(?:final\s+|abstract\s+)*class\s+([A-Za-z_$][\w$]*)", re.MULTILINE)
@@ -31,6 +31,11 @@ JAVATUPLES_JAR = "/usr/share/java/javatuples.jar"
 """Debian's libjavatuples-java: on the classpath of Java runs (MultiPL-E's Java prompts import it)."""
 NODE_LIBRARIES = "/usr/share/nodejs"
 """Debian's Node modules (node-lodash, ...): NODE_PATH of Node and TypeScript runs."""
+JVM_OPTIONS = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto", "-XX:-UsePerfData")
+"""Of every JVM the sandbox starts (javac's, java's, scalac's, kotlinc's): a small, fast-starting JVM."""
+GO_ENV = {"GOCACHE": "/tmp/go-build", "GOPATH": "/tmp/go", "GO111MODULE": "off", "CGO_ENABLED": "0",
+          "GOTOOLCHAIN": "local", "GOFLAGS": "-buildvcs=false"}
+"""Environment of the `go` commands: caches in the slot's tmp dir, no modules, no network, no cgo."""
 
 
 @dataclass(frozen=True)
@@ -87,7 +92,6 @@ class Language:
 
 
 def definitions(python_executable: str) -> list[Language]:
-    jvm = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto", "-XX:-UsePerfData")
     return [
         Language(name="python", source_file="solution.py", run_argv=(python_executable, "solution.py"),
                  required_tools=(python_executable,), python_inline=True),
@@ -99,20 +103,18 @@ def definitions(python_executable: str) -> list[Language]:
                  artifacts=("solution",), run_argv=("./solution",), required_tools=("g++",)),
         Language(name="java", source_file="{main_class}.java", main_pattern=JAVA_PUBLIC_CLASS,
                  classpath=existing(JAVATUPLES_JAR),
-                 compile_argv=("javac", *(f"-J{o}" for o in jvm), "-encoding", "UTF-8", "-cp", "{classpath}",
+                 compile_argv=("javac", *(f"-J{o}" for o in JVM_OPTIONS), "-encoding", "UTF-8", "-cp", "{classpath}",
                                "-d", ".", "{main_class}.java"),
                  artifacts=("*.class",),
                  # -XX:MaxRAM sizes the heap from the run's limit (the JVM cannot see the cgroup).
                  # -ea: assertions on, as SandboxFusion runs Java (assert-based graders rely on it).
-                 run_argv=("java", *jvm, "-XX:MaxRAM={memory_mb}m", "-Xss64m", "-ea", "-cp", "{classpath}",
+                 run_argv=("java", *JVM_OPTIONS, "-XX:MaxRAM={memory_mb}m", "-Xss64m", "-ea", "-cp", "{classpath}",
                            "{main_class}"),
                  required_tools=("java", "javac"), limit_address_space=False),
         Language(name="go", source_file="solution.go",
                  compile_argv=("go", "build", "-o", "solution", "solution.go"),
                  artifacts=("solution",), run_argv=("./solution",), required_tools=("go",),
-                 limit_address_space=False,
-                 env={"GOCACHE": "/tmp/go-build", "GOPATH": "/tmp/go", "GO111MODULE": "off",
-                      "CGO_ENABLED": "0", "GOTOOLCHAIN": "local", "GOFLAGS": "-buildvcs=false"}),
+                 limit_address_space=False, env=dict(GO_ENV)),
         Language(name="rust", source_file="solution.rs",
                  compile_argv=("rustc", "-O", "--edition", "2021", "-C", "debuginfo=0", "-o", "solution",
                                "solution.rs"),
@@ -149,10 +151,3 @@ def tool_exists(tool: str) -> bool:
         return os.path.exists(tool)
     return shutil.which(tool, path=SANDBOX_PATH) is not None
 
-
-def available_languages(python_executable: str = "/usr/bin/python3") -> dict[str, Language]:
-    """Languages whose tools exist on this machine, by name."""
-    from everstep_sandbox.languages_sandboxfusion import sandboxfusion_definitions
-
-    every = [*definitions(python_executable), *sandboxfusion_definitions(python_executable)]
-    return {lang.name: lang for lang in every if all(map(tool_exists, lang.required_tools))}

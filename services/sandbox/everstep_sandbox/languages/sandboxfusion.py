@@ -21,41 +21,47 @@ from __future__ import annotations
 import json
 import re
 
-from everstep_sandbox.languages import JAVA_PUBLIC_CLASS, NODE_LIBRARIES, TYPESCRIPT_MODULE, Language, existing
+from everstep_sandbox.languages.base import (
+    GO_ENV,
+    JAVA_PUBLIC_CLASS,
+    JAVATUPLES_JAR,
+    JVM_OPTIONS,
+    NODE_LIBRARIES,
+    TYPESCRIPT_MODULE,
+    Language,
+    existing,
+)
 
 __all__ = ["JEST_MODULE", "JUNIT_JARS", "sandboxfusion_definitions"]
 
 JEST_MODULE = "/usr/lib/node_modules/jest"
 JUNIT_CONSOLE = "/usr/share/java/junit-platform-console-standalone.jar"
-JUNIT_JARS = (JUNIT_CONSOLE, "/usr/share/java/javatuples.jar")
+JUNIT_JARS = (JUNIT_CONSOLE, JAVATUPLES_JAR)
 # SandboxFusion's lookup of the Scala entry point: the first `object Name`.
 _SCALA_OBJECT = re.compile(r"object\s+(\w+)")
-_JVM_OPTIONS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xshare:auto -XX:-UsePerfData -XX:MaxRAM={memory_mb}m"
+_JAVA_OPTS = " ".join((*JVM_OPTIONS, "-XX:MaxRAM={memory_mb}m"))  # scala's and kotlinc's JVM
 # rootDir "." is the work dir; jest's cache goes to $TMPDIR, the slot's tmp dir.
 _JEST_CONFIG = json.dumps({"rootDir": ".", "testEnvironment": "node", "transform": {},
                            "modulePaths": [f"{JEST_MODULE}/node_modules", NODE_LIBRARIES]})
 
 
 def sandboxfusion_definitions(python_executable: str) -> list[Language]:
-    jvm = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto", "-XX:-UsePerfData")
-    go_env = {"GOCACHE": "/tmp/go-build", "GOPATH": "/tmp/go", "GO111MODULE": "off", "CGO_ENABLED": "0",
-              "GOTOOLCHAIN": "local", "GOFLAGS": "-buildvcs=false"}
     return [
         Language(name="pytest", source_file="test_solution.py",
                  run_argv=(python_executable, "-m", "pytest", "-p", "no:cacheprovider", "test_solution.py", "{args}"),
                  required_tools=(python_executable, "/usr/lib/python3/dist-packages/pytest/__init__.py")),
         Language(name="junit", source_file="{main_class}.java", main_pattern=JAVA_PUBLIC_CLASS,
                  classpath=existing(*JUNIT_JARS),
-                 compile_argv=("bash", "-c", "exec javac " + " ".join(f"-J{o}" for o in jvm)
+                 compile_argv=("bash", "-c", "exec javac " + " ".join(f"-J{o}" for o in JVM_OPTIONS)
                                + " -encoding UTF-8 -cp {classpath} -d . *.java"),
                  artifacts=("*.class",),
-                 run_argv=("java", *jvm, "-XX:MaxRAM={memory_mb}m", "-ea", "-jar", JUNIT_CONSOLE,
+                 run_argv=("java", *JVM_OPTIONS, "-XX:MaxRAM={memory_mb}m", "-ea", "-jar", JUNIT_CONSOLE,
                            "--disable-banner", "--details=tree", "--class-path", "{classpath}",
                            "--scan-class-path"),
                  required_tools=("java", "javac", "bash", JUNIT_CONSOLE), limit_address_space=False),
         Language(name="go_test", source_file="solution_test.go",
                  run_argv=("go", "test", "-count=1", "solution_test.go"), required_tools=("go",),
-                 limit_address_space=False, env=go_env),
+                 limit_address_space=False, env=dict(GO_ENV)),
         Language(name="jest", source_file="solution.test.ts",
                  run_argv=("bash", "-c", f"node {{runtime}}/ts_transpile.js {TYPESCRIPT_MODULE} solution.test.ts "
                                          f"solution.test.js && exec node {JEST_MODULE}/bin/jest.js --ci "
@@ -72,9 +78,9 @@ def sandboxfusion_definitions(python_executable: str) -> list[Language]:
         Language(name="scala", source_file="solution.scala", main_pattern=_SCALA_OBJECT,
                  compile_argv=("scalac", "-d", ".", "solution.scala"), artifacts=("*.class",),
                  run_argv=("scala", "-nc", "-cp", ".", "{main_class}"), required_tools=("scalac", "scala"),
-                 limit_address_space=False, env={"JAVA_OPTS": _JVM_OPTIONS}),
+                 limit_address_space=False, env={"JAVA_OPTS": _JAVA_OPTS}),
         Language(name="kotlin_script", source_file="solution.kts", run_argv=("kotlinc", "-script", "solution.kts"),
-                 required_tools=("kotlinc",), limit_address_space=False, env={"JAVA_OPTS": _JVM_OPTIONS}),
+                 required_tools=("kotlinc",), limit_address_space=False, env={"JAVA_OPTS": _JAVA_OPTS}),
         Language(name="R", source_file="solution.R", run_argv=("Rscript", "solution.R"), required_tools=("Rscript",)),
         Language(name="racket", source_file="solution.rkt", run_argv=("racket", "solution.rkt"),
                  required_tools=("racket",), limit_address_space=False),
