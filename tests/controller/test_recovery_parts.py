@@ -15,15 +15,15 @@ import redis
 from step_rows import step_row
 
 from everstep.v1 import reward_pb2
-from everstep_controller.backoff import Backoff
-from everstep_controller.clients import Deadlines, RewardClient, RolloutClient, Service, ServiceUnavailable
-from everstep_controller.job_runner import sample_seed
-from everstep_controller.job_store import JobStore
-from everstep_controller.local_stack import redis_server_binary
-from everstep_controller.processes import free_port
-from everstep_controller.progress_store import JobProgress, ProgressStore
-from everstep_controller.redis_client import connect
-from everstep_controller.spec import JobSpec
+from everstep_cli.local_stack import redis_server_binary
+from everstep_controller.launchers.processes import free_port
+from everstep_controller.run.backoff import Backoff
+from everstep_controller.run.clients import Deadlines, RewardClient, RolloutClient, Service, ServiceUnavailable
+from everstep_controller.run.runner import sample_seed
+from everstep_controller.spec.job_spec import JobSpec
+from everstep_controller.store.job_store import JobStore
+from everstep_controller.store.progress_store import JobProgress, ProgressStore
+from everstep_controller.store.redis_client import connect
 
 SPEC = {"model_path": "/m", "dataset": {"train_path": "/d.jsonl"}}
 

@@ -7,8 +7,8 @@ import math
 import pytest
 
 from everstep.v1 import trainer_pb2
-from everstep_controller.spec import Aggregation, Correction, JobSpec
-from everstep_controller.training_batch import trainer_config
+from everstep_controller.algo.training_batch import trainer_config
+from everstep_controller.spec.job_spec import Aggregation, Correction, JobSpec
 from everstep_trainer.batching import split_micro_batches
 from everstep_trainer.config import AGGREGATIONS, CORRECTIONS, TrainerConfig
 from everstep_trainer.optim import learning_rate_at

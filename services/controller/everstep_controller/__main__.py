@@ -9,7 +9,7 @@ import signal
 from pathlib import Path
 
 from everstep.transport import add_transport_arguments, apply_transport_arguments
-from everstep_controller.request_limits import DEFAULT_MAX_REQUEST_BYTES
+from everstep_controller.api.request_limits import DEFAULT_MAX_REQUEST_BYTES
 
 _GRACEFUL_SHUTDOWN_SECONDS = 3.0
 """How long a stopping controller waits for open REST connections: an idle HTTPS keep-alive client
@@ -117,9 +117,9 @@ def build_launcher(args: argparse.Namespace):  # noqa: ANN201 (imports stay lazy
 
 def runner_settings(args: argparse.Namespace):  # noqa: ANN201 (imports stay lazy)
     """Every job runner's settings; ValueError naming the option that is out of range."""
-    from everstep_controller.backoff import Backoff
-    from everstep_controller.clients import Deadlines
-    from everstep_controller.runner_settings import RunnerSettings
+    from everstep_controller.run.backoff import Backoff
+    from everstep_controller.run.clients import Deadlines
+    from everstep_controller.run.runner_settings import RunnerSettings
 
     deadlines = Deadlines(rollout_seconds=args.rollout_deadline_seconds,
                           generate_seconds=args.generate_deadline_seconds,
@@ -141,10 +141,10 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger().setLevel(args.log_level)
     import uvicorn
 
-    from everstep_controller.api import create_app
-    from everstep_controller.job_manager import JobManager
-    from everstep_controller.job_store import JobStore
-    from everstep_controller.redis_client import connect
+    from everstep_controller.api.app import create_app
+    from everstep_controller.run.manager import JobManager
+    from everstep_controller.store.job_store import JobStore
+    from everstep_controller.store.redis_client import connect
 
     try:
         settings = runner_settings(args)
