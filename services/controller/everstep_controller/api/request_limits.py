@@ -6,10 +6,13 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from everstep_controller.settings import ControllerSettings
+
 __all__ = ["DEFAULT_MAX_REQUEST_BYTES", "RequestSizeLimit"]
 
-DEFAULT_MAX_REQUEST_BYTES = 1024 * 1024
-"""A job spec is a few kilobytes; datasets and models travel by path, never in a request."""
+DEFAULT_MAX_REQUEST_BYTES: int = ControllerSettings.default("max_request_bytes")
+"""The controller's --max-request-bytes by default. A job spec is a few kilobytes; datasets and models
+travel by path, never in a request."""
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

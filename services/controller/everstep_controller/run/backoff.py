@@ -5,17 +5,25 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from everstep_controller.settings import ControllerSettings, check_backoff, check_settings, from_settings, setting
+
 
 @dataclass(frozen=True, kw_only=True)
 class Backoff:
-    initial_seconds: float = 0.5
+    """Defaults and checks: the controller's --retry-initial-seconds and --retry-max-seconds (`ControllerSettings`)."""
+
+    initial_seconds: float = setting("retry_initial_seconds")
     """Pause after the first failure."""
-    max_seconds: float = 30.0
+    max_seconds: float = setting("retry_max_seconds")
     """Longest pause: the pause doubles per failure up to this."""
 
     def __post_init__(self) -> None:
-        if not 0 < self.initial_seconds <= self.max_seconds:
-            raise ValueError(f"need 0 < initial_seconds ({self.initial_seconds}) <= max_seconds ({self.max_seconds})")
+        check_settings(self)
+        check_backoff(self.initial_seconds, self.max_seconds, names=("initial_seconds", "max_seconds"))
+
+    @classmethod
+    def from_settings(cls, settings: ControllerSettings) -> Backoff:
+        return from_settings(cls, settings)
 
     def seconds(self, failures: int) -> float:
         """The pause after `failures` failures in a row (>= 1): between half and all of the capped doubling."""

@@ -27,6 +27,7 @@ from everstep.v1 import (
     trainer_pb2,
     trainer_pb2_grpc,
 )
+from everstep_controller.settings import ControllerSettings, check_settings, from_settings, setting
 
 __all__ = ["Deadlines", "GenerateStream", "RewardClient", "RolloutClient", "Service", "ServiceUnavailable",
            "TrainerClient"]
@@ -46,17 +47,20 @@ _RECOVERABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_
 
 @dataclass(frozen=True, kw_only=True)
 class Deadlines:
-    """How long the controller waits for each kind of call before it gives up (DEADLINE_EXCEEDED)."""
+    """How long the controller waits for each kind of call before it gives up (DEADLINE_EXCEEDED).
+    The defaults and checks are the controller's --*-deadline-seconds options (`ControllerSettings`)."""
 
-    rollout_seconds: float = 120.0  # one unary call to a rollout engine: Load, GetStatus, Drain
-    generate_seconds: float = 3600.0  # one Generate stream: the rollouts of one iteration, or one evaluation
-    trainer_seconds: float = 600.0  # one call to a trainer: Load, TrainStep, PushWeights, checkpoints
-    reward_seconds: float = 300.0  # one Score call to the reward service
+    rollout_seconds: float = setting("rollout_deadline_seconds")  # one unary call to a rollout engine
+    generate_seconds: float = setting("generate_deadline_seconds")  # one Generate stream
+    trainer_seconds: float = setting("trainer_deadline_seconds")  # one call to a trainer
+    reward_seconds: float = setting("reward_deadline_seconds")  # one Score call to the reward service
 
     def __post_init__(self) -> None:
-        for name, value in vars(self).items():
-            if value <= 0:
-                raise ValueError(f"{name} must be positive, got {value}")
+        check_settings(self)
+
+    @classmethod
+    def from_settings(cls, settings: ControllerSettings) -> Deadlines:
+        return from_settings(cls, settings)
 
 
 class Service(StrEnum):
