@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from everstep.v1 import trainer_pb2
 from everstep_controller.algo.scheduler import IterationOutcome
-from everstep_controller.algo.training_batch import StepBatch
+from everstep_controller.algo.training_batch import TrainingBatch
 from everstep_controller.api.app import create_app
 from everstep_controller.launchers.shared import SharedLauncher
 from everstep_controller.run.manager import JobManager
@@ -47,7 +47,7 @@ def _record(stats: trainer_pb2.TrainStats | None) -> StepMetrics:
                                carried_samples=["g3-0", "g3-1", "g3-2"], finished_tokens=96)
     times = StepTimes(rollout_seconds=2.0, reward_seconds=0.25, train_seconds=0.0, weight_push_seconds=0.0,
                       iteration_seconds=2.5)
-    return step_record(step=3, version=2, outcome=outcome, batch=StepBatch(num_zero_signal=2), rewards=[],
+    return step_record(step=3, version=2, outcome=outcome, batch=TrainingBatch(num_zero_signal=2), rewards=[],
                        num_trained_samples_total=16, num_carried=3, num_finished=8, generated_tokens=120,
                        staleness=[], times=times, stats=stats)
 

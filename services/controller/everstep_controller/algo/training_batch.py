@@ -40,7 +40,9 @@ class GroupMembers(Protocol):
 
 
 @dataclass
-class StepBatch:
+class TrainingBatch:
+    """A step's batch for the trainer: its samples with GRPO advantages, and the groups left out of it."""
+
     samples: list[trainer_pb2.TrainSample] = field(default_factory=list)
     num_zero_signal: int = 0  # groups left out because all their rewards were equal
     unscorable: dict[str, dict[str, ScoredSample]] = field(default_factory=dict)
@@ -48,7 +50,7 @@ class StepBatch:
 
 
 def build_batch(group_ids: list[str], scheduler: GroupMembers, scored: dict[str, ScoredSample], *,
-                drop_zero_signal: bool, normalize_std: bool) -> StepBatch:
+                drop_zero_signal: bool, normalize_std: bool) -> TrainingBatch:
     """The train samples of the groups' surviving members, and the groups left out.
 
     Advantages are computed over each group's surviving (finished) members only; purged members
@@ -56,7 +58,7 @@ def build_batch(group_ids: list[str], scheduler: GroupMembers, scored: dict[str,
     not be scored is left out whole (its advantages would be made up), and any other failed
     reward raises `RewardFailed` with its cause (see `reward_errors`).
     """
-    batch = StepBatch()
+    batch = TrainingBatch()
     for group_id in group_ids:
         sample_ids = scheduler.surviving_samples(group_id)
         members = [scored[s] for s in sample_ids]

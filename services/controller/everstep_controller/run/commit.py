@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from everstep.v1 import trainer_pb2
-from everstep_controller.algo.training_batch import StepBatch
+from everstep_controller.algo.training_batch import TrainingBatch
 from everstep_controller.run import metrics
 from everstep_controller.run.rollout_phase import RolloutResult
 from everstep_controller.run.run_state import IterationEnd, RunState
@@ -34,7 +34,7 @@ class TrainedStep:
     step: int
     end: IterationEnd
     rollout: RolloutResult
-    batch: StepBatch
+    batch: TrainingBatch
     rewards: list[float]
     """Of the trained groups' members that have one."""
     staleness: list[int]

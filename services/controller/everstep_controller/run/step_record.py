@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from everstep.v1 import trainer_pb2
 from everstep_controller.algo.scheduler import IterationOutcome
-from everstep_controller.algo.training_batch import StepBatch
+from everstep_controller.algo.training_batch import TrainingBatch
 from everstep_controller.store.step_metrics import TRAIN_STAT_FIELDS, StepMetrics
 
 __all__ = ["StepTimes", "step_record"]
@@ -21,7 +21,7 @@ class StepTimes:
     iteration_seconds: float
 
 
-def step_record(*, step: int, version: int, outcome: IterationOutcome, batch: StepBatch, rewards: list[float],
+def step_record(*, step: int, version: int, outcome: IterationOutcome, batch: TrainingBatch, rewards: list[float],
                 num_trained_samples_total: int, num_carried: int, num_finished: int, generated_tokens: int,
                 staleness: list[int], times: StepTimes, stats: trainer_pb2.TrainStats | None,
                 rounds: int = 1) -> StepMetrics:

@@ -174,10 +174,7 @@ class JobStore:
     def clear_request(self, job_id: str) -> None:
         self.redis.hset(self.key(job_id), "desired", "")
 
-    # -- metrics history -------------------------------------------------------------------
-    def append_metrics(self, job_id: str, metrics: StepMetrics) -> None:
-        self.redis.rpush(self.key(job_id, ":metrics"), metrics.model_dump_json())
-
+    # -- metrics history (ProgressStore appends a step's row when it commits the step) -----
     def metrics(self, job_id: str) -> list[StepMetrics]:
         return [StepMetrics.model_validate_json(m) for m in self.redis.lrange(self.key(job_id, ":metrics"), 0, -1)]
 
