@@ -4,6 +4,7 @@ step commit, backoff, deterministic per-sample seeds, and the settings that boun
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import threading
@@ -153,6 +154,17 @@ def test_every_controller_option_is_a_flag_with_the_settings_default_and_help() 
         action = actions[f.name]
         assert action.option_strings == [f"--{f.name.replace('_', '-')}"] and action.help == option.help
         assert action.required if f.default is dataclasses.MISSING else action.default == f.default
+    table = Path(__file__).parents[2] / "docs" / "controller.md"
+    rows = re.findall(r"^\| `(--[a-z0-9-]+)`(?:, `(--[a-z0-9-]+)`)? \| ([^|]+) \|", table.read_text(), flags=re.M)
+    assert len(rows) > 20
+    for first, second, documented in rows:  # `| --a, --b | 0.5, 30 |`: one default per flag, or one for both
+        flags, values = [f for f in (first, second) if f], documented.strip().split(", ")
+        for flag, value in zip(flags, values * len(flags) if len(values) == 1 else values, strict=True):
+            default, value = actions[flag.removeprefix("--").replace("-", "_")].default, value.strip("`")
+            if isinstance(default, int | float):
+                assert float(value) == default, f"docs/controller.md: {flag} {value}, the flag's default {default}"
+            elif isinstance(default, str):
+                assert value == default, f"docs/controller.md: {flag} {value}, the flag's default {default}"
     defaults = RunnerSettings()
     assert defaults == RunnerSettings.from_settings(ControllerSettings(redis_url="r", reward="x"))
     assert (defaults.num_scorers, defaults.deadlines.generate_seconds, defaults.backoff.max_seconds) == (
