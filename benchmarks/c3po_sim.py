@@ -1,6 +1,6 @@
 """The C3PO++ scheduler alone against a simulated inference engine at the paper's scale.
 
-The scheduler is the controller's own (`everstep_controller.scheduler`); only the engine and the
+The scheduler is the controller's own (`everstep_controller.algo.scheduler`); only the engine and the
 trainer are modelled. The engine decodes one token of every active rollout per step; a step costs
 
     step_seconds = base + per_sequence * active + per_kv_token * (context tokens of the active rollouts)
@@ -25,7 +25,7 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from everstep_controller.scheduler import C3POScheduler, Mode, SchedulerConfig
+from everstep_controller.algo.scheduler import C3POScheduler, Mode, SchedulerConfig
 
 
 @dataclass(frozen=True, kw_only=True)

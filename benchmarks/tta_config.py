@@ -2,7 +2,7 @@
 arm submits (the demo job, examples/demo.yaml, with the benchmark's settings over it), and the
 accuracy curve each arm reports.
 
-The TRL arm loads its prompts through the same spec (`everstep_controller.job_data.load_job_data`),
+The TRL arm loads its prompts through the same spec (`everstep_controller.run.job_data.load_job_data`),
 so both sides train on the same rows and evaluate the same held-out prompts, tokenized alike.
 """
 
@@ -13,7 +13,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from everstep_controller.job_file import load_job_file
+from everstep_cli.job_file import load_job_file
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_SPEC = REPO / "examples" / "demo.yaml"

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.tta_config import Arm, ArmRun, CurvePoint, TtaConfig, job_spec
-from everstep_controller.follow import TERMINAL
-from everstep_controller.local_stack import LocalStack, StackState, free_port
-from everstep_controller.rest_client import ControllerClient
-from everstep_controller.step_metrics import Evaluation, StepMetrics
+from everstep_cli.follow import TERMINAL
+from everstep_cli.local_stack import LocalStack, StackState, free_port
+from everstep_cli.rest_client import ControllerClient
+from everstep_controller.store.step_metrics import Evaluation, StepMetrics
 
 
 def start_stack(root: Path, config: TtaConfig) -> tuple[LocalStack, StackState]:

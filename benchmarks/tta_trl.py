@@ -30,12 +30,12 @@ from typing import Any
 
 from benchmarks.tta_config import Arm, ArmRun, CurvePoint, TtaConfig
 from everstep.v1 import common_pb2
-from everstep_controller.clients import RewardClient
-from everstep_controller.dataset import PromptRow
-from everstep_controller.evaluation import correctness, scored_results
-from everstep_controller.job_data import load_job_data
-from everstep_controller.reward_items import RewardItemBuilder
-from everstep_controller.spec import JobSpec
+from everstep_controller.data.dataset import PromptRow
+from everstep_controller.data.reward_items import RewardItemBuilder
+from everstep_controller.run.clients import RewardClient
+from everstep_controller.run.evaluation import correctness, scored_results
+from everstep_controller.run.job_data import load_job_data
+from everstep_controller.spec.job_spec import JobSpec
 
 MICRO_BATCH = 64  # completions per forward/backward; the optimizer step covers the whole generation batch
 EVAL_GENERATE_BATCH = 256  # sequences per `generate` call in the evaluation

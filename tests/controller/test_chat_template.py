@@ -13,11 +13,11 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from everstep.v1 import common_pb2
-from everstep_controller.chat_template import ChatMessage, read_chat_template
-from everstep_controller.dataset import load_prompt_rows, load_tokenizer
-from everstep_controller.prompt_rendering import PromptEncoder, load_prompt_encoder
-from everstep_controller.reward_items import RewardItemBuilder
-from everstep_controller.spec import PromptFormat, PromptSpec, VerifierWeight
+from everstep_controller.data.chat_template import ChatMessage, read_chat_template
+from everstep_controller.data.dataset import load_prompt_rows, load_tokenizer
+from everstep_controller.data.prompt_rendering import PromptEncoder, load_prompt_encoder
+from everstep_controller.data.reward_items import RewardItemBuilder
+from everstep_controller.spec.job_spec import PromptFormat, PromptSpec, VerifierWeight
 
 transformers = pytest.importorskip("transformers")  # the reference (trainer/rollout dependency)
 
@@ -183,7 +183,7 @@ def test_format_auto_is_raw_without_a_template_and_chat_without_one_is_an_error(
 
 
 def test_the_controller_renders_without_importing_torch_or_transformers() -> None:
-    code = ("import sys, everstep_controller.job_data, everstep_controller.api; "
+    code = ("import sys, everstep_controller.run.job_data, everstep_controller.api.app; "
             "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "[]"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from everstep_controller.chat_template import ChatMessage, ChatTemplateError, read_chat_template
+from everstep_controller.data.chat_template import ChatMessage, ChatTemplateError, read_chat_template
 
 USER = (ChatMessage("user", "hi"),)
 TOKENS = "{{ bos_token }}|{{ eos_token }}|{{ pad_token }}|{{ image_token }}|{{ messages[0]['content'] }}"

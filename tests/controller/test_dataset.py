@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from everstep_controller.dataset import RowFields, dataset_format, load_prompt_rows
-from everstep_controller.prompt_rendering import PromptEncoder
-from everstep_controller.row_tests import FunctionCallCase, RowTests, StdioCase
+from everstep_controller.data.dataset import RowFields, dataset_format, load_prompt_rows
+from everstep_controller.data.prompt_rendering import PromptEncoder
+from everstep_controller.data.row_tests import FunctionCallCase, RowTests, StdioCase
 
 ROWS = [
     {"prompt": "1 + 2 =", "answer": "3"},

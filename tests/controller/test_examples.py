@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from everstep_controller.job_file import load_job_file
-from everstep_controller.spec import JobSpec
+from everstep_cli.job_file import load_job_file
+from everstep_controller.spec.job_spec import JobSpec
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
 
@@ -23,7 +23,7 @@ def test_demo_and_math_examples_exist() -> None:
 def test_the_real_model_example_reads_its_verl_parquet_files() -> None:
     """examples/smollm2-arith.yaml's fields name columns its shipped files have (the model itself comes from
     `make real-model`; tests/real_model runs the job)."""
-    from everstep_controller.dataset_columns import check_dataset_fields
+    from everstep_controller.data.dataset_columns import check_dataset_fields
 
     spec = JobSpec.model_validate(load_job_file(Path(EXAMPLES[0]).parent / "smollm2-arith.yaml"))
     assert Path(spec.dataset.train_path).is_file() and Path(spec.dataset.eval_path or "").is_file()

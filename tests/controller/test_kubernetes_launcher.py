@@ -27,7 +27,7 @@ from everstep_controller.launchers.kubernetes import (
     object_name,
     pod_template_from_dict,
 )
-from everstep_controller.spec import ResourcesSpec
+from everstep_controller.spec.job_spec import ResourcesSpec
 
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "everstep"
 KUBERNETES_VERSION = "1.30.0"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from everstep_controller.model_limits import position_limit
+from everstep_controller.spec.model_limits import position_limit
 
 
 @pytest.mark.parametrize(("config", "limit"), [

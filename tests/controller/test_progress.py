@@ -14,11 +14,11 @@ from step_rows import eval_row, step_row
 
 from everstep.settings import SchedulerMode
 from everstep.v1 import common_pb2
-from everstep_controller.job_store import InvalidJobUpdate, JobState, JobStore, LostOwnership
-from everstep_controller.progress_store import JobProgress, ProgressStore, ScoredSample
-from everstep_controller.prompt_order import PromptOrder
-from everstep_controller.scheduler import C3POScheduler, SchedulerConfig
-from everstep_controller.spec import JobSpec
+from everstep_controller.algo.scheduler import C3POScheduler, SchedulerConfig
+from everstep_controller.data.prompt_order import PromptOrder
+from everstep_controller.spec.job_spec import JobSpec
+from everstep_controller.store.job_store import InvalidJobUpdate, JobState, JobStore, LostOwnership
+from everstep_controller.store.progress_store import JobProgress, ProgressStore, ScoredSample
 
 
 def _drive(scheduler: C3POScheduler, iterations: int, rng: random.Random, lengths: dict[str, int],

@@ -4,6 +4,7 @@ step commit, backoff, deterministic per-sample seeds, and the settings that boun
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import threading
@@ -15,15 +16,16 @@ import redis
 from step_rows import step_row
 
 from everstep.v1 import reward_pb2
-from everstep_controller.backoff import Backoff
-from everstep_controller.clients import Deadlines, RewardClient, RolloutClient, Service, ServiceUnavailable
-from everstep_controller.job_runner import sample_seed
-from everstep_controller.job_store import JobStore
-from everstep_controller.local_stack import redis_server_binary
-from everstep_controller.processes import free_port
-from everstep_controller.progress_store import JobProgress, ProgressStore
-from everstep_controller.redis_client import connect
-from everstep_controller.spec import JobSpec
+from everstep_cli.local_stack import redis_server_binary
+from everstep_controller.launchers.processes import free_port
+from everstep_controller.run.backoff import Backoff
+from everstep_controller.run.clients import Deadlines, RewardClient, RolloutClient, Service, ServiceUnavailable
+from everstep_controller.run.runner import sample_seed
+from everstep_controller.run.runner_settings import RunnerSettings
+from everstep_controller.spec.job_spec import JobSpec
+from everstep_controller.store.job_store import JobStore
+from everstep_controller.store.progress_store import JobProgress, ProgressStore
+from everstep_controller.store.redis_client import connect
 
 SPEC = {"model_path": "/m", "dataset": {"train_path": "/d.jsonl"}}
 
@@ -118,7 +120,7 @@ def test_deterministic_mode_seeds_each_sample_and_needs_the_sync_scheduler() -> 
         JobSpec(**SPEC, scheduler={"overlap": -1})
 
 
-def test_controller_options_set_every_deadline_and_retry_limit() -> None:
+def test_controller_options_set_every_deadline_and_retry_limit(capsys: pytest.CaptureFixture[str]) -> None:
     from everstep_controller.__main__ import parse_args, runner_settings
 
     base = ["--redis-url", "redis://x", "--reward", "r:1"]
@@ -127,6 +129,44 @@ def test_controller_options_set_every_deadline_and_retry_limit() -> None:
     assert settings.deadlines == Deadlines(trainer_seconds=7, generate_seconds=9)
     assert settings.worker_restarts == 0 and settings.backoff == Backoff(max_seconds=2)
     with pytest.raises(ValueError, match="reward_seconds must be positive"):
-        runner_settings(parse_args([*base, "--reward-deadline-seconds", "0"]))
+        Deadlines(reward_seconds=0)
     with pytest.raises(ValueError, match="worker_restarts must be >= 0"):
-        runner_settings(parse_args([*base, "--worker-restarts", "-1"]))
+        RunnerSettings(worker_restarts=-1)
+    for flags, error in ((["--reward-deadline-seconds", "0"], "--reward-deadline-seconds must be positive"),
+                         (["--worker-restarts", "-1"], "--worker-restarts must be >= 0"),
+                         (["--retry-initial-seconds", "40"], "--retry-initial-seconds (40.0) must be positive and at "
+                                                             "most retry_max_seconds (30.0)")):
+        with pytest.raises(SystemExit):
+            parse_args([*base, *flags])
+        assert error in capsys.readouterr().err
+
+
+def test_every_controller_option_is_a_flag_with_the_settings_default_and_help() -> None:
+    """`ControllerSettings` is the one place of each option's default: the flags and the runners' settings
+    objects take theirs from it."""
+    import dataclasses
+
+    from everstep_controller.__main__ import build_parser
+    from everstep_controller.settings import ControllerSettings
+
+    actions = {a.dest: a for a in build_parser()._actions}
+    for f, _kind, option in ControllerSettings.options():
+        action = actions[f.name]
+        assert action.option_strings == [f"--{f.name.replace('_', '-')}"] and action.help == option.help
+        assert action.required if f.default is dataclasses.MISSING else action.default == f.default
+    table = Path(__file__).parents[2] / "docs" / "controller.md"
+    rows = re.findall(r"^\| `(--[a-z0-9-]+)`(?:, `(--[a-z0-9-]+)`)? \| ([^|]+) \|", table.read_text(), flags=re.M)
+    assert len(rows) > 20
+    for first, second, documented in rows:  # `| --a, --b | 0.5, 30 |`: one default per flag, or one for both
+        flags, values = [f for f in (first, second) if f], documented.strip().split(", ")
+        for flag, value in zip(flags, values * len(flags) if len(values) == 1 else values, strict=True):
+            default, value = actions[flag.removeprefix("--").replace("-", "_")].default, value.strip("`")
+            if isinstance(default, int | float):
+                assert float(value) == default, f"docs/controller.md: {flag} {value}, the flag's default {default}"
+            elif isinstance(default, str):
+                assert value == default, f"docs/controller.md: {flag} {value}, the flag's default {default}"
+    defaults = RunnerSettings()
+    assert defaults == RunnerSettings.from_settings(ControllerSettings(redis_url="r", reward="x"))
+    assert (defaults.num_scorers, defaults.deadlines.generate_seconds, defaults.backoff.max_seconds) == (
+        ControllerSettings.default("num_scorers"), ControllerSettings.default("generate_deadline_seconds"),
+        ControllerSettings.default("retry_max_seconds"))

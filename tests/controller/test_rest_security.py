@@ -16,12 +16,12 @@ import redis
 from fastapi.testclient import TestClient
 from tls_material import make_test_pki
 
-from everstep_controller.api import create_app
-from everstep_controller.job_manager import JobManager
-from everstep_controller.job_store import JobStore
+from everstep_cli.rest_client import ApiError, ControllerClient
+from everstep_controller.api.app import create_app
+from everstep_controller.launchers.processes import free_port, is_alive, spawn, stop_processes
 from everstep_controller.launchers.shared import SharedLauncher
-from everstep_controller.processes import free_port, is_alive, spawn, stop_processes
-from everstep_controller.rest_client import ApiError, ControllerClient
+from everstep_controller.run.manager import JobManager
+from everstep_controller.store.job_store import JobStore
 
 LIMIT = 4096
 TOKEN = "tok-7d1f0c9a8b3e4f5a6b7c8d9e0f1a2b3c"

@@ -8,8 +8,8 @@ import pytest
 
 from everstep.reward_error_kind import error_kind_from_label, error_kind_label
 from everstep.v1 import reward_pb2
-from everstep_controller.progress_store import ScoredSample
-from everstep_controller.reward_errors import ErrorClass, PartError, classify, describe, part_errors
+from everstep_controller.data.reward_errors import ErrorClass, PartError, classify, describe, part_errors
+from everstep_controller.store.progress_store import ScoredSample
 
 LABELS = ["unknown_verifier", "invalid_spec", "invalid_params", "timeout", "sandbox_unavailable", "sandbox_error",
           "worker_crashed", "model_unavailable", "internal"]

@@ -11,12 +11,12 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from everstep.reward_error_kind import error_kind_label
 from everstep.v1 import common_pb2, reward_pb2
-from everstep_controller.clients import RewardClient
-from everstep_controller.dataset import PromptRow, load_prompt_rows
-from everstep_controller.prompt_rendering import PromptEncoder
-from everstep_controller.reward_errors import ErrorClass, classify, part_errors
-from everstep_controller.reward_items import RewardItemBuilder
-from everstep_controller.spec import RewardSpec
+from everstep_controller.data.dataset import PromptRow, load_prompt_rows
+from everstep_controller.data.prompt_rendering import PromptEncoder
+from everstep_controller.data.reward_errors import ErrorClass, classify, part_errors
+from everstep_controller.data.reward_items import RewardItemBuilder
+from everstep_controller.run.clients import RewardClient
+from everstep_controller.spec.job_spec import RewardSpec
 
 JOB = RewardSpec.model_validate({"verifiers": [
     {"name": "math", "weight": 1.0},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from everstep.quantization import Quantization
 from everstep.v1 import rollout_pb2
-from everstep_controller.clients import Deadlines, RolloutClient
+from everstep_controller.run.clients import Deadlines, RolloutClient
 
 
 def test_load_sends_the_quantization_and_the_engine_reports_it(service_process, tiny_model_dir):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from everstep.settings import SchedulerMode
-from everstep_controller.scheduler import (
+from everstep_controller.algo.scheduler import (
     C3POScheduler,
     IterationOutcome,
     SchedulerConfig,

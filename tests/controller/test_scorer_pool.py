@@ -13,14 +13,14 @@ import pytest
 import redis
 
 from everstep.v1 import common_pb2, reward_pb2
-from everstep_controller import metrics
-from everstep_controller.backoff import Backoff
-from everstep_controller.clients import RewardClient
-from everstep_controller.job_store import JobStore
-from everstep_controller.processes import free_port, spawn, stop_processes, wait_grpc_serving
-from everstep_controller.progress_store import ProgressStore, ScoredSample
-from everstep_controller.scoring import ScorerPool, ScoringDepth, ScoringError
-from everstep_controller.spec import JobSpec
+from everstep_controller.launchers.processes import free_port, spawn, stop_processes, wait_grpc_serving
+from everstep_controller.run import metrics
+from everstep_controller.run.backoff import Backoff
+from everstep_controller.run.clients import RewardClient
+from everstep_controller.run.scoring import ScorerPool, ScoringDepth, ScoringError
+from everstep_controller.spec.job_spec import JobSpec
+from everstep_controller.store.job_store import JobStore
+from everstep_controller.store.progress_store import ProgressStore, ScoredSample
 
 JOB = "job1"
 ANSWERS = {0: "7", 1: "12"}

@@ -11,9 +11,9 @@ import pytest
 from step_rows import eval_row, step_row
 
 from everstep.model_manifest import MANIFEST_NAME, verify_manifest
-from everstep_controller.cli import build_parser
-from everstep_controller.demo import REBUILD_DIR, demo_figure, ensure_demo_model, use_demo_model
-from everstep_controller.job_file import load_job_file
+from everstep_cli.cli import build_parser
+from everstep_cli.demo import REBUILD_DIR, demo_figure, ensure_demo_model, use_demo_model
+from everstep_cli.job_file import load_job_file
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SHIPPED = EXAMPLES / "demo-model"

@@ -11,16 +11,16 @@ import redis
 from fastapi.testclient import TestClient
 
 from everstep.v1 import trainer_pb2
-from everstep_controller.api import create_app
-from everstep_controller.job_manager import JobManager
-from everstep_controller.job_store import JobRecord, JobStore
+from everstep_controller.algo.scheduler import IterationOutcome
+from everstep_controller.algo.training_batch import TrainingBatch
+from everstep_controller.api.app import create_app
 from everstep_controller.launchers.shared import SharedLauncher
-from everstep_controller.progress_store import JobProgress, ProgressStore
-from everstep_controller.scheduler import IterationOutcome
-from everstep_controller.spec import JobSpec
-from everstep_controller.step_metrics import TRAIN_STAT_FIELDS, Evaluation, StepMetrics
-from everstep_controller.step_record import StepTimes, step_record
-from everstep_controller.training_batch import StepBatch
+from everstep_controller.run.manager import JobManager
+from everstep_controller.run.step_record import StepTimes, step_record
+from everstep_controller.spec.job_spec import JobSpec
+from everstep_controller.store.job_store import JobRecord, JobStore
+from everstep_controller.store.progress_store import JobProgress, ProgressStore
+from everstep_controller.store.step_metrics import TRAIN_STAT_FIELDS, Evaluation, StepMetrics
 
 # A row as the dict-building step_record wrote it (json.dumps) for a step without a trained batch.
 OLD_UNTRAINED_ROW = {
@@ -47,7 +47,7 @@ def _record(stats: trainer_pb2.TrainStats | None) -> StepMetrics:
                                carried_samples=["g3-0", "g3-1", "g3-2"], finished_tokens=96)
     times = StepTimes(rollout_seconds=2.0, reward_seconds=0.25, train_seconds=0.0, weight_push_seconds=0.0,
                       iteration_seconds=2.5)
-    return step_record(step=3, version=2, outcome=outcome, batch=StepBatch(num_zero_signal=2), rewards=[],
+    return step_record(step=3, version=2, outcome=outcome, batch=TrainingBatch(num_zero_signal=2), rewards=[],
                        num_trained_samples_total=16, num_carried=3, num_finished=8, generated_tokens=120,
                        staleness=[], times=times, stats=stats)
 

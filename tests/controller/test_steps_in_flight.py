@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from everstep_controller.steps_in_flight import StepsInFlight
+from everstep_controller.run.steps_in_flight import StepsInFlight
 
 
 def test_steps_run_in_order_and_join_keeps_the_newest() -> None:

@@ -8,7 +8,7 @@ import time
 import pytest
 import redis
 
-from everstep_controller.streams import WorkStream
+from everstep_controller.store.streams import WorkStream
 
 
 @pytest.fixture

@@ -6,11 +6,11 @@ import pytest
 
 from everstep.settings import SchedulerMode
 from everstep.v1 import common_pb2
-from everstep_controller.progress_store import ScoredSample
-from everstep_controller.reward_errors import RewardFailed
-from everstep_controller.scheduler import C3POScheduler, SchedulerConfig
-from everstep_controller.spec import JobSpec
-from everstep_controller.training_batch import build_batch, trainer_config
+from everstep_controller.algo.scheduler import C3POScheduler, SchedulerConfig
+from everstep_controller.algo.training_batch import build_batch, trainer_config
+from everstep_controller.data.reward_errors import RewardFailed
+from everstep_controller.spec.job_spec import JobSpec
+from everstep_controller.store.progress_store import ScoredSample
 
 
 def _scored(reward: float, error: str = "") -> ScoredSample:

@@ -12,20 +12,20 @@ import redis
 
 from everstep.settings import SchedulerMode
 from everstep.v1 import common_pb2
-from everstep_controller import metrics
-from everstep_controller.clients import RewardClient
-from everstep_controller.dataset import PromptRow
-from everstep_controller.evaluation import scored_results
-from everstep_controller.job_store import DatasetReport, JobStore
-from everstep_controller.progress_store import ProgressStore, ScoredSample
-from everstep_controller.reward_errors import ErrorClass, RewardFailed
-from everstep_controller.reward_items import RewardItemBuilder
-from everstep_controller.row_tests import RowTests, StdioCase
-from everstep_controller.scheduler import C3POScheduler, SchedulerConfig
-from everstep_controller.scoring import ScorerPool, ScoringDepth
-from everstep_controller.spec import JobSpec, RewardSpec
-from everstep_controller.training_batch import build_batch
-from everstep_controller.unscorable_rows import UnscorableRows
+from everstep_controller.algo.scheduler import C3POScheduler, SchedulerConfig
+from everstep_controller.algo.training_batch import build_batch
+from everstep_controller.data.dataset import PromptRow
+from everstep_controller.data.reward_errors import ErrorClass, RewardFailed
+from everstep_controller.data.reward_items import RewardItemBuilder
+from everstep_controller.data.row_tests import RowTests, StdioCase
+from everstep_controller.run import metrics
+from everstep_controller.run.clients import RewardClient
+from everstep_controller.run.evaluation import scored_results
+from everstep_controller.run.scoring import ScorerPool, ScoringDepth
+from everstep_controller.run.unscorable_rows import UnscorableRows
+from everstep_controller.spec.job_spec import JobSpec, RewardSpec
+from everstep_controller.store.job_store import DatasetReport, JobStore
+from everstep_controller.store.progress_store import ProgressStore, ScoredSample
 
 JOB = "job1"
 MATH_ROW = PromptRow(index=0, prompt="3 + 4 =", answer="7", prompt_ids=(1,))
@@ -94,7 +94,7 @@ def test_a_bad_rows_group_is_left_out_and_counted_while_the_others_train(
     counted = metrics.UNSCORABLE_SAMPLES.labels(kind="invalid_spec")
     before = counted._value.get()
     report = UnscorableRows(JOB, DatasetReport(num_rows=3, num_skipped=0))
-    with caplog.at_level(logging.WARNING, logger="everstep_controller.unscorable_rows"):
+    with caplog.at_level(logging.WARNING, logger="everstep_controller.run.unscorable_rows"):
         assert report.note(batch.unscorable, {"gc": 1})
         assert not report.note(batch.unscorable, {"gc": 1}), "a row already listed changes nothing"
     assert counted._value.get() - before == 4, "every sample is counted, each time its row comes back"

@@ -23,7 +23,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from everstep.v1 import reward_pb2, reward_pb2_grpc
-from everstep_controller.local_stack import LocalStack, StackState, free_port
+from everstep_cli.local_stack import LocalStack, StackState, free_port
 
 SCRAPE_INTERVAL_SECONDS = 1
 JOB_TIMEOUT_SECONDS = 240

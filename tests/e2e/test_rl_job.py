@@ -18,7 +18,7 @@ import pytest
 from stack_jobs import run_job
 
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc
-from everstep_controller.local_stack import free_port
+from everstep_cli.local_stack import free_port
 
 if TYPE_CHECKING:
     from conftest import DemoModelBuild

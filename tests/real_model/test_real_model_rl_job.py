@@ -17,8 +17,8 @@ from safetensors.torch import load_file
 from stack_jobs import run_job
 
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc
-from everstep_controller.job_file import load_job_file
-from everstep_controller.local_stack import free_port
+from everstep_cli.job_file import load_job_file
+from everstep_cli.local_stack import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 EVERSTEP = str(Path(sys.executable).parent / "everstep")

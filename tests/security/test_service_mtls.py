@@ -15,8 +15,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tls_material import make_test_pki
 
 from everstep.v1 import reward_pb2
-from everstep_controller.clients import RewardClient
-from everstep_controller.processes import ManagedProcess, free_port, spawn, stop_processes, wait_grpc_serving
+from everstep_controller.launchers.processes import ManagedProcess, free_port, spawn, stop_processes, wait_grpc_serving
+from everstep_controller.run.clients import RewardClient
 
 TLS_VARIABLES = ("EVERSTEP_GRPC_TLS_CERT", "EVERSTEP_GRPC_TLS_KEY", "EVERSTEP_GRPC_TLS_CA",
                  "EVERSTEP_GRPC_TLS_SERVER_NAME")

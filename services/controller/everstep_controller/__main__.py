@@ -3,88 +3,53 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
 from pathlib import Path
 
 from everstep.transport import add_transport_arguments, apply_transport_arguments
-from everstep_controller.request_limits import DEFAULT_MAX_REQUEST_BYTES
+from everstep_controller.settings import ControllerSettings, SettingError
 
 _GRACEFUL_SHUTDOWN_SECONDS = 3.0
 """How long a stopping controller waits for open REST connections: an idle HTTPS keep-alive client
 would otherwise hold it until the TLS close handshake times out (30 s), past the pod's grace period."""
 
+_GROUPS = {"rest": ("REST security", "the bearer token is read from EVERSTEP_API_TOKEN; see docs/security.md")}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The flags of `ControllerSettings`' fields, in their order (`--lease-seconds` for `lease_seconds`)."""
+    p = argparse.ArgumentParser(prog="everstep_controller", description=__doc__)
+    groups = {key: p.add_argument_group(title, description) for key, (title, description) in _GROUPS.items()}
+    for f, kind, option in ControllerSettings.options():
+        default = f.default
+        if option.env and os.environ.get(option.env):
+            default = kind(os.environ[option.env])
+        where = groups[option.group] if option.group else p
+        kwargs = {"required": True} if default is dataclasses.MISSING else {"default": default}
+        if kind is not str:
+            kwargs["type"] = kind
+        where.add_argument(f"--{f.name.replace('_', '-')}", choices=option.choices, help=option.help, **kwargs)
+    add_transport_arguments(p)  # the controller dials the services: its channels use the same settings
+    return p
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="everstep_controller", description=__doc__)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000, help="REST port")
-    p.add_argument("--grpc-port", type=int, default=0, help="unused: the controller serves REST only")
-    p.add_argument("--redis-url", required=True, help="redis://host:port/db holding all job state")
-    p.add_argument("--reward", required=True, help="reward service gRPC address host:port (a shared pool)")
-    p.add_argument("--launcher", choices=("local", "kubernetes", "shared"), default=None,
-                   help="who gives each job its rollout engine and trainer: 'local' processes, 'kubernetes' "
-                        "workloads, or the 'shared' ones at --rollout/--trainer (one job at a time). "
-                        "Default: shared when --rollout and --trainer are given, else local")
-    p.add_argument("--rollout", default=None, help="shared rollout engine gRPC address (launcher shared)")
-    p.add_argument("--trainer", default=None, help="shared trainer gRPC address (launcher shared)")
-    p.add_argument("--max-jobs", type=int, default=None,
-                   help="jobs run at once (default: 1 with shared workers, 4 with local ones, 16 on Kubernetes)")
-    p.add_argument("--lease-seconds", type=float, default=30.0,
-                   help="a job whose controller has not renewed its lease this long is taken over")
-    p.add_argument("--num-scorers", type=int, default=2, help="threads per job sending rollouts to the reward service")
-    p.add_argument("--rollout-deadline-seconds", type=float, default=120.0,
-                   help="deadline of a unary call to a rollout engine (Load, GetStatus, Drain)")
-    p.add_argument("--generate-deadline-seconds", type=float, default=3600.0,
-                   help="deadline of one Generate stream: one iteration's rollouts, or one evaluation")
-    p.add_argument("--trainer-deadline-seconds", type=float, default=600.0,
-                   help="deadline of a call to a trainer (Load, TrainStep, PushWeights, checkpoints)")
-    p.add_argument("--reward-deadline-seconds", type=float, default=300.0,
-                   help="deadline of one Score call to the reward service")
-    p.add_argument("--worker-restarts", type=int, default=3,
-                   help="restarts of a job's failed workers (killed, hung past a deadline) allowed without a "
-                        "completed step in between; then the job fails with the last error")
-    p.add_argument("--score-attempts", type=int, default=8,
-                   help="reward calls per sample while its reward has a transient error (sandbox down, timeout)")
-    p.add_argument("--scoring-timeout-seconds", type=float, default=600.0,
-                   help="how long a step waits for its rewards (reward service down or hung); then the job fails")
-    p.add_argument("--retry-initial-seconds", type=float, default=0.5,
-                   help="pause before the first retry of a reward call or worker restart; it doubles per failure")
-    p.add_argument("--retry-max-seconds", type=float, default=30.0, help="longest pause between retries")
-    p.add_argument("--redis-retry-seconds", type=float, default=30.0,
-                   help="how long a Redis command is retried while Redis is unreachable (e.g. restarting)")
-    p.add_argument("--threads-per-worker", type=int, default=0,
-                   help="local launcher: torch threads of each worker process (0: their default)")
-    p.add_argument("--k8s-namespace", default=None,
-                   help="kubernetes launcher: namespace of the workloads (default: the controller pod's own)")
-    p.add_argument("--k8s-template-prefix", default="everstep",
-                   help="kubernetes launcher: the chart's fullname; PodTemplates <prefix>-rollout, <prefix>-trainer")
-    p.add_argument("--data-dir", default=".everstep/data",
-                   help="checkpoints of jobs without checkpoint.dir, and local workers' logs")
-    p.add_argument("--log-level", default="INFO")
-    rest = p.add_argument_group("REST security",
-                                "the bearer token is read from EVERSTEP_API_TOKEN; see docs/security.md")
-    rest.add_argument("--rest-tls-cert", default=os.environ.get("EVERSTEP_REST_TLS_CERT") or None,
-                      help="PEM certificate (chain) of the REST API; with --rest-tls-key it serves HTTPS only "
-                           "(env EVERSTEP_REST_TLS_CERT)")
-    rest.add_argument("--rest-tls-key", default=os.environ.get("EVERSTEP_REST_TLS_KEY") or None,
-                      help="PEM private key of --rest-tls-cert (env EVERSTEP_REST_TLS_KEY)")
-    rest.add_argument("--max-request-bytes", type=int,
-                      default=int(os.environ.get("EVERSTEP_MAX_REQUEST_BYTES") or DEFAULT_MAX_REQUEST_BYTES),
-                      help="larger REST request bodies get 413 (env EVERSTEP_MAX_REQUEST_BYTES; default "
-                           f"{DEFAULT_MAX_REQUEST_BYTES})")
-    add_transport_arguments(p)  # the controller dials the services: its channels use the same settings
+    p = build_parser()
     args = p.parse_args(argv)
     apply_transport_arguments(p, args)  # local launcher workers inherit the environment
+    try:
+        settings_from_args(args)
+    except SettingError as e:
+        p.error(f"--{e.name.replace('_', '-')} {e.message}")
     if bool(args.rest_tls_cert) != bool(args.rest_tls_key):
         p.error("--rest-tls-cert and --rest-tls-key go together")
     for flag in ("rest_tls_cert", "rest_tls_key"):
         path = getattr(args, flag)
         if path and not Path(path).is_file():
             p.error(f"--{flag.replace('_', '-')} {path!r} is not a file")
-    if args.max_request_bytes < 1024:
-        p.error(f"--max-request-bytes must be at least 1024, got {args.max_request_bytes}")
     if args.launcher is None:
         args.launcher = "shared" if args.rollout and args.trainer else "local"
     if args.launcher == "shared" and not (args.rollout and args.trainer):
@@ -94,6 +59,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         logging.getLogger("everstep_controller").warning(
             "--rollout/--trainer are ignored: the %s launcher starts each job's own workers", args.launcher)
     return args
+
+
+def settings_from_args(args: argparse.Namespace) -> ControllerSettings:
+    """The options parsed; SettingError naming the option that is out of range."""
+    return ControllerSettings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ControllerSettings)})
 
 
 def _own_namespace() -> str:
@@ -116,18 +86,10 @@ def build_launcher(args: argparse.Namespace):  # noqa: ANN201 (imports stay lazy
 
 
 def runner_settings(args: argparse.Namespace):  # noqa: ANN201 (imports stay lazy)
-    """Every job runner's settings; ValueError naming the option that is out of range."""
-    from everstep_controller.backoff import Backoff
-    from everstep_controller.clients import Deadlines
-    from everstep_controller.runner_settings import RunnerSettings
+    """Every job runner's settings: those of the parsed options."""
+    from everstep_controller.run.runner_settings import RunnerSettings
 
-    deadlines = Deadlines(rollout_seconds=args.rollout_deadline_seconds,
-                          generate_seconds=args.generate_deadline_seconds,
-                          trainer_seconds=args.trainer_deadline_seconds, reward_seconds=args.reward_deadline_seconds)
-    return RunnerSettings(num_scorers=args.num_scorers, score_attempts=args.score_attempts,
-                          scoring_timeout_seconds=args.scoring_timeout_seconds, worker_restarts=args.worker_restarts,
-                          deadlines=deadlines, backoff=Backoff(initial_seconds=args.retry_initial_seconds,
-                                                               max_seconds=args.retry_max_seconds))
+    return RunnerSettings.from_settings(settings_from_args(args))
 
 
 def _exit_on_sigterm(signum: int, _frame: object) -> None:
@@ -141,15 +103,12 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger().setLevel(args.log_level)
     import uvicorn
 
-    from everstep_controller.api import create_app
-    from everstep_controller.job_manager import JobManager
-    from everstep_controller.job_store import JobStore
-    from everstep_controller.redis_client import connect
+    from everstep_controller.api.app import create_app
+    from everstep_controller.run.manager import JobManager
+    from everstep_controller.store.job_store import JobStore
+    from everstep_controller.store.redis_client import connect
 
-    try:
-        settings = runner_settings(args)
-    except ValueError as e:
-        raise SystemExit(f"everstep_controller: error: {e}") from e
+    settings = runner_settings(args)
     store = JobStore(connect(args.redis_url, retry_seconds=args.redis_retry_seconds))
     store.redis.ping()
     launcher = build_launcher(args)

@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 
 from pydantic import BaseModel, Field
 
-from everstep_controller.spec import ResourcesSpec
+from everstep_controller.spec.job_spec import ResourcesSpec
 
 
 class WorkerRequest(BaseModel):

@@ -25,7 +25,7 @@ import time
 from typing import Any, Protocol
 
 from everstep_controller.launchers.base import Launcher, ObjectHandle, WorkerRequest, Workers
-from everstep_controller.processes import wait_grpc_address
+from everstep_controller.launchers.processes import wait_grpc_address
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from everstep_controller.launchers.base import Launcher, ProcessHandle, WorkerRequest, Workers
-from everstep_controller.processes import (
+from everstep_controller.launchers.processes import (
     ManagedProcess,
     free_port,
     is_alive,

@@ -1,0 +1,159 @@
+"""The `everstep` command line: demo, up, down, submit, status, cancel, serve, model import."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+SERVICES = ("controller", "rollout", "trainer", "reward", "sandbox")
+
+
+def _add_url(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", default=None, help="controller URL (default: $EVERSTEP_URL or http://127.0.0.1:8000)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="everstep", description="RL for reasoning models: IcePop, C3PO++.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="run the demo job end to end on the shipped demo model (examples/demo-model), "
+                                       "print a JSON summary")
+    demo.add_argument("--spec", default="examples/demo.yaml",
+                      help="job spec of the demo (its model is built there first if the folder has none)")
+    demo.add_argument("--out", default="outputs/demo", help="folder for the plot, metrics and summary")
+    demo.add_argument("--port", type=int, default=0, help="controller port (0: a free one)")
+    demo.add_argument("--rebuild", action="store_true",
+                      help="first build a fresh demo model into outputs/demo-model with the shipped one's settings "
+                           "(python -m everstep_trainer.demo; 8 to 12 minutes on 2 cores) and run the job on it "
+                           "and its train.jsonl/eval.jsonl")
+
+    up = sub.add_parser("up", help="start Redis and every service in the background")
+    up.add_argument("--port", type=int, default=8000, help="controller REST port")
+    up.add_argument("--host", default="127.0.0.1", help="controller bind address")
+    up.add_argument("--launcher", choices=("shared", "local"), default="shared",
+                    help="shared: one rollout engine and trainer for all jobs, one job at a time; local: each job "
+                         "gets its own rollout and trainer processes, several jobs run at once")
+
+    sub.add_parser("down", help="stop everything `everstep up` started")
+
+    submit = sub.add_parser("submit", help="submit a job spec (YAML)")
+    submit.add_argument("job_file")
+    submit.add_argument("--follow", action="store_true", help="show progress until the job ends")
+    _add_url(submit)
+
+    status = sub.add_parser("status", help="list jobs, or show one")
+    status.add_argument("job", nargs="?")
+    _add_url(status)
+
+    cancel = sub.add_parser("cancel", help="cancel a job")
+    cancel.add_argument("job")
+    _add_url(cancel)
+
+    model = sub.add_parser("model", help="prepare a model for everstep")
+    model_sub = model.add_subparsers(dest="model_command", required=True)
+    imported = model_sub.add_parser(
+        "import", help="a GGUF file or a transformers directory as a plain Hugging Face directory (config.json, "
+                       "model.safetensors, tokenizer files with the chat template, generation_config.json with "
+                       "every EOS id); runs the trainer package's `everstep_trainer.model_import`")
+    imported.add_argument("source", help="a .gguf file, or a directory transformers loads")
+    imported.add_argument("--out", required=True, help="folder to write (new or empty)")
+    imported.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                          help="dtype of the saved weights")
+
+    serve = sub.add_parser("serve", help="run one service in the foreground (for containers)")
+    serve.add_argument("service", choices=SERVICES)
+    serve.add_argument("--host", default="0.0.0.0")
+    serve.add_argument("--port", type=int, default=None, help="HTTP port (REST, metrics; the sandbox's API)")
+    serve.add_argument("--grpc-port", type=int, default=None)
+    return parser
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM unwinds like Ctrl-C, so `demo` still brings down the stack it started."""
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> None:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    args, extra = build_parser().parse_known_args(argv)
+    if extra and args.command != "serve":
+        sys.exit(f"everstep {args.command}: unrecognized arguments: {' '.join(extra)}")
+    try:
+        _dispatch(args, extra)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except (RuntimeError, ValueError, FileNotFoundError, TimeoutError) as e:
+        sys.exit(f"everstep {args.command}: {e}")
+
+
+def _dispatch(args: argparse.Namespace, extra: list[str]) -> None:
+    if args.command == "serve":
+        command = [sys.executable, "-m", f"everstep_{args.service}", "--host", args.host]
+        if args.port is not None:
+            command += ["--port", str(args.port)]
+        if args.grpc_port is not None:
+            command += ["--grpc-port", str(args.grpc_port)]
+        os.execv(sys.executable, command + extra)
+    if args.command == "model":
+        # torch and transformers live in the trainer's package; the controller never imports them
+        import importlib.util
+
+        if importlib.util.find_spec("everstep_trainer") is None:
+            raise RuntimeError("model import needs the trainer package: pip install -e services/trainer")
+        os.execv(sys.executable, [sys.executable, "-m", "everstep_trainer.model_import", args.source,
+                                  "--out", args.out, "--dtype", args.dtype])
+    if args.command == "demo":
+        from everstep_cli.demo import run_demo
+
+        summary = run_demo(Path(args.spec), Path(args.out), port=args.port, rebuild=args.rebuild)
+        print(json.dumps(summary))
+        return
+    if args.command in ("up", "down"):
+        import logging
+
+        from everstep_cli.local_stack import LocalStack
+
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+        stack = LocalStack()
+        if args.command == "up":
+            state = stack.up(port=args.port, host=args.host, launcher=args.launcher)
+            print(f"everstep is up: controller {state.controller_url}, redis {state.redis_url}")
+            for p in state.processes:
+                print(f"  {p.name:<10} pid {p.pid:<7} log {p.log_path}")
+        else:
+            stopped = stack.down()
+            print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+        return
+
+    from everstep_cli.rest_client import ControllerClient
+
+    client = ControllerClient(args.url)
+    if args.command == "submit":
+        from everstep_cli.job_file import load_job_file
+
+        record = client.submit(load_job_file(args.job_file))
+        print(record["id"])
+        if args.follow:
+            from everstep_cli.follow import follow_job
+
+            final = follow_job(client, record["id"])
+            print(json.dumps({k: final[k] for k in ("id", "state", "step", "error", "evaluation")}))
+            if final["state"] != "SUCCEEDED":
+                sys.exit(1)
+    elif args.command == "status":
+        if args.job:
+            print(json.dumps(client.job(args.job), indent=2))
+        else:
+            for job in client.jobs():
+                print(f"{job['id']}  {job['state']:<10} step {job['step']:>4}/{job['spec']['steps']:<4} {job['name']}")
+    elif args.command == "cancel":
+        print(client.action(args.job, "cancel")["state"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""What the trainer gets: its options, and a step's batch of samples with GRPO advantages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from everstep.settings import TrainerConfig
+from everstep.settings_codec import TRAINER_CONFIG
+from everstep.v1 import trainer_pb2
+from everstep_controller.algo.scheduler import grpo_advantages
+from everstep_controller.data.reward_errors import ErrorClass, RewardFailed, describe
+from everstep_controller.spec.job_spec import JobSpec
+from everstep_controller.store.progress_store import ScoredSample
+
+
+def trainer_config(spec: JobSpec, start_step: int = 0) -> trainer_pb2.TrainerConfig:
+    """The trainer's options; a trainer restarted at `start_step` gets the schedule of the remaining steps."""
+    trainer = spec.trainer.model_copy(update={"warmup_steps": max(0, spec.trainer.warmup_steps - start_step)})
+    config = TrainerConfig.compose(trainer=trainer, loss=spec.algorithm.loss, temperature=spec.sampling.temperature,
+                                   seed=spec.seed, total_steps=max(0, spec.steps - start_step))
+    return TRAINER_CONFIG.to_proto(config)
+
+
+def has_signal(members: list[ScoredSample]) -> bool:
+    """A group GRPO learns from: every member has its reward, and the rewards are not all equal."""
+    return all(m.error_class is None for m in members) and len({m.reward for m in members}) > 1
+
+
+class GroupMembers(Protocol):
+    """Who survived in each group: the scheduler, or an iteration's `run_state.IterationEnd`."""
+
+    def surviving_samples(self, group_id: str) -> list[str]: ...
+
+
+@dataclass
+class TrainingBatch:
+    """A step's batch for the trainer: its samples with GRPO advantages, and the groups left out of it."""
+
+    samples: list[trainer_pb2.TrainSample] = field(default_factory=list)
+    num_zero_signal: int = 0  # groups left out because all their rewards were equal
+    unscorable: dict[str, dict[str, ScoredSample]] = field(default_factory=dict)
+    """Groups left out because a member's row could not be scored: group id -> those members by sample id."""
+
+
+def build_batch(group_ids: list[str], scheduler: GroupMembers, scored: dict[str, ScoredSample], *,
+                drop_zero_signal: bool, normalize_std: bool) -> TrainingBatch:
+    """The train samples of the groups' surviving members, and the groups left out.
+
+    Advantages are computed over each group's surviving (finished) members only; purged members
+    are left out. No sample is trained without its reward: a group with a member whose row could
+    not be scored is left out whole (its advantages would be made up), and any other failed
+    reward raises `RewardFailed` with its cause (see `reward_errors`).
+    """
+    batch = TrainingBatch()
+    for group_id in group_ids:
+        sample_ids = scheduler.surviving_samples(group_id)
+        members = [scored[s] for s in sample_ids]
+        bad_rows: dict[str, ScoredSample] = {}
+        for sample_id, member in zip(sample_ids, members, strict=True):
+            error_class = member.error_class
+            if error_class == ErrorClass.ROW:
+                bad_rows[sample_id] = member
+            elif error_class is not None:
+                raise RewardFailed(describe(sample_id, member.part_errors, member.error))
+        if bad_rows:
+            batch.unscorable[group_id] = bad_rows
+            continue
+        rewards = [m.reward for m in members]
+        if drop_zero_signal and not has_signal(members):
+            batch.num_zero_signal += 1
+            continue
+        for member, advantage in zip(members, grpo_advantages(rewards, normalize_std=normalize_std), strict=True):
+            seq = member.proto()
+            batch.samples.append(trainer_pb2.TrainSample(
+                prompt_ids=seq.prompt_ids, output_ids=seq.output_ids, rollout_logprobs=seq.output_logprobs,
+                output_versions=seq.output_versions, advantage=advantage, reward=member.reward,
+            ))
+    return batch

@@ -1,0 +1,1 @@
+"""The REST API: the app and its request limits (layer 8)."""

@@ -1,0 +1,100 @@
+"""The REST job API (FastAPI). OpenAPI document at /openapi.json.
+
+Every /v1 call needs `Authorization: Bearer <EVERSTEP_API_TOKEN>` when that variable is set;
+/healthz and /metrics stay open (probes and Prometheus), and carry no job data. Request bodies
+over `max_request_bytes` get 413. docs/security.md says what is and is not protected.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+
+from fastapi import Depends, FastAPI, HTTPException, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from everstep_controller.api.request_limits import DEFAULT_MAX_REQUEST_BYTES, RequestSizeLimit
+from everstep_controller.data.submission_checks import JobInputError, check_job_input
+from everstep_controller.run.manager import JobManager
+from everstep_controller.spec.job_spec import JobSpec
+from everstep_controller.store.job_store import Action, JobRecord, JobStore
+from everstep_controller.store.step_metrics import StepMetrics
+
+_bearer = HTTPBearer(auto_error=False, description="EVERSTEP_API_TOKEN of the controller, when it has one")
+
+
+def _require_token(credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
+    """When EVERSTEP_API_TOKEN is set, every /v1 call needs `Authorization: Bearer <token>`."""
+    token = os.environ.get("EVERSTEP_API_TOKEN")
+    if not token:
+        return
+    given = credentials.credentials if credentials is not None else ""
+    if not hmac.compare_digest(given.encode(), token.encode()):  # constant time: no timing oracle on the token
+        raise HTTPException(status_code=401, detail="missing or wrong bearer token",
+                            headers={"WWW-Authenticate": "Bearer"})
+
+
+def create_app(manager: JobManager, store: JobStore, *, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> FastAPI:
+    """max_request_bytes: larger request bodies are refused with 413 before they are read."""
+    app = FastAPI(title="everstep controller", version="0.1.0",
+                  description="Submit and follow RL jobs (GRPO with IcePop, C3PO++ rollouts).")
+    app.add_middleware(RequestSizeLimit, max_bytes=max_request_bytes)
+    v1 = [Depends(_require_token)]
+
+    def get_job(job_id: str) -> JobRecord:
+        record = store.get(job_id)
+        if record is None:
+            raise HTTPException(status_code=404, detail=f"no job {job_id!r}")
+        return record
+
+    @app.post("/v1/jobs", status_code=201, response_model=JobRecord, dependencies=v1)
+    def create_job(spec: JobSpec) -> JobRecord:
+        try:
+            check_job_input(spec)  # the files readable now: a field they lack is a 422 naming it
+        except JobInputError as e:
+            raise HTTPException(status_code=422, detail=[e.detail()]) from None
+        return manager.submit(spec)
+
+    @app.get("/v1/jobs", response_model=list[JobRecord], dependencies=v1)
+    def list_jobs() -> list[JobRecord]:
+        return store.list()
+
+    @app.get("/v1/jobs/{job_id}", response_model=JobRecord, dependencies=v1)
+    def read_job(job_id: str) -> JobRecord:
+        return get_job(job_id)
+
+    @app.get("/v1/jobs/{job_id}/metrics", response_model=list[StepMetrics], dependencies=v1)
+    def job_metrics(job_id: str) -> list[StepMetrics]:
+        get_job(job_id)
+        return store.metrics(job_id)
+
+    def act(job_id: str, action: Action) -> JobRecord:
+        get_job(job_id)
+        try:
+            return manager.act(job_id, action)
+        except ValueError as e:
+            raise HTTPException(status_code=409, detail=str(e)) from e
+
+    @app.post("/v1/jobs/{job_id}/pause", response_model=JobRecord, dependencies=v1)
+    def pause_job(job_id: str) -> JobRecord:
+        return act(job_id, Action.pause)
+
+    @app.post("/v1/jobs/{job_id}/resume", response_model=JobRecord, dependencies=v1)
+    def resume_job(job_id: str) -> JobRecord:
+        return act(job_id, Action.resume)
+
+    @app.post("/v1/jobs/{job_id}/cancel", response_model=JobRecord, dependencies=v1)
+    def cancel_job(job_id: str) -> JobRecord:
+        return act(job_id, Action.cancel)
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        store.redis.ping()
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    def prometheus_metrics() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,85 @@
+"""Prometheus metrics of the controller (names: everstep_controller_<what>_<unit>)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from everstep_controller.store.step_metrics import StepMetrics
+
+JOBS = Gauge("everstep_controller_jobs", "Jobs by state.", ["state"])
+JOBS_STARTED = Counter("everstep_controller_jobs_started_total", "Jobs whose runner started.")
+DATASET_ROWS_SKIPPED = Counter("everstep_controller_dataset_rows_skipped_total",
+                               "Dataset rows left out at load (no prompt, neither answer nor tests, malformed "
+                               "tests, an unknown verifier), reported.")
+UNSCORABLE_SAMPLES = Counter("everstep_controller_unscorable_samples_total",
+                             "Training samples whose reward failed for their row's data, by the reward service's "
+                             "error kind; their groups are left out of training.", ["kind"])
+UNSCORABLE_GROUPS = Counter("everstep_controller_unscorable_groups_total",
+                            "Groups left out of training because a member's row could not be scored.")
+REWARD_RETRIES = Counter("everstep_controller_reward_retries_total",
+                         "Rewards asked for again after a transient error, by error kind (timeout, "
+                         "sandbox_unavailable, sandbox_error, worker_crashed).", ["kind"])
+STEP = Gauge("everstep_controller_job_step", "Training steps completed.", ["job_id"])
+POLICY_VERSION = Gauge("everstep_controller_policy_version", "Policy version the job's engines run.", ["job_id"])
+REWARD_MEAN = Gauge("everstep_controller_reward_mean", "Mean reward of the samples scored in the latest step.",
+                    ["job_id"])
+EVAL_ACCURACY = Gauge("everstep_controller_eval_accuracy_ratio", "Held-out accuracy (avg@k or greedy).",
+                      ["job_id", "kind"])
+TOKENS_PER_SECOND = Gauge("everstep_controller_rollout_tokens_per_second",
+                          "Tokens generated per second of rollout phase, latest step.", ["job_id"])
+ITERATION_SECONDS = Histogram("everstep_controller_iteration_seconds", "Wall time of one C3PO++ iteration.",
+                              buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800))
+PHASE_SECONDS = Histogram("everstep_controller_phase_seconds", "Time per iteration phase.", ["phase"],
+                          buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 300, 1200))
+TOKENS_PER_ITERATION = Histogram("everstep_controller_tokens_per_iteration", "Output tokens generated per iteration.",
+                                 buckets=(1e2, 1e3, 1e4, 3e4, 1e5, 3e5, 1e6, 1e7))
+GENERATED_TOKENS = Counter("everstep_controller_generated_tokens_total", "Output tokens generated for training.")
+PARTIAL_BUFFER = Gauge("everstep_controller_partial_buffer_size", "Unfinished rollouts carried to the next iteration.",
+                       ["job_id"])
+RETENTION = Histogram("everstep_controller_retention_iterations", "Carry-overs of each carried rollout.",
+                      buckets=(0, 1, 2, 3, 4, 6, 8, 16))
+PURGED = Counter("everstep_controller_purged_samples_total", "Rollouts purged by the retention limit.")
+DROPPED_GROUPS = Counter("everstep_controller_dropped_groups_total", "Groups with fewer than two surviving members.")
+ZERO_SIGNAL_GROUPS = Counter("everstep_controller_zero_signal_groups_total",
+                             "Groups left out of training because all rewards were equal.")
+TRAINED_SAMPLES = Counter("everstep_controller_trained_samples_total", "Samples sent to the trainer.")
+RESUMES = Counter("everstep_controller_job_resumes_total",
+                  "Jobs continued by a new runner, by where from: live-workers, checkpoint, start-over.", ["source"])
+WORKER_FAILURES = Counter("everstep_controller_worker_failures_total",
+                          "Calls that failed for a cause a restart or retry may fix (down, killed, past their "
+                          "deadline), by service; each is followed by a restart of the worker or a retry.",
+                          ["service"])
+RECLAIMED = Counter("everstep_controller_reclaimed_entries_total",
+                    "Queue entries taken over from a consumer that stopped (XAUTOCLAIM).", ["queue"])
+DUPLICATE_DELIVERIES = Counter("everstep_controller_duplicate_deliveries_total",
+                               "Queue entries delivered again whose work was already stored (skipped).", ["queue"])
+QUEUE_DEPTH = Gauge("everstep_controller_queue_depth_entries",
+                    "Entries of a work queue: undelivered, or delivered and pending acknowledgement. "
+                    "queue=jobs: submitted jobs; queue=rollouts: finished rollouts awaiting scores.",
+                    ["queue", "status"])
+STALENESS = Histogram("everstep_controller_staleness_versions", "Policy versions behind, per trained token.",
+                      buckets=(0, 1, 2, 3, 4, 8, 16))
+
+
+def observe_iteration(job_id: str, record: StepMetrics, retention_ages: list[int], staleness: list[int]) -> None:
+    STEP.labels(job_id=job_id).set(record.step)
+    POLICY_VERSION.labels(job_id=job_id).set(record.policy_version)
+    REWARD_MEAN.labels(job_id=job_id).set(record.reward_mean)
+    TOKENS_PER_SECOND.labels(job_id=job_id).set(record.tokens_per_s)
+    PARTIAL_BUFFER.labels(job_id=job_id).set(record.partial_buffer_size)
+    ITERATION_SECONDS.observe(record.iteration_seconds)
+    for phase, seconds in (("rollout", record.rollout_seconds), ("reward", record.reward_seconds),
+                           ("train", record.train_seconds), ("weight_push", record.weight_push_seconds)):
+        PHASE_SECONDS.labels(phase=phase).observe(seconds)
+    TOKENS_PER_ITERATION.observe(record.generated_tokens)
+    GENERATED_TOKENS.inc(record.generated_tokens)
+    PURGED.inc(record.num_samples_purged)
+    DROPPED_GROUPS.inc(record.num_groups_dropped)
+    ZERO_SIGNAL_GROUPS.inc(record.num_groups_zero_signal)
+    UNSCORABLE_GROUPS.inc(record.num_groups_unscorable)
+    TRAINED_SAMPLES.inc(record.num_samples_trained)
+    for age in retention_ages:
+        RETENTION.observe(age)
+    # one observation per token would be costly at scale; the histogram takes a sample
+    for versions_behind in staleness[:: max(1, len(staleness) // 1000)]:
+        STALENESS.observe(versions_behind)

@@ -1,0 +1,62 @@
+"""The per-step metrics row of a job (`GET /v1/jobs/{id}/metrics`, one per training step)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from everstep.v1 import trainer_pb2
+from everstep_controller.algo.scheduler import IterationOutcome
+from everstep_controller.algo.training_batch import TrainingBatch
+from everstep_controller.store.step_metrics import TRAIN_STAT_FIELDS, StepMetrics
+
+__all__ = ["StepTimes", "step_record"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepTimes:
+    rollout_seconds: float
+    reward_seconds: float
+    train_seconds: float
+    weight_push_seconds: float
+    iteration_seconds: float
+
+
+def step_record(*, step: int, version: int, outcome: IterationOutcome, batch: TrainingBatch, rewards: list[float],
+                num_trained_samples_total: int, num_carried: int, num_finished: int, generated_tokens: int,
+                staleness: list[int], times: StepTimes, stats: trainer_pb2.TrainStats | None,
+                rounds: int = 1) -> StepMetrics:
+    """rewards: of the trained groups' members that have one; staleness: versions behind, per trained token."""
+    num_unscorable = len(batch.unscorable)
+    train_stats = {name: getattr(stats, name) for name in TRAIN_STAT_FIELDS} if stats is not None else {}
+    return StepMetrics(
+        step=step,
+        policy_version=version,
+        reward_mean=_mean(rewards),
+        num_samples_scored=len(rewards),
+        num_samples_trained=len(batch.samples),
+        num_trained_samples_total=num_trained_samples_total,
+        num_groups_trained=len(outcome.trainable_groups) - batch.num_zero_signal - num_unscorable,
+        num_groups_zero_signal=batch.num_zero_signal,
+        num_groups_unscorable=num_unscorable,
+        num_samples_unscorable=sum(len(members) for members in batch.unscorable.values()),
+        num_groups_dropped=len(outcome.dropped_groups),
+        num_samples_purged=len(outcome.purged_samples),
+        partial_buffer_size=num_carried,
+        num_finished_rollouts=num_finished,
+        finished_tokens=outcome.finished_tokens,
+        generated_tokens=generated_tokens,
+        tokens_per_s=generated_tokens / times.rollout_seconds if times.rollout_seconds > 0 else 0.0,
+        staleness_mean=_mean(staleness),
+        staleness_max=max(staleness, default=0),
+        rollout_seconds=times.rollout_seconds,
+        reward_seconds=times.reward_seconds,
+        train_seconds=times.train_seconds,
+        weight_push_seconds=times.weight_push_seconds,
+        iteration_seconds=times.iteration_seconds,
+        num_sampling_rounds=rounds,
+        **train_stats,
+    )
+
+
+def _mean(values: list[float] | list[int]) -> float:
+    return sum(values) / len(values) if values else 0.0

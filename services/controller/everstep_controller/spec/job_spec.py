@@ -1,0 +1,242 @@
+"""The job spec: what a user submits (YAML for the CLI, JSON over REST).
+
+It composes the algorithm, sampling, scheduler and trainer sections of `everstep.settings`, where those
+settings are declared (field, default, check, description) once for the controller, the trainer and the
+engine; the sections only the controller reads live here. docs/job-spec.md is generated from this
+schema (`python -m everstep_controller.spec.docs`). Paths are taken as given by the REST API;
+the CLI resolves relative paths against the directory of the YAML file before submitting.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import Field, JsonValue, model_validator
+
+from everstep.settings import (
+    AlgorithmSettings,
+    SamplingSettings,
+    SchedulerMode,
+    SchedulerSettings,
+    TrainerSettings,
+)
+from everstep.settings import Section as _Section
+from everstep.verifiers import VERIFIER_PARAMS
+
+
+class DatasetFormat(StrEnum):
+    auto = "auto"
+    jsonl = "jsonl"
+    parquet = "parquet"
+
+
+class DatasetSpec(_Section):
+    """Where prompts come from: JSONL or Parquet rows with a prompt and an answer or tests.
+
+    Every *_field is a column name or a dotted path into nested columns (`reward_model.ground_truth`: the
+    `ground_truth` of the struct column `reward_model`); a name that is itself a column is taken as it is.
+    A field named other than by its default that no row has, a prompt field no row has, or neither an
+    answer nor a tests field, is rejected at submission (422 naming the field) when the file can be read
+    then, else fails the job. verl's and TRL's files: docs/controller.md, "Datasets". Rows without a
+    prompt, with neither an answer nor tests, with malformed tests or naming a verifier the job does not
+    have are skipped, counted and listed in the job record (`dataset`).
+    """
+
+    train_path: str = Field(description="JSONL or Parquet file of training rows.")
+    eval_path: str | None = Field(
+        default=None, description="JSONL or Parquet file of held-out rows for evaluation; none: no evaluation."
+    )
+    format: DatasetFormat = Field(
+        default=DatasetFormat.auto,
+        description="File format; 'auto': from the file name (.jsonl/.json/.ndjson, .parquet/.pq).",
+    )
+    prompt_field: str = Field(
+        default="prompt", min_length=1,
+        description="Row field holding the prompt: a string, or a list of {role, content} messages (prompt.format).",
+    )
+    answer_field: str = Field(
+        default="answer", min_length=1,
+        description="Row field holding the reference answer (a string or number); verl: 'reward_model.ground_truth', "
+                    "TRL: 'answer' or 'solution'.",
+    )
+    tests_field: str = Field(
+        default="tests",
+        description="Row field holding a list of code tests, or a JSON string of one. Each test is a stdin/stdout "
+                    "case {stdin, expected_stdout} (or {input, output}) or a function-call case {arguments: list "
+                    "or object, expected: JSON}; a row's tests are all of one form.",
+    )
+    function_name_field: str = Field(
+        default="function_name",
+        description="Row field naming the function that function-call tests call ('name' or 'Class.method').",
+    )
+    language_field: str = Field(
+        default="language",
+        description="Row field holding the sandbox language of the row's code (e.g. 'python'); missing: "
+                    "reward.verifiers[].language.",
+    )
+    verifiers_field: str = Field(
+        default="verifiers",
+        description="Row field listing the names of the job's verifiers that apply to the row (e.g. ['code']); "
+                    "missing: all of them. A name the job does not list makes the row skipped.",
+    )
+
+
+class PromptFormat(StrEnum):
+    auto = "auto"
+    raw = "raw"
+    chat = "chat"
+
+
+class PromptSpec(_Section):
+    """How a row's prompt becomes the model's input: the model's chat template, or the text as it is.
+
+    A row's prompt is a string (one user message) or a list of {role, content} messages. The controller
+    renders the template as transformers' apply_chat_template(messages, add_generation_prompt=True) does and
+    tokenizes the result without adding special tokens (docs/controller.md, "Prompts").
+    """
+
+    format: PromptFormat = Field(
+        default=PromptFormat.auto,
+        description="'chat': render the model's chat template (chat_template.jinja, or chat_template in "
+                    "tokenizer_config.json; a model without one is an error); 'raw': tokenize the prompt string as "
+                    "it is (rows of messages are skipped); 'auto': 'chat' when the model has a chat template, "
+                    "else 'raw'.",
+    )
+    system: str | None = Field(
+        default=None, min_length=1,
+        description="System message put before every row's messages, unless the row has a system message of its "
+                    "own (the row's wins). Needs a chat template.",
+    )
+
+    @model_validator(mode="after")
+    def _system_needs_chat(self) -> PromptSpec:
+        if self.system is not None and self.format == PromptFormat.raw:
+            raise ValueError("prompt.system needs a chat template; prompt.format is 'raw'")
+        return self
+
+
+class VerifierWeight(_Section):
+    """One verifier, its weight and its options."""
+
+    name: str = Field(min_length=1, description=f"Verifier name: {', '.join(map(repr, VERIFIER_PARAMS))}; another "
+                                                "is refused at submission (422 naming it).")
+    weight: float = Field(default=1.0, allow_inf_nan=False,
+                          description="Weight of this verifier's score in the reward.")
+    params: dict[str, JsonValue] = Field(
+        default_factory=dict,
+        description="Options of this verifier, sent with every item as VerifierSpec.params (keys per verifier in "
+                    "docs/reward.md, e.g. code: reward_mode, run_timeout_seconds; length: max_length, cache_length). "
+                    "A key the verifier does not read is refused at submission (422 naming it); the values are "
+                    "the reward service's to check: a bad one fails the job with an error naming it.",
+    )
+    language: str | None = Field(
+        default=None, min_length=1,
+        description="code only: sandbox language (e.g. 'python', 'cpp') of rows that name none in "
+                    "dataset.language_field.",
+    )
+
+    @model_validator(mode="after")
+    def _language_for_code_only(self) -> VerifierWeight:
+        if self.language is not None and self.name != "code":
+            raise ValueError(f"language is an option of the code verifier, not of {self.name!r}")
+        return self
+
+
+class RewardSpec(_Section):
+    """How responses are scored: a weighted sum of verifier scores."""
+
+    verifiers: list[VerifierWeight] = Field(
+        default_factory=lambda: [VerifierWeight(name="math", weight=1.0)],
+        min_length=1,
+        description="Verifiers applied to every row (or to those a row lists in dataset.verifiers_field), with "
+                    "weights and options.",
+    )
+
+    @model_validator(mode="after")
+    def _names_unique(self) -> RewardSpec:
+        names = [v.name for v in self.verifiers]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"each verifier may appear once (rows select verifiers by name); repeated: {repeated}")
+        return self
+
+
+class EvaluationSpec(_Section):
+    """Held-out evaluation: avg@k sampled at the training temperature, plus greedy."""
+
+    every: int = Field(default=0, ge=0, description="Evaluate every N steps (0: only before and after).")
+    num_prompts: int = Field(default=64, ge=1, description="Held-out prompts evaluated.")
+    samples_per_prompt: int = Field(default=4, ge=1, description="k of avg@k.")
+    greedy: bool = Field(default=True, description="Also report greedy accuracy.")
+
+
+class CheckpointSpec(_Section):
+    """When and where the trainer saves Hugging Face checkpoints."""
+
+    interval: int = Field(default=0, ge=0, description="Save every N steps (0: only at the end).")
+    dir: str | None = Field(default=None, description="Where to save; none: the controller's data dir.")
+
+
+class WorkerResources(_Section):
+    """Resources of one per-job worker pod (Kubernetes launcher); none: the chart's PodTemplate value."""
+
+    cpu: str | None = Field(default=None, pattern=r"^[0-9]+(\.[0-9]+)?m?$",
+                            description="CPU request and limit, e.g. '8' or '500m'.")
+    memory: str | None = Field(default=None, pattern=r"^[0-9]+(\.[0-9]+)?([EPTGMK]i?)?$",
+                               description="Memory request and limit, e.g. '64Gi'.")
+    gpus: int | None = Field(default=None, ge=0, description="GPUs (limit of the chart's GPU resource name).")
+
+
+class ResourcesSpec(_Section):
+    """Resources of the job's own rollout engine and trainer on Kubernetes (the local launcher warns and ignores them).
+
+    The local launcher runs both as processes on this machine; the Kubernetes launcher sets these
+    on their pods.
+    """
+
+    rollout: WorkerResources = Field(default_factory=WorkerResources)
+    trainer: WorkerResources = Field(default_factory=WorkerResources)
+
+
+class JobSpec(_Section):
+    """One RL job."""
+
+    name: str = Field(default="job", min_length=1, max_length=128, description="Display name.")
+    model_path: str = Field(min_length=1, description="Hugging Face model directory (the initial policy).")
+    dataset: DatasetSpec
+    prompt: PromptSpec = Field(default_factory=PromptSpec)
+    reward: RewardSpec = Field(default_factory=RewardSpec)
+    algorithm: AlgorithmSettings = Field(default_factory=AlgorithmSettings)
+    sampling: SamplingSettings = Field(default_factory=SamplingSettings)
+    scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
+    trainer: TrainerSettings = Field(default_factory=TrainerSettings)
+    evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    steps: int = Field(default=20, ge=1, description="Training steps (one per scheduler iteration).")
+    max_trained_samples: int = Field(
+        default=0, ge=0,
+        description="End the job after the step at which this many samples were trained (0: run all steps).",
+    )
+    seed: int = Field(default=0, ge=0, description="Seed for prompt order, sampling and training.")
+    deterministic: bool = Field(
+        default=False,
+        description="Reproducible from the seed: each training sample is sampled with its own seed (from the job's "
+                    "seed and its id), so rollouts, rewards and losses do not depend on timing, and a job resumed "
+                    "from a checkpoint trains exactly as one never interrupted. Needs scheduler.mode 'sync' (a "
+                    "C3PO++ iteration ends when the token budget is reached, which depends on timing).",
+    )
+
+    @model_validator(mode="after")
+    def _parts_agree(self) -> JobSpec:
+        if self.deterministic and self.scheduler.mode != SchedulerMode.sync:
+            raise ValueError("deterministic needs scheduler.mode 'sync': C3PO++ iterations end at a token budget, "
+                             "which depends on timing")
+        if self.deterministic and self.scheduler.overlap:
+            raise ValueError(f"deterministic needs scheduler.overlap 0 (got {self.scheduler.overlap}): with overlap, "
+                             "the version that samples a token depends on when the new weights arrive")
+        self.scheduler.check_holds_a_group(self.algorithm.group_size)
+        if self.trainer.warmup_steps >= self.steps:
+            raise ValueError(f"trainer.warmup_steps ({self.trainer.warmup_steps}) must be less than steps "
+                             f"({self.steps})")
+        return self
