@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from package_imports import cycles, import_graph, imported_modules, layer_of, module_files, violations
 
 import everstep_controller
 
@@ -21,100 +22,8 @@ LAYERS = ("settings", "spec", "data", "store", "algo", "launchers", "run", "api"
 """Lowest first; a module's layer is its first name under the package (`run.runner` is in `run`)."""
 
 
-def module_files(root: Path) -> dict[str, Path]:
-    """Dotted names relative to the package ('run.runner', 'spec' for spec/__init__.py) -> file."""
-    files = {}
-    for path in sorted(root.rglob("*.py")):
-        parts = path.relative_to(root).with_suffix("").parts
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        files[".".join(parts)] = path
-    return files
-
-
-def imported_modules(name: str, source: str, modules: set[str], *, is_package: bool = False,
-                     package: str = PACKAGE) -> set[str]:
-    """The package's modules that `name`'s source imports anywhere (module or function level);
-    `is_package`: the source is the package's __init__.py (its relative imports start at itself)."""
-    found = set()
-    for node in ast.walk(ast.parse(source)):
-        targets: list[str] = []
-        if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = [package, *name.split(".")] if name else [package]
-                if not is_package:
-                    base = base[:-1]  # a module's relative imports start at its own package
-                base = base[: len(base) - (node.level - 1)]
-                head = ".".join(base + ([node.module] if node.module else []))
-            else:
-                head = node.module or ""
-            targets = [head] + [f"{head}.{alias.name}" for alias in node.names]
-        for target in targets:
-            if target != package and not target.startswith(package + "."):
-                continue
-            relative = target.removeprefix(package).removeprefix(".")
-            while relative and relative not in modules:  # `from pkg.run import metrics` -> run.metrics
-                relative = relative.rpartition(".")[0]
-            if relative and relative != name and not name.startswith(relative + "."):
-                found.add(relative)
-    return found
-
-
-def layer_of(module: str, layers: tuple[str, ...]) -> int:
-    top = module.split(".")[0]
-    if top not in layers:
-        raise AssertionError(f"{module}: its layer {top!r} is not in the layer order {layers}")
-    return layers.index(top)
-
-
-def violations(graph: dict[str, set[str]], layers: tuple[str, ...]) -> list[str]:
-    """Each import of a higher layer, as 'importer -> imported'."""
-    return sorted(f"{m} ({m.split('.')[0]}) -> {t} ({t.split('.')[0]})" for m, targets in graph.items()
-                  for t in targets if layer_of(t, layers) > layer_of(m, layers))
-
-
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The import cycles: strongly connected components of more than one module, or a self-import."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in graph.get(v, ()):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1 or v in graph.get(v, ()):
-                found.append(sorted(component))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return found
-
-
 def package_graph() -> dict[str, set[str]]:
-    files = module_files(ROOT)
-    modules = set(files) - {""}
-    return {name: imported_modules(name, path.read_text(), modules, is_package=path.name == "__init__.py")
-            for name, path in files.items() if name}
+    return import_graph(ROOT, PACKAGE)
 
 
 def test_every_module_has_a_layer() -> None:
@@ -144,7 +53,7 @@ def test_checker_finds_upward_imports_and_cycles() -> None:
         "run.runner": "from everstep_controller.data.rows import X\nimport everstep_controller.api.app\n",
         "api.app": "from everstep_controller.run.runner import run\n",
     }
-    graph = {m: imported_modules(m, sources[m], modules) for m in modules}
+    graph = {m: imported_modules(m, sources[m], modules, package=PACKAGE) for m in modules}
     assert graph == {"spec.job": {"run.runner"}, "data.rows": {"spec.job"}, "run.runner": {"data.rows", "api.app"},
                      "api.app": {"run.runner"}}
     layers = ("spec", "data", "run", "api")
