@@ -301,7 +301,7 @@ def warm_start(model, tokenizer, examples: Sequence[tuple[str, str]], *, steps: 
                learning_rate: float, device, autocast_bf16: bool, until: float) -> dict[str, float]:
     """Supervised steps on (prompt, solution + EOS), loss on the solution only; the model is trained in place.
 
-    Not `everstep_trainer.sft.train_supervised`: that one keeps its batches on the CPU.
+    Not `everstep_trainer.demo.sft.train_supervised`: that one keeps its batches on the CPU.
     """
     import torch
 

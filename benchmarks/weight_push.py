@@ -37,7 +37,7 @@ import grpc
 
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 from everstep_controller.launchers.processes import ManagedProcess, free_port, spawn, stop_processes, wait_grpc_serving
-from everstep_trainer.weight_transports import Transport
+from everstep_trainer.weight_push.plan import Transport
 
 _READY_TIMEOUT_SECONDS = 300
 

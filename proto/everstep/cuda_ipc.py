@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from everstep.tensor_codec import dtype_from_name, dtype_name
+
 __all__ = ["CudaIpcHandle", "device_uuid", "encode", "encode_args", "local_index", "owned", "rebuild",
            "rebuild_args", "received_by_cuda_ipc"]
 
@@ -33,7 +35,7 @@ class CudaIpcHandle:
 
     name: str
     dtype: str
-    """torch dtype name without "torch.": "bfloat16", "float32", ..."""
+    """The dtype's wire name (`everstep.tensor_codec`): "bfloat16", "float32", ..."""
     shape: tuple[int, ...]
     stride: tuple[int, ...]
     storage_offset: int
@@ -54,13 +56,6 @@ def device_uuid(device: Any) -> str:
     return str(torch.cuda.get_device_properties(device).uuid)
 
 
-def _dtype(name: str, dtype: str) -> torch.dtype:
-    value = getattr(torch, dtype, None)
-    if not isinstance(value, torch.dtype):
-        raise ValueError(f"tensor {name!r}: unknown dtype {dtype!r}")
-    return value
-
-
 def encode_args(name: str, args: tuple, uuid: str) -> CudaIpcHandle:
     """The handle of one `reduce_tensor(cuda_tensor)[1]` tuple (the arguments of `rebuild_cuda_tensor`)."""
     if len(args) != 15:
@@ -70,7 +65,7 @@ def encode_args(name: str, args: tuple, uuid: str) -> CudaIpcHandle:
      storage_offset_bytes, _requires_grad, ref_counter_handle, ref_counter_offset, event_handle,
      event_sync_required) = args
     return CudaIpcHandle(
-        name=name, dtype=str(dtype).removeprefix("torch."), shape=tuple(int(d) for d in size),
+        name=name, dtype=dtype_name(dtype), shape=tuple(int(d) for d in size),
         stride=tuple(int(s) for s in stride), storage_offset=int(storage_offset), device_uuid=uuid,
         storage_handle=storage_handle or b"", storage_size_bytes=int(storage_size_bytes),
         storage_offset_bytes=int(storage_offset_bytes), ref_counter_handle=ref_counter_handle or b"",
@@ -80,7 +75,7 @@ def encode_args(name: str, args: tuple, uuid: str) -> CudaIpcHandle:
 
 def rebuild_args(handle: CudaIpcHandle, device_index: int) -> tuple:
     """The arguments of `rebuild_cuda_tensor` for one handle (the inverse of `encode_args`)."""
-    dtype = _dtype(handle.name, handle.dtype)
+    dtype = dtype_from_name(handle.dtype, tensor=handle.name)
     if len(handle.stride) != len(handle.shape):
         raise ValueError(f"tensor {handle.name!r}: {len(handle.stride)} strides for {len(handle.shape)} dims")
     return (torch.Tensor, torch.Size(handle.shape), tuple(handle.stride), handle.storage_offset,
@@ -98,7 +93,7 @@ def encode(name: str, tensor: torch.Tensor) -> CudaIpcHandle:
         raise ValueError(f"tensor {name!r}: on {tensor.device}; CUDA IPC needs a CUDA tensor")
     _rebuild, args = reduce_tensor(tensor.detach())
     handle = encode_args(name, args, device_uuid(tensor.device))
-    if handle.dtype != str(tensor.dtype).removeprefix("torch."):
+    if handle.dtype != dtype_name(tensor.dtype):
         raise AssertionError(f"tensor {name!r}: reduce_tensor reported dtype {handle.dtype}")
     return handle
 

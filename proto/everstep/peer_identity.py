@@ -1,6 +1,6 @@
 """Who a process is, as the weight push compares trainer and engine: the same host, the same /dev/shm.
 
-The trainer (`weight_push_plan.local_peer`) and every engine (`weight_receiver.receiver_info`) report these;
+The trainer (`weight_push.plan.local_peer`) and every engine (`weights.receiver.receiver_info`) report these;
 they must compute them the same way, so they live here, in the one package both share. (The GPU's UUID is
 `everstep.cuda_ipc.device_uuid`.)
 """

@@ -13,8 +13,8 @@ import torch
 from rollout_reference import hf_greedy, hf_model
 from safetensors.torch import load_file
 
+from everstep import tensor_codec
 from everstep.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
-from everstep_rollout.proto_convert import tensor_to_proto
 
 GREEDY = common_pb2.SamplingParams(temperature=0.0, max_new_tokens=16)
 LONG = common_pb2.SamplingParams(temperature=1.0, max_new_tokens=400)
@@ -127,7 +127,7 @@ def test_load_generate_drain_update_status(service_process, tiny_model_dir):
     generator = torch.Generator().manual_seed(7)
     new_weights = {k: v + 0.05 * torch.randn(v.shape, generator=generator)
                    for k, v in load_file(str(tiny_model_dir / "model.safetensors")).items()}
-    tensors = [tensor_to_proto(k, v) for k, v in new_weights.items()]
+    tensors = [tensor_codec.to_proto(k, v) for k, v in new_weights.items()]
     buckets = [rollout_pb2.WeightBucket(version=7, tensors=tensors[i : i + 5]) for i in range(0, len(tensors), 5)]
     buckets[-1].last = True
     reply = stub.UpdateWeights(iter(buckets))

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from distributed_check import check_batches
 
 from everstep.settings import TrainerConfig
 from everstep_trainer.checkpoint import CHECKPOINT_META_FILE
-from everstep_trainer.distributed_check import check_batches
 from everstep_trainer.policy_trainer import PolicyTrainer
 
 # Minibatches (the shuffle generator), a schedule (the step counter), weight decay and a KL

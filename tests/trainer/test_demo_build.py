@@ -14,8 +14,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from everstep.model_manifest import MANIFEST_NAME, read_manifest, verify_manifest
 from everstep_trainer.demo.build import BuildConfig
+from everstep_trainer.demo.sft import SFTConfig, train_supervised, warm_start_directory
 from everstep_trainer.demo.task import TaskConfig, generate_problems, solution_text
-from everstep_trainer.sft import SFTConfig, train_supervised, warm_start_directory
 
 
 @pytest.mark.slow
@@ -84,7 +84,7 @@ def test_supervised_loss_falls_only_on_completion_tokens(tiny_model_dir, tmp_pat
     assert result.losses[-1] < 0.6 * result.losses[0]
 
     # The loss ignores the prompt: changing prompt logits' targets cannot change it.
-    from everstep_trainer.sft import _collate, _encode
+    from everstep_trainer.demo.sft import _collate, _encode
     batch = _collate(_encode(tokenizer, [("1 + 2 =", "1 + 2 = 3 \\boxed{ 3 }")]), tokenizer.pad_token_id)
     prompt_len = len(tokenizer("1 + 2 =").input_ids)
     assert (batch["labels"][0, :prompt_len] == -100).all()

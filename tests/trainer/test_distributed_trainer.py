@@ -7,8 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-from everstep_trainer.distributed_check import (
+from distributed_check import (
     check_batches,
     check_config,
     max_weight_difference,

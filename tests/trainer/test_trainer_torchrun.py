@@ -9,10 +9,10 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
+from distributed_check import check_batches, max_weight_difference
 from safetensors.torch import load_file
 
 from everstep.v1 import trainer_pb2, trainer_pb2_grpc
-from everstep_trainer.distributed_check import check_batches, max_weight_difference
 from everstep_trainer.policy_trainer import PolicyTrainer
 from everstep_trainer.server import config_from_proto
 

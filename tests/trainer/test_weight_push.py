@@ -10,7 +10,6 @@ from everstep_trainer.weight_push import (
     WeightPushError,
     iter_weight_buckets,
     make_transport,
-    tensor_to_proto,
 )
 
 
@@ -23,14 +22,6 @@ def _weights() -> dict[str, torch.Tensor]:
         "d.scalar": torch.tensor(3.5),                      # 0-dim, 4 bytes
         "e.weight": torch.randn(8, 4)[:, ::2],              # non-contiguous, 64 bytes
     }
-
-
-def test_tensor_to_proto_bfloat16_round_trip() -> None:
-    tensor = torch.tensor([[1.5, -2.25], [0.0078125, 3e4]], dtype=torch.bfloat16)
-    proto = tensor_to_proto("w", tensor)
-    assert proto.dtype == "bfloat16" and list(proto.shape) == [2, 2] and len(proto.data) == 8
-    back = torch.frombuffer(bytearray(proto.data), dtype=torch.uint8).view(torch.bfloat16).reshape(2, 2)
-    assert torch.equal(back, tensor)
 
 
 def test_buckets_respect_the_byte_budget_and_mark_the_last() -> None:

@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from everstep.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from everstep_controller.launchers.processes import ManagedProcess, free_port, spawn, stop_processes, wait_grpc_serving
 from everstep_trainer.weight_push import WeightPusher, WeightPushError, make_transport
-from everstep_trainer.weight_push_shm import SEGMENT_PREFIX, SHM_DIR
+from everstep_trainer.weight_push.shm import SEGMENT_PREFIX, SHM_DIR
 
 PROMPTS = [[1, 5, 4, 7, 6], [1, 20, 5, 30, 6]]
 

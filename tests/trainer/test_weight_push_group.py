@@ -21,9 +21,9 @@ import torch
 import torch.distributed as dist
 
 from everstep import cuda_ipc, process_group
-from everstep_trainer import weight_push_cuda_ipc
-from everstep_trainer.weight_push_base import WeightPushError
-from everstep_trainer.weight_push_collective import CollectiveWeightTransport, default_group_host
+from everstep_trainer.weight_push import cuda_ipc as weight_push_cuda_ipc
+from everstep_trainer.weight_push.base import WeightPushError
+from everstep_trainer.weight_push.collective import CollectiveWeightTransport, default_group_host
 
 SGLANG_SIDE_STAND_IN = textwrap.dedent("""
     import datetime, os, sys
@@ -150,7 +150,8 @@ def test_cuda_ipc_encodes_every_tensor_once_per_engine(monkeypatch: pytest.Monke
 
 
 def test_cuda_ipc_module_imports_with_torch_alone() -> None:
-    """gpu_check imports everstep.cuda_ipc on a machine without grpc, protobuf or the stubs."""
+    """gpu_check imports everstep.cuda_ipc (and with it everstep.tensor_codec) on a machine without grpc,
+    protobuf or the stubs."""
     script = textwrap.dedent("""
         import sys
         class Block:
@@ -158,7 +159,7 @@ def test_cuda_ipc_module_imports_with_torch_alone() -> None:
                 if name.split(".")[0] in ("grpc", "google") or name.startswith("everstep.v1"):
                     raise ImportError(f"blocked: {name}")
         sys.meta_path.insert(0, Block())
-        import everstep.cuda_ipc, everstep.process_group
+        import everstep.cuda_ipc, everstep.process_group, everstep.tensor_codec
         print("ok")
     """)
     process = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
@@ -168,7 +169,7 @@ def test_cuda_ipc_module_imports_with_torch_alone() -> None:
 def _join_in_thread(request) -> tuple:
     import threading
 
-    from everstep_rollout.weight_group import WeightGroupMember
+    from everstep_rollout.weights import WeightGroupMember
 
     outcome: dict = {}
 

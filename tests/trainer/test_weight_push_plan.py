@@ -6,20 +6,22 @@ transport and the CUDA IPC message encoding, whose decoding lives in the rollout
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from everstep.v1 import trainer_pb2
-from everstep_rollout import weight_group, weight_receiver
-from everstep_trainer import weight_push_plan
+from everstep_rollout.weights import group as weight_group
+from everstep_rollout.weights import receiver as weight_receiver
 from everstep_trainer.__main__ import parse_args
 from everstep_trainer.server import _transport_from_proto
 from everstep_trainer.weight_push import WeightPusher, make_transport
-from everstep_trainer.weight_push_cuda_ipc import encode_cuda_ipc_args
-from everstep_trainer.weight_push_plan import PeerInfo, choose_transport
-from everstep_trainer.weight_transports import Transport
+from everstep_trainer.weight_push import plan as weight_push_plan
+from everstep_trainer.weight_push.cuda_ipc import encode_cuda_ipc_args
+from everstep_trainer.weight_push.plan import PeerInfo, Transport, choose_transport
 
 HOST_A = dict(boot_id="boot-a", shm_domain="boot-a:25:1")
 HOST_B = dict(boot_id="boot-b", shm_domain="boot-b:25:1")
@@ -111,6 +113,20 @@ def test_transport_names_are_the_proto_enum_and_the_cli_values() -> None:
     with pytest.raises(ValueError, match="transport: 42"):
         Transport.from_proto(42)
     assert parse_args(["--weight-transport", "cuda_ipc"]).weight_transport == "cuda_ipc"
+
+
+def test_the_cli_and_the_package_surface_import_without_torch() -> None:
+    """`python -m everstep_trainer` parses its arguments (the transport names of `weight_push.plan`) before
+    torch is imported; `everstep_trainer.weight_push` loads its names on first use."""
+    code = ("import sys\n"
+            "import everstep_trainer.__main__, everstep_trainer.weight_push as w\n"
+            "assert w.Transport.SHM == 'shm' and w.SETTINGS[0] == 'auto'\n"
+            "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))\n"
+            "w.WeightPusher\n"
+            "print('torch' in sys.modules)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split("\n")[:2] == ["[]", "True"]
 
 
 def test_a_push_request_with_the_old_string_transport_is_refused() -> None:

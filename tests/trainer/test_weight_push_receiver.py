@@ -1,4 +1,4 @@
-"""The engine's side of an update (`everstep_rollout.weight_receiver.WeightUpdate`) on what the trainer's
+"""The engine's side of an update (`everstep_rollout.weights.WeightUpdate`) on what the trainer's
 gRPC transport produces, and on malformed streams: each is refused with the field it got wrong."""
 
 from __future__ import annotations
@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from everstep import tensor_codec
 from everstep.v1 import common_pb2, rollout_pb2
-from everstep_rollout.weight_receiver import WeightUpdate
-from everstep_trainer.weight_push import iter_weight_buckets, tensor_to_proto
+from everstep_rollout.weights import WeightUpdate
+from everstep_trainer.weight_push import iter_weight_buckets
 
 
 def receive(buckets: list[rollout_pb2.WeightBucket]) -> WeightUpdate:
@@ -44,16 +45,16 @@ def chunk(name: str, offset: int, data: bytes, shape: tuple[int, ...] = (4,)) ->
     ([chunk("w", 0, b"\0" * 8), chunk("v", 8, b"\0" * 8)], "'v' arrived before tensor 'w' was complete"),
     ([chunk("w", 0, b"\0" * 8), rollout_pb2.WeightBucket(version=1, last=True)], "'w' stopped at byte 8 of 16"),
     ([chunk("w", 0, b"")], r"got bytes \[0, 0\)"),
-    ([rollout_pb2.WeightBucket(version=1, tensors=[tensor_to_proto("w", torch.ones(2))]),
-      rollout_pb2.WeightBucket(version=1, tensors=[tensor_to_proto("w", torch.ones(2))])], "'w': sent twice"),
+    ([rollout_pb2.WeightBucket(version=1, tensors=[tensor_codec.to_proto("w", torch.ones(2))]),
+      rollout_pb2.WeightBucket(version=1, tensors=[tensor_codec.to_proto("w", torch.ones(2))])], "'w': sent twice"),
     ([rollout_pb2.WeightBucket(version=1), rollout_pb2.WeightBucket(version=2)], "version: bucket version 2"),
     ([rollout_pb2.WeightBucket(version=1, last=True), rollout_pb2.WeightBucket(version=1)], "after the one with last"),
     ([rollout_pb2.WeightBucket(version=1, tensors=[common_pb2.Tensor(name="w", dtype="float32", shape=[2],
                                                                      data=b"\0" * 4)])], "4 bytes, expected 8"),
-    ([rollout_pb2.WeightBucket(version=1, tensors=[tensor_to_proto("w", torch.ones(2))],
+    ([rollout_pb2.WeightBucket(version=1, tensors=[tensor_codec.to_proto("w", torch.ones(2))],
                                shared_memory=rollout_pb2.SharedMemoryWeights(segment="everstep-weights-1-x"))],
      "several ways at once"),
-    ([rollout_pb2.WeightBucket(version=1, tensors=[tensor_to_proto("w", torch.ones(2))]),
+    ([rollout_pb2.WeightBucket(version=1, tensors=[tensor_codec.to_proto("w", torch.ones(2))]),
       rollout_pb2.WeightBucket(version=1, cuda_ipc=[rollout_pb2.CudaIpcTensor(name="v")])],
      "cuda_ipc data in an update that started as grpc"),
     ([rollout_pb2.WeightBucket(version=1, collective=rollout_pb2.CollectiveWeights(group="g", num_bytes=4))],

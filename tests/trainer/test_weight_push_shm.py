@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from everstep_rollout.weight_receiver import WeightUpdate
-from everstep_trainer.weight_push_base import layout_tensors
-from everstep_trainer.weight_push_shm import SEGMENT_PREFIX, SHM_DIR, SharedMemorySegment, sweep_stale_segments
+from everstep_rollout.weights import WeightUpdate
+from everstep_trainer.weight_push.base import layout_tensors
+from everstep_trainer.weight_push.shm import SEGMENT_PREFIX, SHM_DIR, SharedMemorySegment, sweep_stale_segments
 
 pytestmark = pytest.mark.skipif(not SHM_DIR.is_dir(), reason="no /dev/shm on this system")
 
@@ -129,7 +129,7 @@ def test_the_engine_refuses_segments_that_are_not_weight_segments(tmp_path: Path
 
 
 def test_the_parallel_copy_into_a_segment_writes_every_byte() -> None:
-    from everstep_trainer.weight_push_shm import SharedMemoryWeightTransport
+    from everstep_trainer.weight_push.shm import SharedMemoryWeightTransport
 
     torch.manual_seed(1)
     weights = [("big", torch.randn(2_300_000)),                    # 9.2 MB: two copy slices

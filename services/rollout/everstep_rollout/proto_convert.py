@@ -1,10 +1,8 @@
-"""Conversions between proto messages and the engine's dataclasses and tensors."""
+"""Conversions between proto messages and the engine's dataclasses (tensors: `everstep.tensor_codec`)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
-
-import torch
 
 from everstep.v1 import common_pb2
 from everstep_rollout.sequence import GenerationRequest, SamplingOptions, SequenceResult
@@ -33,23 +31,3 @@ def result_to_proto(r: SequenceResult) -> common_pb2.Sequence:
         id=r.id, prompt_ids=r.prompt_ids, output_ids=r.output_ids, output_logprobs=r.output_logprobs,
         output_versions=r.output_versions, finish_reason=int(r.finish_reason), output_text=r.output_text,
     )
-
-
-def tensor_from_proto(t: common_pb2.Tensor) -> torch.Tensor:
-    """Raw little-endian bytes -> a tensor that owns a copy of them."""
-    dtype = getattr(torch, t.dtype, None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"tensor {t.name!r}: unknown dtype {t.dtype!r}")
-    shape = tuple(t.shape)
-    expected = torch.Size(shape).numel() * dtype.itemsize
-    if len(t.data) != expected:
-        raise ValueError(f"tensor {t.name!r}: {len(t.data)} bytes, expected {expected} for {t.dtype}{list(shape)}")
-    if expected == 0:
-        return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(bytearray(t.data), dtype=torch.uint8).view(dtype).reshape(shape)
-
-
-def tensor_to_proto(name: str, tensor: torch.Tensor) -> common_pb2.Tensor:
-    t = tensor.detach().contiguous().cpu()
-    data = t.reshape(-1).view(torch.uint8).numpy().tobytes()
-    return common_pb2.Tensor(name=name, dtype=str(t.dtype).removeprefix("torch."), shape=list(t.shape), data=data)

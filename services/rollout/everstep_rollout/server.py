@@ -32,8 +32,7 @@ from everstep_rollout.engine import (
 from everstep_rollout.model_files import read_config
 from everstep_rollout.proto_convert import request_from_proto, result_to_proto, sampling_from_proto
 from everstep_rollout.sequence import SequenceResult
-from everstep_rollout.weight_group import WeightGroupMember
-from everstep_rollout.weight_receiver import WeightUpdate, receiver_info
+from everstep_rollout.weights import WeightGroupMember, WeightUpdate, receiver_info
 
 log = logging.getLogger(__name__)
 

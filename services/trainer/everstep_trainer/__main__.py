@@ -16,7 +16,7 @@ import os
 import sys
 
 from everstep.transport import add_transport_arguments, apply_transport_arguments
-from everstep_trainer.weight_transports import Transport
+from everstep_trainer.weight_push.plan import Transport
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

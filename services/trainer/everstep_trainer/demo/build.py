@@ -32,9 +32,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from everstep.model_manifest import ModelManifest, write_manifest
 from everstep_trainer.demo.evaluation import evaluate
+from everstep_trainer.demo.sft import SFTConfig, train_supervised
 from everstep_trainer.demo.task import TaskConfig, solution_text, split_train_eval, write_problems
 from everstep_trainer.demo.tokenizer import save_tokenizer
-from everstep_trainer.sft import SFTConfig, train_supervised
 
 __all__ = ["BuildConfig", "ModelShape", "build_demo", "quick_build_config", "write_build_manifest"]
 

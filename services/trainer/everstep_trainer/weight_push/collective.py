@@ -41,8 +41,9 @@ import torch
 from torch import Tensor
 
 from everstep import process_group, transport
+from everstep.tensor_codec import tensor_num_bytes
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc
-from everstep_trainer.weight_push_base import (
+from everstep_trainer.weight_push.base import (
     DEFAULT_BUCKET_BYTES,
     EndpointStream,
     PushResult,
@@ -53,7 +54,6 @@ from everstep_trainer.weight_push_base import (
     layout_tensors,
     raise_for_failures,
     run_endpoint_streams,
-    tensor_num_bytes,
 )
 
 __all__ = ["CollectiveWeightTransport", "default_group_host"]

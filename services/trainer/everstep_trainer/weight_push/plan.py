@@ -12,24 +12,59 @@ about itself (`local_peer`). `choose_transport` then applies, for the setting "a
 gloo is never picked by auto (gRPC is the CPU default between hosts); it is there to ask for by
 name. An explicit setting that cannot work for an engine is an error naming `transport`, never a
 silent fallback.
+
+`Transport` names the settings. This module imports neither torch nor the transports, so the CLI's
+`--weight-transport` choices come from here before anything heavy is imported.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from enum import StrEnum
 
 import grpc
 
 from everstep import transport
 from everstep.peer_identity import boot_id, shm_domain
-from everstep.v1 import rollout_pb2, rollout_pb2_grpc
-from everstep_trainer.weight_transports import Transport
+from everstep.v1 import rollout_pb2, rollout_pb2_grpc, trainer_pb2
 
-__all__ = ["SETTINGS", "TRANSPORTS", "PeerInfo", "choose_transport", "local_peer", "probe_peer", "shm_domain",
-           "validate_setting"]
+__all__ = ["SETTINGS", "TRANSPORTS", "PeerInfo", "Transport", "choose_transport", "local_peer", "probe_peer",
+           "shm_domain", "validate_setting"]
 
 log = logging.getLogger(__name__)
+
+_PROTO_PREFIX = "WEIGHT_TRANSPORT_"
+
+
+class Transport(StrEnum):
+    """A transport setting by the name --weight-transport, the metrics' `transport` label and
+    PushWeightsResponse.transports use; trainer.proto's `WeightTransport` of the same name on the wire
+    (tests/trainer/test_weight_push_plan.py holds the two together)."""
+
+    AUTO = "auto"
+    """Not a transport: the setting that picks one per engine (`choose_transport`)."""
+    GRPC = "grpc"
+    SHM = "shm"
+    NCCL = "nccl"
+    GLOO = "gloo"
+    CUDA_IPC = "cuda_ipc"
+
+    @classmethod
+    def from_proto(cls, value: trainer_pb2.WeightTransport) -> Transport | None:
+        """None for UNSPECIFIED (the trainer's own setting); ValueError naming `transport` for a number
+        this trainer has no name for."""
+        if value == trainer_pb2.WEIGHT_TRANSPORT_UNSPECIFIED:
+            return None
+        try:
+            return cls[trainer_pb2.WeightTransport.Name(value).removeprefix(_PROTO_PREFIX)]
+        except (ValueError, KeyError):
+            raise ValueError(f"transport: {value} is no WeightTransport of this trainer "
+                             f"(known: {[t.value for t in cls]})") from None
+
+    def to_proto(self) -> trainer_pb2.WeightTransport:
+        return trainer_pb2.WeightTransport.Value(_PROTO_PREFIX + self.name)
+
 
 SETTINGS: tuple[Transport, ...] = tuple(Transport)
 TRANSPORTS: tuple[Transport, ...] = tuple(t for t in Transport if t != Transport.AUTO)

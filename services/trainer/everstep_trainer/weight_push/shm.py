@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 from everstep.v1 import rollout_pb2
-from everstep_trainer.weight_push_base import (
+from everstep_trainer.weight_push.base import (
     DEFAULT_BUCKET_BYTES,
     PushResult,
     TensorPlacement,
@@ -198,7 +198,7 @@ class SharedMemorySegment:
 class SharedMemoryWeightTransport(WeightTransport):
     """Tensors through a /dev/shm segment on this host; only their layout travels over gRPC.
 
-    Every endpoint must see the same /dev/shm (same host, same IPC namespace); `weight_push_plan`
+    Every endpoint must see the same /dev/shm (same host, same IPC namespace); `plan`
     checks that before choosing this transport.
     """
 

@@ -1,15 +1,9 @@
-"""Weight push from the trainer to rollout engines: one `WeightTransport` interface, one factory, one pusher.
+"""The factory of transports and the pusher that picks one per engine.
 
-Transports (one module each):
-- grpc      tensor bytes inside `Rollout.UpdateWeights` messages, a tensor over the message limit in
-            chunks (`weight_push_grpc`); works everywhere.
-- shm       bytes through a /dev/shm segment, layout over gRPC (`weight_push_shm`); same host.
-- nccl/gloo a broadcast over a process group of the trainer and the engines (`weight_push_collective`).
-- cuda_ipc  CUDA IPC handles of the trainer's own tensors (`weight_push_cuda_ipc`); same GPU.
-
-`WeightPusher` asks each engine where it lives (GetStatus), picks a transport per engine with
-`weight_push_plan.choose_transport`, and runs one push per transport concurrently. It keeps its
-transports between pushes (a warm shared memory segment, a formed broadcast group).
+`make_transport` builds a transport by name (the GPU-capable ones import lazily). `WeightPusher`
+asks each engine where it lives (GetStatus), picks a transport per engine with
+`plan.choose_transport`, and runs one push per transport concurrently. It keeps its transports
+between pushes (a warm shared memory segment, a formed broadcast group).
 """
 
 from __future__ import annotations
@@ -23,41 +17,25 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
-from everstep_trainer.weight_push_base import (
+from everstep_trainer.weight_push.base import (
     DEFAULT_BUCKET_BYTES,
     GRPC_MAX_MESSAGE_BYTES,
     PushResult,
-    Transport,
     WeightPushError,
     WeightTransport,
 )
-from everstep_trainer.weight_push_grpc import GrpcWeightTransport, iter_weight_buckets, tensor_to_proto
-from everstep_trainer.weight_push_plan import (
-    SETTINGS,
+from everstep_trainer.weight_push.grpc import GrpcWeightTransport
+from everstep_trainer.weight_push.plan import (
     TRANSPORTS,
     PeerInfo,
+    Transport,
     choose_transport,
     local_peer,
     probe_peer,
     validate_setting,
 )
 
-__all__ = [
-    "DEFAULT_BUCKET_BYTES",
-    "GRPC_MAX_MESSAGE_BYTES",
-    "SETTINGS",
-    "TRANSPORTS",
-    "GrpcWeightTransport",
-    "PushReport",
-    "PushResult",
-    "Transport",
-    "WeightPushError",
-    "WeightPusher",
-    "WeightTransport",
-    "iter_weight_buckets",
-    "make_transport",
-    "tensor_to_proto",
-]
+__all__ = ["PushReport", "WeightPusher", "make_transport"]
 
 log = logging.getLogger(__name__)
 
@@ -70,15 +48,15 @@ def make_transport(kind: str = Transport.GRPC, **options: object) -> WeightTrans
     if kind == Transport.GRPC:
         return GrpcWeightTransport(**options)  # type: ignore[arg-type]
     if kind == Transport.SHM:
-        from everstep_trainer.weight_push_shm import SharedMemoryWeightTransport
+        from everstep_trainer.weight_push.shm import SharedMemoryWeightTransport
 
         return SharedMemoryWeightTransport(**options)  # type: ignore[arg-type]
     if kind in _COLLECTIVE:
-        from everstep_trainer.weight_push_collective import CollectiveWeightTransport
+        from everstep_trainer.weight_push.collective import CollectiveWeightTransport
 
         return CollectiveWeightTransport(backend=str(kind), **options)  # type: ignore[arg-type]
     if kind == Transport.CUDA_IPC:
-        from everstep_trainer.weight_push_cuda_ipc import CudaIpcWeightTransport
+        from everstep_trainer.weight_push.cuda_ipc import CudaIpcWeightTransport
 
         return CudaIpcWeightTransport(**options)  # type: ignore[arg-type]
     raise ValueError(f"kind: unknown weight transport {kind!r} (available: {[t.value for t in TRANSPORTS]})")

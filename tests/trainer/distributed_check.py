@@ -1,10 +1,11 @@
-"""`python -m everstep_trainer.distributed_check --model DIR [--nproc 2] [--steps 2]`: does FSDP2
+"""`python tests/trainer/distributed_check.py --model DIR [--nproc 2] [--steps 2]`: does FSDP2
 training on N gloo ranks give the same losses and weights as one rank on the same batches?
 
 Trains from DIR on a fixed synthetic batch (with a training/inference mismatch, uneven lengths, two
 minibatches and small micro-batches, so uneven per-rank work is exercised) once in this process
 and once on N CPU ranks, and prints one JSON line: the largest weight and loss differences and
-`"ok"`. The tests use `train_on_ranks`. Ranks are forked from a forkserver that imports torch and
+`"ok"`. A test harness, not part of the trainer: the tests in this directory import it as
+`distributed_check` and use `train_on_ranks`. Ranks are forked from a forkserver that imports torch and
 transformers once, which saves seconds per rank on a small machine.
 """
 
@@ -157,7 +158,7 @@ def check(model_dir: Path, *, world_size: int = 2, num_steps: int = 2) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m everstep_trainer.distributed_check", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python tests/trainer/distributed_check.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, required=True, help="a Hugging Face causal LM directory")
     parser.add_argument("--nproc", type=int, default=2, help="ranks (CPU processes, gloo)")

@@ -3,9 +3,10 @@
 Tensors are grouped into buckets of about `bucket_bytes`; every bucket carries the version, the
 last one has last=true. No message exceeds `max_message_bytes` (256 MiB, the limit both sides
 set): a tensor too large for one message travels as consecutive `TensorChunk` buckets that the
-engine reassembles. Tensors are serialised once (one GPU->CPU copy and one byte copy per
-tensor) and fanned out to every endpoint concurrently through small bounded queues, so memory
-stays at a few buckets whatever the model size.
+engine reassembles. Tensors are encoded by `everstep.tensor_codec` (the engine decodes with the
+same module) once per push (one GPU->CPU copy and one byte copy per tensor) and fanned out to
+every endpoint concurrently through small bounded queues, so memory stays at a few buckets
+whatever the model size.
 """
 
 from __future__ import annotations
@@ -14,23 +15,21 @@ import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
 
-import torch
 from torch import Tensor
 
+from everstep import tensor_codec
 from everstep.v1 import common_pb2, rollout_pb2
-from everstep_trainer.weight_push_base import (
+from everstep_trainer.weight_push.base import (
     DEFAULT_BUCKET_BYTES,
     GRPC_MAX_MESSAGE_BYTES,
     PushResult,
     Transport,
     WeightTransport,
-    dtype_name,
     raise_for_failures,
     run_endpoint_streams,
-    tensor_num_bytes,
 )
 
-__all__ = ["GrpcWeightTransport", "iter_weight_buckets", "tensor_to_proto"]
+__all__ = ["GrpcWeightTransport", "iter_weight_buckets"]
 
 log = logging.getLogger(__name__)
 
@@ -44,21 +43,10 @@ def _tensor_overhead(name: str, tensor: Tensor) -> int:
     return 64 + len(name.encode()) + 11 * tensor.dim()
 
 
-def _raw_bytes(tensor: Tensor) -> Tensor:
-    """The tensor's bytes as a flat uint8 CPU tensor (a view when it is already contiguous on the CPU)."""
-    return tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8)
-
-
-def tensor_to_proto(name: str, tensor: Tensor) -> common_pb2.Tensor:
-    """Raw little-endian bytes via a uint8 view, which works for bfloat16 too (numpy has no bf16)."""
-    return common_pb2.Tensor(name=name, dtype=dtype_name(tensor), shape=list(tensor.shape),
-                             data=_raw_bytes(tensor).numpy().tobytes())
-
-
 def _iter_chunks(name: str, tensor: Tensor, chunk_bytes: int, version: int) -> Iterator[rollout_pb2.WeightBucket]:
-    raw = _raw_bytes(tensor).numpy()
+    raw, dtype = tensor_codec.raw_bytes(tensor).numpy(), tensor_codec.dtype_name(tensor.dtype)
     for offset in range(0, len(raw), chunk_bytes):
-        chunk = rollout_pb2.TensorChunk(name=name, dtype=dtype_name(tensor), shape=list(tensor.shape),
+        chunk = rollout_pb2.TensorChunk(name=name, dtype=dtype, shape=list(tensor.shape),
                                         offset=offset, data=raw[offset : offset + chunk_bytes].tobytes())
         yield rollout_pb2.WeightBucket(version=version, chunk=chunk)
 
@@ -79,14 +67,14 @@ def iter_weight_buckets(named_tensors: Iterable[tuple[str, Tensor]], *, version:
         pending: list[common_pb2.Tensor] = []
         pending_data = pending_message = 0  # tensor bytes (the budget) and bytes with overheads (the limit)
         for name, tensor in named_tensors:
-            size, overhead = tensor_num_bytes(tensor), _tensor_overhead(name, tensor)
+            size, overhead = tensor_codec.tensor_num_bytes(tensor), _tensor_overhead(name, tensor)
             if pending and (pending_data + size > bucket_bytes or pending_message + size + overhead > payload_limit):
                 yield rollout_pb2.WeightBucket(version=version, tensors=pending)
                 pending, pending_data, pending_message = [], 0, 0
             if size + overhead > payload_limit:
                 yield from _iter_chunks(name, tensor, payload_limit - overhead, version)
                 continue
-            pending.append(tensor_to_proto(name, tensor))
+            pending.append(tensor_codec.to_proto(name, tensor))
             pending_data += size
             pending_message += size + overhead
         if pending:

@@ -18,8 +18,9 @@ import grpc
 from torch import Tensor
 
 from everstep import transport
+from everstep.tensor_codec import dtype_name, tensor_num_bytes
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc
-from everstep_trainer.weight_transports import Transport
+from everstep_trainer.weight_push.plan import Transport
 
 __all__ = [
     "DEFAULT_BUCKET_BYTES",
@@ -30,12 +31,10 @@ __all__ = [
     "Transport",
     "WeightPushError",
     "WeightTransport",
-    "dtype_name",
     "grpc_channel_options",
     "layout_tensors",
     "raise_for_failures",
     "run_endpoint_streams",
-    "tensor_num_bytes",
 ]
 
 DEFAULT_BUCKET_BYTES = 32 * 1024 * 1024
@@ -80,14 +79,6 @@ class WeightTransport(abc.ABC):
         """Release connections and buffers."""
 
 
-def dtype_name(tensor: Tensor) -> str:
-    return str(tensor.dtype).removeprefix("torch.")
-
-
-def tensor_num_bytes(tensor: Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
-
-
 @dataclass(frozen=True)
 class TensorPlacement:
     """One tensor's place in a flat byte buffer."""
@@ -98,8 +89,8 @@ class TensorPlacement:
     num_bytes: int
 
     def slot(self) -> rollout_pb2.TensorSlot:
-        return rollout_pb2.TensorSlot(name=self.name, dtype=dtype_name(self.tensor), shape=list(self.tensor.shape),
-                                      offset=self.offset)
+        return rollout_pb2.TensorSlot(name=self.name, dtype=dtype_name(self.tensor.dtype),
+                                      shape=list(self.tensor.shape), offset=self.offset)
 
 
 def layout_tensors(named_tensors: Iterable[tuple[str, Tensor]], *,

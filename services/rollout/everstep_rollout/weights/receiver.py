@@ -1,11 +1,12 @@
 """Turns one `Rollout.UpdateWeights` stream into named tensors for `Engine.update_weights`.
 
 The buckets of an update carry the bytes themselves (gRPC: whole tensors, or chunks of one tensor
-larger than a message, reassembled here) or only where the bytes are: a /dev/shm segment the
-trainer wrote (mapped here and viewed with torch.frombuffer: the engine then copies straight from
-the mapping into its parameters, no other copy), a broadcast of the trainer's weight group, or
-CUDA IPC handles. One update uses one carrier. Nothing reaches the engine before the last bucket,
-so a stream that fails halfway changes nothing.
+larger than a message, reassembled here; both decoded by `everstep.tensor_codec`, as the trainer
+encoded them) or only where the bytes are: a /dev/shm segment the trainer wrote (mapped here and
+viewed with torch.frombuffer: the engine then copies straight from the mapping into its
+parameters, no other copy), a broadcast of the trainer's weight group, or CUDA IPC handles. One
+update uses one carrier. Nothing reaches the engine before the last bucket, so a stream that fails
+halfway changes nothing.
 
 Shared memory: the engine only opens segments named `everstep-weights-*` directly under /dev/shm,
 for reading, and unmaps them when the update is done; it never creates or removes a segment (the
@@ -24,10 +25,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from everstep import tensor_codec
 from everstep.peer_identity import SHM_DIR, boot_id, shm_domain
 from everstep.v1 import rollout_pb2
-from everstep_rollout.proto_convert import tensor_from_proto
-from everstep_rollout.weight_group import WeightGroupMember, cuda_device_uuid, rebuild_cuda_ipc_tensor
+from everstep_rollout.weights.group import WeightGroupMember, cuda_device_uuid, rebuild_cuda_ipc_tensor
 
 __all__ = ["SHM_DIR", "WeightUpdate", "receiver_info"]
 
@@ -44,23 +45,10 @@ def receiver_info(device: str) -> rollout_pb2.WeightReceiverInfo:
                                           gpu_uuid=gpu_uuid)
 
 
-def _dtype(name: str, dtype: str) -> torch.dtype:
-    value = getattr(torch, dtype, None)
-    if not isinstance(value, torch.dtype):
-        raise ValueError(f"tensor {name!r}: unknown dtype {dtype!r}")
-    return value
-
-
-def _num_bytes(name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> int:
-    if any(d < 0 for d in shape):
-        raise ValueError(f"tensor {name!r}: negative dimension in shape {list(shape)}")
-    return torch.Size(shape).numel() * dtype.itemsize
-
-
 def _view(buffer: torch.Tensor, slot: rollout_pb2.TensorSlot, where: str) -> torch.Tensor:
     """The slot's tensor as a view into the flat uint8 `buffer`, after checking it lies inside."""
-    dtype, shape = _dtype(slot.name, slot.dtype), tuple(slot.shape)
-    num_bytes = _num_bytes(slot.name, dtype, shape)
+    dtype, shape = tensor_codec.dtype_from_name(slot.dtype, tensor=slot.name), tuple(slot.shape)
+    num_bytes = tensor_codec.num_bytes(dtype, shape, tensor=slot.name)
     if slot.offset < 0 or slot.offset + num_bytes > buffer.numel() or slot.offset % dtype.itemsize:
         raise ValueError(f"tensor {slot.name!r}: offset {slot.offset} (+{num_bytes} bytes) is not an aligned range "
                          f"of the {buffer.numel()}-byte {where}")
@@ -74,7 +62,8 @@ class _PartialTensor:
     """A chunked tensor being reassembled."""
 
     name: str
-    dtype: torch.dtype
+    dtype: str
+    """Its wire name."""
     shape: tuple[int, ...]
     data: np.ndarray
     received: int = 0
@@ -153,7 +142,7 @@ class WeightUpdate:
             raise ValueError(f"chunk: tensor {p.name!r} stopped at byte {p.received} of {len(p.data)}")
         if bucket.tensors:
             for t in bucket.tensors:
-                self._put(t.name, tensor_from_proto(t))
+                self._put(t.name, tensor_codec.from_proto(t))
         if bucket.HasField("chunk"):
             self._add_chunk(bucket.chunk)
         if bucket.HasField("shared_memory"):
@@ -201,11 +190,11 @@ class WeightUpdate:
         if self._partial is None:
             if chunk.offset != 0:
                 raise ValueError(f"chunk: tensor {chunk.name!r} starts at byte {chunk.offset}, not 0")
-            dtype, shape = _dtype(chunk.name, chunk.dtype), tuple(chunk.shape)
-            self._partial = _PartialTensor(chunk.name, dtype, shape,
-                                           np.empty(_num_bytes(chunk.name, dtype, shape), dtype=np.uint8))
+            dtype, shape = tensor_codec.dtype_from_name(chunk.dtype, tensor=chunk.name), tuple(chunk.shape)
+            size = tensor_codec.num_bytes(dtype, shape, tensor=chunk.name)
+            self._partial = _PartialTensor(chunk.name, chunk.dtype, shape, np.empty(size, dtype=np.uint8))
         p = self._partial
-        if (chunk.name, chunk.dtype, tuple(chunk.shape)) != (p.name, str(p.dtype).removeprefix("torch."), p.shape):
+        if (chunk.name, chunk.dtype, tuple(chunk.shape)) != (p.name, p.dtype, p.shape):
             raise ValueError(f"chunk: {chunk.name!r} arrived before tensor {p.name!r} was complete")
         end = chunk.offset + len(chunk.data)
         if chunk.offset != p.received or not chunk.data or end > len(p.data):
@@ -215,7 +204,7 @@ class WeightUpdate:
         p.received = end
         if p.received == len(p.data):
             self._partial = None
-            self._put(p.name, torch.from_numpy(p.data).view(p.dtype).reshape(p.shape))
+            self._put(p.name, tensor_codec.from_bytes(memoryview(p.data), p.dtype, p.shape, tensor=p.name, copy=False))
 
     def _add_shared_memory(self, message: rollout_pb2.SharedMemoryWeights) -> None:
         segment = self._segments.get(message.segment)

@@ -25,14 +25,14 @@ from typing import Any
 from torch import Tensor
 
 from everstep import cuda_ipc
+from everstep.tensor_codec import tensor_num_bytes
 from everstep.v1 import rollout_pb2
-from everstep_trainer.weight_push_base import (
+from everstep_trainer.weight_push.base import (
     PushResult,
     Transport,
     WeightTransport,
     raise_for_failures,
     run_endpoint_streams,
-    tensor_num_bytes,
 )
 
 __all__ = ["CudaIpcWeightTransport", "cuda_device_uuid", "cuda_ipc_tensor_proto", "encode_cuda_ipc_args",
