@@ -1,9 +1,10 @@
 """Fixtures of the trainer tests.
 
 `weight_receivers` starts in-test gRPC servers with `RolloutWeightReceiverForTests`, a test double
-of the rollout service that implements only `Rollout.UpdateWeights`: it reassembles the streamed
-tensors so tests can compare them with the trainer's weights. (The real rollout service is
-another package, which trainer tests must not import.)
+of the rollout service that implements only `Rollout.UpdateWeights`: it decodes the streamed
+tensors (with `everstep.tensor_codec`, as the engine does) so tests can compare them with the
+trainer's weights. (The real rollout service is another package, which trainer tests must not
+import.)
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import grpc
 import pytest
 import torch
 
+from everstep import tensor_codec
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc
 
 # The tiny models run on a few tokens: with more intra-op threads than free cores (this machine is
@@ -47,14 +49,11 @@ class RolloutWeightReceiverForTests(rollout_pb2_grpc.RolloutServicer):
     def UpdateWeights(self, request_iterator, context):  # noqa: N802
         start = time.perf_counter()
         update = ReceivedUpdate()
-        uint8 = torch.uint8
         for bucket in request_iterator:
             update.versions.append(bucket.version)
             update.last_flags.append(bucket.last)
             for t in bucket.tensors:
-                dtype = getattr(torch, t.dtype)
-                raw = torch.frombuffer(bytearray(t.data), dtype=torch.uint8) if t.data else torch.empty(0, dtype=uint8)
-                update.tensors[t.name] = raw.view(dtype).reshape(tuple(t.shape)).clone()
+                update.tensors[t.name] = tensor_codec.from_proto(t)
                 update.num_bytes += len(t.data)
         with self._lock:
             if not update.last_flags or not update.last_flags[-1]:
