@@ -41,8 +41,8 @@ def enum_from_proto(cls: type[E], number: int, descriptor: EnumDescriptor, *, fi
     if number == 0:
         return None
     proto_value = descriptor.values_by_number.get(number)
-    prefix = unspecified_prefix(descriptor)
-    member = proto_value.name.removeprefix(prefix).lower() if proto_value is not None else None
-    if member not in cls.__members__:
+    suffix = proto_value.name.removeprefix(unspecified_prefix(descriptor)) if proto_value is not None else None
+    member = next((m for m in cls if m.name.upper() == suffix), None)
+    if member is None:
         raise ValueError(f"{field}: unknown value {number} (this build knows {[m.value for m in cls]})")
-    return cls[member]
+    return member

@@ -37,6 +37,15 @@ def generate(stub, *messages, pause_seconds: float = 0.0, timeout: float = 60) -
     return out
 
 
+def wait_until_decoding(stub, timeout: float = 30) -> None:
+    """Until the engine decodes (sequences running) and has had a moment to emit tokens."""
+    deadline = time.monotonic() + timeout
+    while stub.GetStatus(rollout_pb2.GetStatusRequest()).running == 0:
+        assert time.monotonic() < deadline, "the engine never started decoding"
+        time.sleep(0.005)
+    time.sleep(0.05)
+
+
 class Streamer:
     """A Generate stream fed from a queue, read in a background thread."""
 
@@ -92,13 +101,14 @@ def test_load_generate_drain_update_status(service_process, tiny_model_dir):
 
     # drain=true on the stream: every unfinished sequence of it comes back as an ABORTED partial.
     stream = Streamer(stub)
-    # More sequences than slots: some are still queued or running when the drain comes.
-    stream.requests.put(rollout_pb2.GenerateRequest(sequences=seqs("d", 20), sampling=LONG))
-    time.sleep(0.1)
+    # Far more sequences than slots (the tiny model reaches EOS in tens of tokens): some are still queued or
+    # running when the drain comes, however fast the machine decodes; it comes once decoding is under way.
+    stream.requests.put(rollout_pb2.GenerateRequest(sequences=seqs("d", 200), sampling=LONG))
+    wait_until_decoding(stub)
     stream.requests.put(rollout_pb2.GenerateRequest(drain=True))
     partials = stream.close()
     assert stream.error is None
-    assert sorted(p.id for p in partials) == sorted(f"d{i}" for i in range(20))
+    assert sorted(p.id for p in partials) == sorted(f"d{i}" for i in range(200))
     # A sampled sequence may reach EOS before the drain; the rest are partials.
     partials = [p for p in partials if p.finish_reason == common_pb2.FINISH_REASON_ABORTED]
     assert partials and any(len(p.output_ids) > 0 for p in partials)
@@ -114,13 +124,13 @@ def test_load_generate_drain_update_status(service_process, tiny_model_dir):
 
     # Drain RPC: partials of every stream, not also returned on their stream, which still ends.
     stream = Streamer(stub)
-    stream.requests.put(rollout_pb2.GenerateRequest(sequences=seqs("g", 20), sampling=LONG))
-    time.sleep(0.1)
+    stream.requests.put(rollout_pb2.GenerateRequest(sequences=seqs("g", 200), sampling=LONG))
+    wait_until_decoding(stub)
     drained = stub.Drain(rollout_pb2.DrainRequest()).partials
     on_stream = stream.close()
     assert stream.error is None
     assert drained and {p.finish_reason for p in drained} == {common_pb2.FINISH_REASON_ABORTED}
-    assert sorted([p.id for p in drained] + [r.id for r in on_stream]) == sorted(f"g{i}" for i in range(20))
+    assert sorted([p.id for p in drained] + [r.id for r in on_stream]) == sorted(f"g{i}" for i in range(200))
     assert all(r.finish_reason != common_pb2.FINISH_REASON_ABORTED for r in on_stream)
 
     # UpdateWeights in buckets; the new version shows in GetStatus and on every new token.

@@ -110,7 +110,7 @@ def test_transport_names_are_the_proto_enum_and_the_cli_values() -> None:
     assert names[1:] == [t.value for t in Transport] == ["auto", "grpc", "shm", "nccl", "gloo", "cuda_ipc"]
     assert all(Transport.from_proto(t.to_proto()) is t for t in Transport)
     assert Transport.from_proto(trainer_pb2.WEIGHT_TRANSPORT_UNSPECIFIED) is None
-    with pytest.raises(ValueError, match="transport: 42"):
+    with pytest.raises(ValueError, match="transport: unknown value 42"):
         Transport.from_proto(42)
     assert parse_args(["--weight-transport", "cuda_ipc"]).weight_transport == "cuda_ipc"
 

@@ -205,7 +205,7 @@ def _serve_grpc(runner: CommandRunner, *, host: str, port: int, grpc_port: int, 
     `weight_transport`: default transport of PushWeights ("auto" or a name, see weight_push).
     `weight_group_host`: address engines reach this trainer at for a nccl/gloo weight group ("": the
     bind address if it is a specific one, else 127.0.0.1 for engines on this host's loopback and an
-    error naming group_host for remote ones; see weight_push_collective).
+    error naming group_host for remote ones; see weight_push/collective.py).
     `sample_log`: path of the record of trained samples ("": none; see sample_log.py).
     """
     if not weight_group_host and host not in ("", "0.0.0.0", "::"):

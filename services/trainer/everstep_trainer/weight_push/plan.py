@@ -27,14 +27,13 @@ import grpc
 
 from everstep import transport
 from everstep.peer_identity import boot_id, shm_domain
+from everstep.proto_enums import enum_from_proto, enum_to_proto
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc, trainer_pb2
 
 __all__ = ["SETTINGS", "TRANSPORTS", "PeerInfo", "Transport", "choose_transport", "local_peer", "probe_peer",
            "shm_domain", "validate_setting"]
 
 log = logging.getLogger(__name__)
-
-_PROTO_PREFIX = "WEIGHT_TRANSPORT_"
 
 
 class Transport(StrEnum):
@@ -54,16 +53,10 @@ class Transport(StrEnum):
     def from_proto(cls, value: trainer_pb2.WeightTransport) -> Transport | None:
         """None for UNSPECIFIED (the trainer's own setting); ValueError naming `transport` for a number
         this trainer has no name for."""
-        if value == trainer_pb2.WEIGHT_TRANSPORT_UNSPECIFIED:
-            return None
-        try:
-            return cls[trainer_pb2.WeightTransport.Name(value).removeprefix(_PROTO_PREFIX)]
-        except (ValueError, KeyError):
-            raise ValueError(f"transport: {value} is no WeightTransport of this trainer "
-                             f"(known: {[t.value for t in cls]})") from None
+        return enum_from_proto(cls, value, trainer_pb2.WeightTransport.DESCRIPTOR, field="transport")
 
     def to_proto(self) -> trainer_pb2.WeightTransport:
-        return trainer_pb2.WeightTransport.Value(_PROTO_PREFIX + self.name)
+        return enum_to_proto(self, trainer_pb2.WeightTransport.DESCRIPTOR)
 
 
 SETTINGS: tuple[Transport, ...] = tuple(Transport)
