@@ -128,11 +128,19 @@ def free_port() -> int:
     return free_tcp_port()
 
 
-def make_tiny_model(out: Path, *, seed: int = 0, num_layers: int = 2, hidden: int = 64) -> Path:
-    """A random tiny Llama + word-level fast tokenizer in Hugging Face format."""
+TINY_ARCHITECTURES = ("llama", "llama3", "qwen2", "qwen3", "qwen3_moe")
+"""What `make_tiny_model` builds: Llama (default RoPE), Llama 3.1+ (llama3 rope scaling), Qwen2 (q/k/v bias),
+Qwen3 (per-head q/k RMSNorm) and Qwen3-MoE (8 experts, top-2, norm_topk_prob; every layer sparse)."""
+
+
+def make_tiny_model(out: Path, *, seed: int = 0, num_layers: int = 2, hidden: int = 64,
+                    architecture: str = "llama") -> Path:
+    """A random tiny causal LM of `architecture` (TINY_ARCHITECTURES) + word-level fast tokenizer, in Hugging
+    Face format, from transformers' own modeling code."""
     import torch
+    import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     out.mkdir(parents=True, exist_ok=True)
     vocab = {w: i for i, w in enumerate(TINY_WORDS)}
@@ -142,15 +150,42 @@ def make_tiny_model(out: Path, *, seed: int = 0, num_layers: int = 2, hidden: in
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
     )
     fast.save_pretrained(out)
-    config = LlamaConfig(
-        vocab_size=len(vocab), hidden_size=hidden, intermediate_size=2 * hidden,
-        num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-        tie_word_embeddings=False,
-    )
+    common = dict(vocab_size=len(vocab), hidden_size=hidden, intermediate_size=2 * hidden,
+                  num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                  tie_word_embeddings=False)
+    kinds = {
+        "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+        "llama3": ("LlamaConfig", "LlamaForCausalLM", {"rope_scaling": {
+            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64}}),
+        "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+        "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": hidden // 4}),
+        "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {
+            "head_dim": hidden // 4, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": hidden,
+            "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []}),
+    }
+    if architecture not in kinds:
+        raise ValueError(f"architecture: one of {TINY_ARCHITECTURES}, got {architecture!r}")
+    config_name, model_name, extra = kinds[architecture]
+    config = getattr(transformers, config_name)(**common, **extra)
     torch.manual_seed(seed)
-    LlamaForCausalLM(config).save_pretrained(out)
+    getattr(transformers, model_name)(config).save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """architecture -> a tiny random model of it (built once per session)."""
+    built: dict[str, Path] = {}
+
+    def get(architecture: str) -> Path:
+        if architecture not in built:
+            built[architecture] = make_tiny_model(tmp_path_factory.mktemp(f"tiny-{architecture}"),
+                                                  architecture=architecture)
+        return built[architecture]
+
+    return get
 
 
 @pytest.fixture(scope="session")
