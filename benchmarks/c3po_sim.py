@@ -25,7 +25,8 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from everstep_controller.algo.scheduler import C3POScheduler, Mode, SchedulerConfig
+from everstep.settings import SchedulerMode
+from everstep_controller.algo.scheduler import C3POScheduler, SchedulerConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,7 +164,7 @@ class SimResult:
         return self.rollout_seconds + self.train_seconds
 
 
-def simulate(config: SimConfig, mode: Mode, budget: int) -> SimResult:
+def simulate(config: SimConfig, mode: SchedulerMode, budget: int) -> SimResult:
     scheduler = C3POScheduler(SchedulerConfig(
         mode=mode, group_size=config.group_size, token_budget=budget, retention=config.retention,
         pool_capacity=config.pool_capacity, prompts_per_iteration=config.prompts_per_iteration,
@@ -220,7 +221,7 @@ def simulate(config: SimConfig, mode: Mode, budget: int) -> SimResult:
 
 def run_simulation(config: SimConfig) -> dict[str, Any]:
     budget = config.budget()
-    sync, c3po = simulate(config, Mode.sync, budget), simulate(config, Mode.c3po, budget)
+    sync, c3po = simulate(config, SchedulerMode.sync, budget), simulate(config, SchedulerMode.c3po, budget)
 
     def per_sample(r: SimResult, seconds: float) -> float:
         return seconds / r.trained_samples
