@@ -66,3 +66,16 @@ def test_two_ranks_give_the_one_rank_losses_and_weights(tiny_model_dirs, tmp_pat
     assert resumed.versions == [2]
     assert resumed.losses[0] == pytest.approx(one.losses[1], rel=TOLERANCE, abs=1e-7)
     assert max_weight_difference(one.weights, resumed.weights) < TOLERANCE
+
+
+def test_three_ranks_shard_eight_experts_unevenly_and_still_train_like_one(tiny_model_dirs) -> None:
+    # 8 experts over 3 ranks: FSDP2 pads dim 0 (shards of 3, 3, 2); the step is unchanged.
+    model_dir = tiny_model_dirs("qwen3_moe")
+    config = check_config(packing=True)
+    batches = check_batches(51, num_steps=2)
+    one = train_on_one_rank(model_dir, config, batches)
+    three = train_on_ranks(model_dir, config, batches, world_size=3)
+    assert three.local_shapes["model.layers.1.mlp.experts.down_proj"] == [3, 64, 64]
+    assert three.losses == pytest.approx(one.losses, rel=TOLERANCE, abs=1e-7)
+    assert three.grad_norms == pytest.approx(one.grad_norms, rel=TOLERANCE)
+    assert max_weight_difference(one.weights, three.weights) < TOLERANCE
