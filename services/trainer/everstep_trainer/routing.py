@@ -55,7 +55,8 @@ def routed_experts(model: torch.nn.Module, input_ids: Tensor, attention_mask: Te
     position when it is None: a packed batch, which passes its `position_ids` instead). Layers are the
     model's MoE layers in order (`moe_routers`); the top-k ids are in the router's order (by descending
     weight). One forward without gradient; ValueError for a model without routers or with more than
-    256 experts.
+    256 experts. On a model sharded over several ranks (FSDP2) the forward is a collective: call it on
+    every rank.
     """
     routers = moe_routers(model)
     if not routers:
