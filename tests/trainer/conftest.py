@@ -2,7 +2,7 @@
 
 `weight_receivers` starts in-test gRPC servers with `RolloutWeightReceiverForTests`, a test double
 of the rollout service that implements only `Rollout.UpdateWeights`: it decodes the streamed
-tensors (with `everstep.tensor_codec`, as the engine does) so tests can compare them with the
+tensors, whole or in chunks (with `everstep.tensor_codec`, as the engine does) so tests can compare them with the
 trainer's weights. (The real rollout service is another package, which trainer tests must not
 import.)
 """
@@ -35,7 +35,10 @@ class ReceivedUpdate:
     """Version field of every bucket, in order."""
     last_flags: list[bool] = field(default_factory=list)
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Every tensor of the update: whole ones, and those that came in chunks, reassembled."""
     num_bytes: int = 0
+    chunked_names: list[str] = field(default_factory=list)
+    """The tensors that came in chunks (`WeightBucket.chunk`), in order."""
 
 
 class RolloutWeightReceiverForTests(rollout_pb2_grpc.RolloutServicer):
@@ -49,12 +52,23 @@ class RolloutWeightReceiverForTests(rollout_pb2_grpc.RolloutServicer):
     def UpdateWeights(self, request_iterator, context):  # noqa: N802
         start = time.perf_counter()
         update = ReceivedUpdate()
+        chunked: dict[str, tuple[rollout_pb2.TensorChunk, bytearray]] = {}
         for bucket in request_iterator:
             update.versions.append(bucket.version)
             update.last_flags.append(bucket.last)
             for t in bucket.tensors:
                 update.tensors[t.name] = tensor_codec.from_proto(t)
                 update.num_bytes += len(t.data)
+            if bucket.HasField("chunk"):  # a tensor over the message limit, in byte ranges, in order
+                chunk = bucket.chunk
+                first, data = chunked.setdefault(chunk.name, (chunk, bytearray()))
+                if chunk.offset != len(data):
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"chunk of {chunk.name} out of order")
+                data += chunk.data
+                update.num_bytes += len(chunk.data)
+                if len(data) == tensor_codec.num_bytes(tensor_codec.dtype_from_name(first.dtype), list(first.shape)):
+                    update.tensors[chunk.name] = tensor_codec.from_bytes(bytes(data), first.dtype, list(first.shape))
+                    update.chunked_names.append(chunk.name)
         with self._lock:
             if not update.last_flags or not update.last_flags[-1]:
                 self.incomplete_streams += 1

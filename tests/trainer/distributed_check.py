@@ -29,7 +29,7 @@ from everstep_trainer.batching import TrainSample
 __all__ = ["RankRunResult", "check", "check_batches", "train_on_one_rank", "train_on_ranks"]
 
 _PRELOAD = ["torch", "torch.distributed.fsdp", "transformers", "transformers.models.llama.modeling_llama",
-            "everstep_trainer.policy_trainer"]
+            "transformers.models.qwen3_moe.modeling_qwen3_moe", "everstep_trainer.policy_trainer"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,10 @@ class RankRunResult:
     mismatch_kls: list[float]
     versions: list[int]
     weights: dict[str, torch.Tensor]
+    fsdp_units: list[str] = dataclasses.field(default_factory=list)
+    """Names of the modules FSDP2 wrapped (each one FSDP unit; "" is the root); empty on one rank."""
+    local_shapes: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    """Each parameter's shape on rank 0: its shard with several ranks, the whole tensor with one."""
 
 
 def _run(model_dir: Path, config: TrainerConfig, batches: Sequence[Sequence[TrainSample]], *,
@@ -61,7 +65,12 @@ def _run(model_dir: Path, config: TrainerConfig, batches: Sequence[Sequence[Trai
         if checkpoint_dir is not None and step == checkpoint_after:
             trainer.save_checkpoint(checkpoint_dir, data_position=f"after-step-{step}")
     weights = {name: t.detach().clone() for name, t in trainer.full_state_dict().items()}
-    return RankRunResult(losses, grad_norms, kls, versions, weights)
+    from torch.distributed.fsdp import FSDPModule
+
+    fsdp_units = [name for name, module in trainer.model.named_modules() if isinstance(module, FSDPModule)]
+    local_shapes = {name: list(p.to_local().shape if hasattr(p, "to_local") else p.shape)
+                    for name, p in trainer.model.named_parameters()}
+    return RankRunResult(losses, grad_norms, kls, versions, weights, fsdp_units, local_shapes)
 
 
 def train_on_one_rank(model_dir: Path, config: TrainerConfig, batches: Sequence[Sequence[TrainSample]], *,

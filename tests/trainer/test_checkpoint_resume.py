@@ -1,5 +1,6 @@
 """Checkpoints: a Hugging Face directory plus optimizer, RNG, step, version and data position; an
-exact resume on one rank."""
+exact resume on one rank. For a dense model (Llama) and a mixture-of-experts one (Qwen3-MoE, whose expert
+weights are 3-D parameters in memory and per-expert tensors on disk)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,13 @@ def _weights(trainer: PolicyTrainer) -> dict[str, torch.Tensor]:
     return {name: t.detach().clone() for name, t in trainer.full_state_dict().items()}
 
 
-def test_resume_continues_exactly_like_an_uninterrupted_run(tiny_model_dir: Path, tmp_path: Path) -> None:
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+
+
+@pytest.mark.parametrize("architecture", list(ARCHITECTURES))
+def test_resume_continues_exactly_like_an_uninterrupted_run(tiny_model_dirs, tmp_path: Path,
+                                                            architecture: str) -> None:
+    tiny_model_dir = tiny_model_dirs(architecture)
     batches = check_batches(51, num_steps=3)
     straight = PolicyTrainer(tiny_model_dir, CONFIG)
     straight_stats = [straight.train_step(batch)[1] for batch in batches]
@@ -58,18 +65,29 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tiny_model_dir: Path
     assert any(not torch.equal(t, expected[n]) for n, t in _weights(plain).items())
 
 
-def test_checkpoint_is_a_hugging_face_directory_with_metadata(tiny_model_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("architecture", list(ARCHITECTURES))
+def test_checkpoint_is_a_hugging_face_directory_with_metadata(tiny_model_dirs, tmp_path: Path,
+                                                              architecture: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    tiny_model_dir = tiny_model_dirs(architecture)
     trainer = PolicyTrainer(tiny_model_dir, TrainerConfig(learning_rate=1e-3), version=7)
     trainer.train_step(check_batches(51, num_steps=1)[0])
     path = trainer.save_checkpoint(tmp_path / "ckpt")
     trainer.save_checkpoint(path, data_position="again")  # overwriting a checkpoint in place works
 
     model = AutoModelForCausalLM.from_pretrained(path)
+    assert type(model).__name__ == ARCHITECTURES[architecture]
     assert AutoTokenizer.from_pretrained(path).convert_tokens_to_ids("+") == 4
+    assert model.state_dict().keys() == trainer.model.state_dict().keys()
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, trainer.model.state_dict()[name]), name
+    if architecture == "qwen3_moe":  # on disk in the hub's layout, one tensor per expert, as engines load it
+        from safetensors import safe_open
+
+        with safe_open(path / "model.safetensors", "pt") as f:
+            assert f.get_slice("model.layers.1.mlp.experts.7.gate_proj.weight").get_shape() == [64, 64]
+            assert "model.layers.1.mlp.experts.gate_up_proj" not in set(f.keys())
     meta = json.loads((path / CHECKPOINT_META_FILE).read_text())
     assert meta["version"] == 8 and meta["train_step"] == 1 and meta["data_position"] == "again"
     assert meta["world_size"] == 1 and meta["config"]["learning_rate"] == 1e-3

@@ -1,5 +1,6 @@
 """FSDP2 on two CPU ranks (gloo, real processes) trains exactly like one rank; checkpoints written by
-two ranks resume on one."""
+two ranks resume on one. Llama, Qwen3 and Qwen3-MoE (whose 3-D expert weights FSDP2 shards along the
+expert dimension)."""
 
 from __future__ import annotations
 
@@ -16,17 +17,22 @@ from distributed_check import (
 )
 
 TOLERANCE = 1e-5
+MODEL_CLASSES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
 
 
-@pytest.mark.parametrize(("aggregation", "extra"), [
+@pytest.mark.parametrize(("architecture", "aggregation", "extra"), [
     # Two epochs, a KL reference (sharded too) and an entropy bonus, with the paper's aggregation.
-    ("seq-mean-token-mean", {"ppo_epochs": 2, "kl_coef": 0.05, "entropy_coef": 0.01}),
-    ("token-mean", {"correction": "tis"}),
+    ("llama", "seq-mean-token-mean", {"ppo_epochs": 2, "kl_coef": 0.05, "entropy_coef": 0.01}),
+    ("llama", "token-mean", {"correction": "tis"}),
     # Packed micro-batches: each rank packs its own rows; the padding passes are packed too.
-    ("seq-mean-token-mean", {"packing": True}),
+    ("llama", "seq-mean-token-mean", {"packing": True}),
+    ("qwen3", "seq-mean-token-mean", {"packing": True}),
+    ("qwen3_moe", "seq-mean-token-mean", {"ppo_epochs": 2, "kl_coef": 0.05, "entropy_coef": 0.01}),
+    ("qwen3_moe", "token-mean", {"packing": True, "correction": "tis"}),
 ])
-def test_two_ranks_give_the_one_rank_losses_and_weights(tiny_model_dir: Path, tmp_path: Path, aggregation: str,
-                                                        extra: dict) -> None:
+def test_two_ranks_give_the_one_rank_losses_and_weights(tiny_model_dirs, tmp_path: Path, architecture: str,
+                                                        aggregation: str, extra: dict) -> None:
+    tiny_model_dir = tiny_model_dirs(architecture)
     # Five samples of uneven length, two minibatches, 16-token micro-batches: the ranks get
     # different numbers of micro-batches (and sometimes none of a minibatch), so padding passes run.
     config = check_config(aggregation=aggregation, **extra)
@@ -41,13 +47,35 @@ def test_two_ranks_give_the_one_rank_losses_and_weights(tiny_model_dir: Path, tm
     assert two.mismatch_kls == pytest.approx(one.mismatch_kls, rel=TOLERANCE)
     assert one.mismatch_kls[0] > 0.01  # the batch does carry a mismatch
     assert max_weight_difference(one.weights, two.weights) < TOLERANCE
+    assert {n: t.shape for n, t in two.weights.items()} == {n: t.shape for n, t in one.weights.items()}
+    # One FSDP unit per decoder block plus the root; every parameter, the 3-D expert weights included
+    # ([experts, out, in]), sharded along dim 0 between the two ranks.
+    assert two.fsdp_units == ["", "model.layers.0", "model.layers.1"] and one.fsdp_units == []
+    for name, shape in one.local_shapes.items():
+        assert two.local_shapes[name] == [(shape[0] + 1) // 2, *shape[1:]], name
+    if architecture == "qwen3_moe":
+        assert two.local_shapes["model.layers.0.mlp.experts.gate_up_proj"] == [4, 128, 64]
     initial = train_on_one_rank(tiny_model_dir, config, [])
     assert max_weight_difference(one.weights, initial.weights) > 100 * TOLERANCE  # training moved the weights
 
     # The checkpoint the two ranks wrote (full tensors, AdamW state gathered) resumes on one rank,
     # and names the model class, not its FSDP wrapper.
-    assert json.loads((tmp_path / "step-1" / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    assert json.loads((tmp_path / "step-1" / "config.json").read_text())["architectures"] == [
+        MODEL_CLASSES[architecture]]
     resumed = train_on_one_rank(tiny_model_dir, config, batches[1:], resume_from=tmp_path / "step-1")
     assert resumed.versions == [2]
     assert resumed.losses[0] == pytest.approx(one.losses[1], rel=TOLERANCE, abs=1e-7)
     assert max_weight_difference(one.weights, resumed.weights) < TOLERANCE
+
+
+def test_three_ranks_shard_eight_experts_unevenly_and_still_train_like_one(tiny_model_dirs) -> None:
+    # 8 experts over 3 ranks: FSDP2 pads dim 0 (shards of 3, 3, 2); the step is unchanged.
+    model_dir = tiny_model_dirs("qwen3_moe")
+    config = check_config(packing=True)
+    batches = check_batches(51, num_steps=2)
+    one = train_on_one_rank(model_dir, config, batches)
+    three = train_on_ranks(model_dir, config, batches, world_size=3)
+    assert three.local_shapes["model.layers.1.mlp.experts.down_proj"] == [3, 64, 64]
+    assert three.losses == pytest.approx(one.losses, rel=TOLERANCE, abs=1e-7)
+    assert three.grad_norms == pytest.approx(one.grad_norms, rel=TOLERANCE)
+    assert max_weight_difference(one.weights, three.weights) < TOLERANCE

@@ -1,5 +1,6 @@
 """Packed micro-batches (`TrainerConfig.packing`): the layout, and the same log-probs, loss and gradients
-as the right-padded batch."""
+as the right-padded batch, for every architecture the trainer covers (Llama, Llama 3.1 rope scaling, Qwen2,
+Qwen3, Qwen3-MoE)."""
 
 from __future__ import annotations
 
@@ -68,9 +69,10 @@ def test_packed_rows_restart_positions_and_unpack_to_the_padded_layout() -> None
         PackedRows.build(batch.input_ids, batch.attention_mask, [[0, 1, 2]], width=6, pad_token_id=0)
 
 
-def test_packed_log_probs_entropy_and_gradients_equal_the_padded_ones(tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize("architecture", ["llama", "llama3", "qwen2", "qwen3", "qwen3_moe"])
+def test_packed_log_probs_entropy_and_gradients_equal_the_padded_ones(tiny_model_dirs, architecture: str) -> None:
     torch.manual_seed(0)
-    model = load_causal_lm(tiny_model_dir)
+    model = load_causal_lm(tiny_model_dirs(architecture))
     samples = _samples(1, 9, vocab=int(model.get_input_embeddings().num_embeddings))
     batch = pad_samples(samples, pad_token_id=0)
     lengths = batch.attention_mask.sum(dim=1).tolist()
@@ -99,8 +101,11 @@ def test_packed_log_probs_entropy_and_gradients_equal_the_padded_ones(tiny_model
                                                      0.8, packed=packed), padded_logp, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("micro_batch_tokens", [16384, 40])
-def test_a_packed_train_step_equals_the_padded_one(tiny_model_dir: Path, micro_batch_tokens: int) -> None:
+@pytest.mark.parametrize(("architecture", "micro_batch_tokens"), [
+    ("llama", 16384), ("llama", 40), ("qwen3", 40), ("qwen3_moe", 16384), ("qwen3_moe", 40)])
+def test_a_packed_train_step_equals_the_padded_one(tiny_model_dirs, architecture: str,
+                                                   micro_batch_tokens: int) -> None:
+    tiny_model_dir = tiny_model_dirs(architecture)
     samples = _samples(2, 12)
     trainers, stats = {}, {}
     for packing in (False, True):
@@ -117,10 +122,15 @@ def test_a_packed_train_step_equals_the_padded_one(tiny_model_dir: Path, micro_b
         assert torch.allclose(a, b, atol=2e-5, rtol=0), name
 
 
+@pytest.mark.parametrize("architecture", ["llama", "llama3", "qwen2", "qwen3", "qwen3_moe"])
+def test_every_covered_architecture_keeps_packed_sequences_apart(tiny_model_dirs, architecture: str) -> None:
+    check_packing_supported(load_causal_lm(tiny_model_dirs(architecture)), pad_token_id=0,
+                            device=torch.device("cpu"))
+
+
 def test_the_trainer_refuses_packing_for_a_model_that_lets_packed_sequences_attend_to_each_other(
         tiny_model_dir: Path) -> None:
     model = load_causal_lm(tiny_model_dir)
-    check_packing_supported(model, pad_token_id=0, device=torch.device("cpu"))
 
     class IgnoresPositions(torch.nn.Module):
         """A causal LM whose attention spans the whole row: position ids are dropped."""
@@ -129,11 +139,16 @@ def test_the_trainer_refuses_packing_for_a_model_that_lets_packed_sequences_atte
             super().__init__()
             self.inner = inner
 
+        @property
+        def config(self):
+            return self.inner.config
+
         def get_input_embeddings(self) -> torch.nn.Module:
             return self.inner.get_input_embeddings()
 
         def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=False):  # noqa: ARG002
             return self.inner(input_ids=input_ids, attention_mask=attention_mask, use_cache=use_cache)
 
-    with pytest.raises(ValueError, match="packing: IgnoresPositions does not keep packed sequences apart"):
+    with pytest.raises(ValueError, match=r"trainer\.packing: IgnoresPositions \(model_type 'llama'\) does not keep "
+                                         "packed sequences apart"):
         check_packing_supported(IgnoresPositions(model), pad_token_id=0, device=torch.device("cpu"))

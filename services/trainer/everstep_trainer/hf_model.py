@@ -2,6 +2,11 @@
 
 Sequences are right padded [B, L] tensors; a token's log-prob sits at the token's own position
 (position 0 never has one), so `output_mask` marks the positions whose tokens are scored.
+
+Mixture-of-experts models (Qwen3-MoE, ...) are called with `output_router_logits=False`: the
+trainer's loss is the policy loss alone, without the router's auxiliary load-balancing loss
+(transformers adds `router_aux_loss_coef * aux_loss` only to the loss it computes from `labels`, which
+the trainer never passes, and only when router logits are output).
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ __all__ = [
     "check_packing_supported",
     "compute_token_logprobs",
     "compute_token_logprobs_and_entropy",
+    "forward_kwargs",
     "load_causal_lm",
+    "model_type",
     "save_hf_checkpoint",
 ]
 
@@ -57,16 +64,31 @@ def autocast_context(device: torch.device, dtype: str) -> contextlib.AbstractCon
     return contextlib.nullcontext()
 
 
+def model_type(model: torch.nn.Module) -> str:
+    """The HF `config.model_type` of `model` ("llama", "qwen3_moe", ...), or "unknown"."""
+    return str(getattr(getattr(model, "config", None), "model_type", None) or "unknown")
+
+
+def forward_kwargs(model: torch.nn.Module) -> dict[str, object]:
+    """What every trainer forward passes besides the tokens: `use_cache=False`, and for a model whose
+    config has `output_router_logits` (the MoE models), `output_router_logits=False`, whatever its
+    config.json says: no router logits are kept and no auxiliary load-balancing loss is computed."""
+    kwargs: dict[str, object] = {"use_cache": False}
+    if hasattr(getattr(model, "config", None), "output_router_logits"):
+        kwargs["output_router_logits"] = False
+    return kwargs
+
+
 def _token_logp_and_logits(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, temperature: float,
                            packed: PackedRows | None) -> tuple[Tensor, Tensor]:
     """(log-prob [R, W-1] of each token 1..W-1 given the tokens before it, the [R, W-1, V] float32 logits /
     temperature that predicted it), in the layout the model ran: the padded [B, L] batch, or `packed`'s rows."""
     if packed is None:
         ids = input_ids
-        logits = model(input_ids=ids, attention_mask=attention_mask, use_cache=False).logits
+        logits = model(input_ids=ids, attention_mask=attention_mask, **forward_kwargs(model)).logits
     else:  # no attention mask: the model derives a block-diagonal causal mask from the position ids
         ids = packed.input_ids
-        logits = model(input_ids=ids, position_ids=packed.position_ids, use_cache=False).logits
+        logits = model(input_ids=ids, position_ids=packed.position_ids, **forward_kwargs(model)).logits
     logits = logits[:, :-1].float() / temperature
     # gather - logsumexp avoids materialising a second [B, L, V] tensor of log-probs.
     token_logp = logits.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
@@ -116,9 +138,10 @@ def compute_token_logprobs_and_entropy(model: torch.nn.Module, input_ids: Tensor
 
 @torch.no_grad()
 def check_packing_supported(model: torch.nn.Module, *, pad_token_id: int, device: torch.device) -> None:
-    """ValueError naming `packing` unless `model` scores two sequences packed in one row as it scores them
-    padded: an architecture that ignores position ids in its attention mask would let them attend to each
-    other, silently."""
+    """ValueError naming `trainer.packing` and the model_type unless `model` scores two sequences packed in
+    one row as it scores them padded: an architecture that ignores position ids in its attention mask would
+    let them attend to each other, silently. (Llama, Llama 3.1, Qwen2, Qwen3 and Qwen3-MoE pass with
+    transformers' sdpa and eager attention: their causal mask is built from the packed position ids.)"""
     vocab = int(model.get_input_embeddings().num_embeddings)
     sequences = [[(7 * i + 3) % vocab for i in range(5)], [(11 * i + 5) % vocab for i in range(3)]]
     input_ids = torch.full((2, 5), pad_token_id, dtype=torch.long)
@@ -138,8 +161,9 @@ def check_packing_supported(model: torch.nn.Module, *, pad_token_id: int, device
     packed_logp = compute_token_logprobs(model, wide_ids, wide_mask, wide_output, packed=packed)
     difference = float((padded - packed_logp).abs().max())
     if not difference <= 1e-3:
-        raise ValueError(f"packing: {type(model).__name__} does not keep packed sequences apart (log-probs differ "
-                         f"by {difference:.3g} from the padded batch's); set trainer packing off for this model")
+        raise ValueError(f"trainer.packing: {type(model).__name__} (model_type {model_type(model)!r}) does not keep "
+                         f"packed sequences apart (log-probs differ by {difference:.3g} from the padded batch's); "
+                         "set trainer.packing to false for this model")
 
 
 def _tokenizer_files(tokenizer_dir: Path) -> Iterator[Path]:
