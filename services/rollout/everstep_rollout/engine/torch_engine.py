@@ -80,6 +80,7 @@ class Engine:
         self.max_seq_len = self.executor.max_seq_len
         self.position_limit = position_limit(model_config) or 0
         self.executor_name = self.executor.name
+        self.architecture = self.executor.model_type
         self.vocab_size = self.executor.vocab_size
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.eos_token_ids = read_eos_token_ids(self.model_dir, model_config)
