@@ -232,3 +232,25 @@ def test_load_takes_and_reports_the_quantization(service_process, tiny_model_dir
     with pytest.raises(grpc.RpcError) as unknown:
         stub.Load(rollout_pb2.LoadModelRequest(model_path=model, quantization=99))
     assert unknown.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "quantization" in unknown.value.details()
+
+
+def test_status_reports_the_executor_and_architecture_serving_the_model(service_process, tiny_model_dirs,
+                                                                         tiny_gpt2_dir):
+    """LoadModel and GetStatus name the executor and the model_type of the loaded model: a Qwen3-MoE started
+    with the server runs on the native executor (and generates), a Qwen3 and a GPT-2 loaded later on theirs."""
+    moe = tiny_model_dirs("qwen3_moe")
+    service = service_process("rollout", "--model", str(moe), "--max-running", "4")
+    stub = rollout_pb2_grpc.RolloutStub(grpc.insecure_channel(service.grpc_address))
+    status = stub.GetStatus(rollout_pb2.GetStatusRequest())
+    assert (status.executor, status.architecture) == ("native", "qwen3_moe")
+    done = generate(stub, rollout_pb2.GenerateRequest(sequences=seqs("m", 3), sampling=GREEDY))
+    model = hf_model(moe)
+    for r in done:
+        assert list(r.output_ids) == hf_greedy(model, list(r.prompt_ids), len(r.output_ids))
+
+    for model_dir, executor, architecture in [(tiny_model_dirs("qwen3"), "native", "qwen3"),
+                                              (tiny_gpt2_dir, "transformers", "gpt2")]:
+        loaded = stub.Load(rollout_pb2.LoadModelRequest(model_path=str(model_dir)))
+        assert (loaded.executor, loaded.architecture) == (executor, architecture)
+        status = stub.GetStatus(rollout_pb2.GetStatusRequest())
+        assert (status.executor, status.architecture) == (executor, architecture)

@@ -21,7 +21,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="torch: our engine (CPU or GPU); sglang: sglang's offline engine (GPU, in its own "
                         "environment: make sglang-venv, or deploy/docker/rollout-sglang.Dockerfile)")
     p.add_argument("--executor", choices=["auto", "native", "transformers"], default="auto",
-                   help="torch engine: native (Llama/Qwen2), transformers (any causal LM), auto: native if supported")
+                   help="torch engine: native (Llama/Qwen2/Qwen3/Qwen3-MoE), transformers (any causal LM), "
+                        "auto: native if supported")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--quantization", choices=["none", "int8", "int8-tensor", "fp8", "int4"], default="none",
                    help="weight-only quantization of the linear layers (native executor): int8 per output channel, "

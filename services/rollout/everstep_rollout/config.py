@@ -36,9 +36,10 @@ class EngineConfig:
     """"torch": our continuous-batching engine (CPU or GPU). "sglang": sglang's offline engine (GPU; needs the
     sglang environment of its own, `make sglang-venv`; see docs/rollout.md)."""
     executor: Literal["auto", "native", "transformers"] = "auto"
-    """Torch engine only. "native": our own Llama/Qwen2 forward pass (fastest); "transformers": the model's
-    Hugging Face modeling code (any causal LM); "auto": native when the model's config.json is one it
-    supports (model_type llama or qwen2, default RoPE, no sliding window), transformers otherwise."""
+    """Torch engine only. "native": our own Llama/Qwen2/Qwen3/Qwen3-MoE forward pass (fastest); "transformers":
+    the model's Hugging Face modeling code (any causal LM); "auto": native when the model's config.json is one it
+    supports (model_type llama, qwen2, qwen3 or qwen3_moe, default or llama3 RoPE, no sliding window, no shared
+    experts), transformers otherwise."""
 
     max_running: int = 64
     """Sequences decoded together: the number of KV cache slots."""

@@ -126,7 +126,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         return rollout_pb2.LoadModelResponse(
             version=engine.version, num_parameters=engine.num_parameters, max_seq_len=engine.max_seq_len,
             max_running=c.max_running, dtype=c.dtype, seed=c.seed, max_position_embeddings=engine.position_limit,
-            executor=engine.executor_name, quantization=quantization_to_proto(c.quantization))
+            executor=engine.executor_name, quantization=quantization_to_proto(c.quantization),
+            architecture=engine.architecture)
 
     def Generate(self, request_iterator, context) -> Iterator[rollout_pb2.GenerateResponse]:
         loop = self._current(context)
@@ -272,6 +273,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             tokens_per_second=status.tokens_per_second, model_path=self._model_path,
             weight_receiver=self._receiver_info, max_seq_len=status.max_seq_len, max_running=status.max_running,
             dtype=status.dtype, quantization=quantization_to_proto(status.quantization),
+            executor=status.executor, architecture=status.architecture,
         )
 
 

@@ -51,6 +51,8 @@ class GenerationEngine(Protocol):
     """The model's max_position_embeddings (0: its config states none)."""
     executor_name: str
     """"native", "transformers" or "sglang"."""
+    architecture: str
+    """The model's config.json model_type ("llama", "qwen3_moe", ...)."""
 
     @property
     def num_parameters(self) -> int: ...

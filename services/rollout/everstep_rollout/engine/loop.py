@@ -53,6 +53,10 @@ class EngineStatus:
     dtype: str = ""
     quantization: str = ""
     """The engine's weight quantization ("none", "int8", ...)."""
+    executor: str = ""
+    """"native", "transformers" or "sglang"."""
+    architecture: str = ""
+    """The model's config.json model_type."""
 
 
 class EngineLoop:
@@ -66,7 +70,8 @@ class EngineLoop:
         self._stream_ids = itertools.count(1)
         self._status = EngineStatus(version=engine.version, running=0, queued=0, tokens_per_second=0.0,
                                     max_seq_len=engine.max_seq_len, max_running=engine.config.max_running,
-                                    dtype=engine.config.dtype, quantization=engine.config.quantization.value)
+                                    dtype=engine.config.dtype, quantization=engine.config.quantization.value,
+                                    executor=engine.executor_name, architecture=engine.architecture)
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
 
     # -- lifecycle --------------------------------------------------------------------------------------

@@ -128,6 +128,7 @@ class SglangEngine:
         self.position_limit = position_limit(model_config) or 0
         self.max_seq_len = resolve_max_seq_len(self.config.max_seq_len, self.position_limit or None)
         self.executor_name = "sglang"
+        self.architecture = str(model_config.get("model_type", ""))
         if self.config.quantization != Quantization.none:
             raise ValueError(f"quantization: {self.config.quantization.value!r} is a torch-engine setting; the sglang "
                              "engine takes quantization 'none'")

@@ -4,7 +4,7 @@
 free KV cache slots, and one forward pass prefills them and decodes one token for every running sequence
 (the joining ones included); sequences that hit EOS, a stop string or their length limit leave (their slot
 is reused at the next step). The model runs in an executor (`everstep_rollout.executor`): our native one
-for Llama and Qwen2 models, or transformers' own modeling code for any other causal LM.
+for Llama, Qwen2, Qwen3 and Qwen3-MoE models, or transformers' own modeling code for any other causal LM.
 
 Per-token log-probabilities (`output_logprobs`): log_softmax(logits / T) of the sampled token, in
 float32, over the full vocabulary BEFORE top-k/top-p filtering, with T the sequence's temperature
@@ -80,6 +80,7 @@ class Engine:
         self.max_seq_len = self.executor.max_seq_len
         self.position_limit = position_limit(model_config) or 0
         self.executor_name = self.executor.name
+        self.architecture = self.executor.model_type
         self.vocab_size = self.executor.vocab_size
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.eos_token_ids = read_eos_token_ids(self.model_dir, model_config)

@@ -1,6 +1,7 @@
 """The factory that picks the executor for a model, and loads it.
 
-- `LlamaExecutor` (`native.py`): our own forward pass for Llama-architecture models (Llama, Qwen2) with
+- `LlamaExecutor` (`native.py`): our own forward pass for Llama-architecture models (Llama incl. Llama 3.1
+  RoPE scaling, Qwen2, Qwen3, Qwen3-MoE) with
   fused projections and a preallocated KV cache; the fast path.
 - `TransformersExecutor` (`transformers_executor.py`): any causal LM that `transformers.AutoModelForCausalLM`
   loads, run through its own modeling code, with its keys and values kept in our per-slot storage.
@@ -37,8 +38,9 @@ def build_executor(model_dir: Path, model_config: Mapping, kind: str, options: E
         else:
             return LlamaExecutor.load(model_dir, spec, options)
     if options.quantization != Quantization.none:
-        raise ValueError(f"quantization: {options.quantization.value!r} needs the native executor (Llama/Qwen2 "
-                         f"models), and {model_dir} runs on the transformers executor; use quantization 'none'")
+        raise ValueError(f"quantization: {options.quantization.value!r} needs the native executor "
+                         f"(Llama/Qwen2/Qwen3/Qwen3-MoE models), and {model_dir} runs on the transformers "
+                         "executor; use quantization 'none'")
     from everstep_rollout.executor.transformers_executor import TransformersExecutor
 
     return TransformersExecutor.load(model_dir, options)

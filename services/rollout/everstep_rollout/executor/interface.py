@@ -33,6 +33,34 @@ class ForwardBatch:
     prefill_slots: list[int] = field(default_factory=list)
 
 
+@dataclass(frozen=True, kw_only=True)
+class ExpertRouting:
+    """The experts a mixture-of-experts model routed every token of one forward pass to (for routing replay).
+
+    `expert_ids[t, m, j]` is the j-th of the top-k experts (in the router's order: highest probability first)
+    that token t was sent to in MoE layer `moe_layers[m]`. Tokens are those the pass processed, unpadded: the
+    decode rows first (row i is token i; rows of free slots carry garbage), then the tokens of each prefill row
+    in order (prefill row j's positions 0..len-1 are tokens `prefill_offsets[j]`..`prefill_offsets[j + 1] - 1`).
+    dtype uint8 when the model has at most 256 experts, else int16; on the executor's device.
+    """
+
+    expert_ids: torch.Tensor
+    """[tokens, len(moe_layers), top_k]."""
+    moe_layers: tuple[int, ...]
+    """Decoder layer index of each MoE layer (dense layers of `mlp_only_layers`/`decoder_sparse_step` are left out)."""
+    num_decode: int
+    prefill_offsets: tuple[int, ...]
+    """len(prefill_rows) + 1 offsets into expert_ids, the first one num_decode."""
+
+    def decode(self) -> torch.Tensor:
+        """[num_decode, len(moe_layers), top_k]: the experts of each decode row's token."""
+        return self.expert_ids[: self.num_decode]
+
+    def prefill(self, j: int) -> torch.Tensor:
+        """[len(prefill_rows[j]), len(moe_layers), top_k]: the experts of prefill row j's tokens."""
+        return self.expert_ids[self.prefill_offsets[j] : self.prefill_offsets[j + 1]]
+
+
 class WeightStore(Protocol):
     named: Mapping[str, torch.Tensor]
     """Hugging Face parameter name -> the tensor that holds it (a tied weight appears under both names)."""
@@ -50,13 +78,17 @@ class WeightStore(Protocol):
 
 class Executor(Protocol):
     name: str
-    """"native" or "transformers" (reported by LoadModel)."""
+    """"native" or "transformers" (reported by LoadModel and GetStatus)."""
     model_type: str
+    """config.json's model_type, e.g. "qwen3_moe" (the architecture LoadModel and GetStatus report)."""
     vocab_size: int
     max_seq_len: int
     """Tokens a slot holds (`config.resolve_max_seq_len` of the request and the model's position limit)."""
     weights: WeightStore
     cache_bytes: int
+    expert_routing: ExpertRouting | None
+    """After each `forward` of a mixture-of-experts model (native executor): the experts every token of that pass
+    was routed to in every MoE layer; None for dense models and on the transformers executor."""
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor | None:
         """Run the batch; logits [len(decode_tokens), vocab] float32 of the decode rows (None without any)."""

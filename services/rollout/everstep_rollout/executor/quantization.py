@@ -19,6 +19,12 @@ So on CPU int8 saves weight memory (4x in float32) and costs time: dequantizing 
 than the float matmul alone. int4 is always dequantized per matmul (unpacked, then scaled). fp8 is always
 dequantized per matmul (weight-only: `torch._scaled_mm` would also quantize the activations, a different
 numerics), so on every device it computes with fp8-rounded weights and saves memory, not time.
+Mixture-of-experts layers: the experts of a layer are one `QuantizedMatrix` each for gate/up and down, the
+experts' rows stacked ([experts * rows, cols]); every expert's gate, up and down projection is quantized on
+its own (per output channel, or per tensor for "int8-tensor"), whether it comes as a per-expert checkpoint
+tensor (`RowRange`) or in the fused [experts, rows, cols] tensor of a pushed state dict (`ExpertBlocks`),
+so both give the same rounding. An expert's matmul dequantizes only its own rows (`linear_rows`). The
+router (`mlp.gate`) stays in full precision, as in vLLM and sglang.
 Embeddings, lm_head and norms are not quantized (as in vLLM and sglang by
 default): they are a large share of a small model, and quantizing the tied embedding would change the
 input side too.
@@ -33,7 +39,7 @@ import torch.nn.functional as F
 
 from everstep.quantization import Quantization
 
-__all__ = ["INT4_GROUP_SIZE", "QuantizedMatrix", "RowRange"]
+__all__ = ["INT4_GROUP_SIZE", "ExpertBlocks", "QuantizedMatrix", "RowRange"]
 
 INT4_GROUP_SIZE = 32
 _INT4_MAX = 7.0  # symmetric: -8 is left unused, so that zero is exact and the range is that of +-7
@@ -119,14 +125,15 @@ class QuantizedMatrix:
         self.data[start:start + rows] = nibbles[:, 0::2] | (nibbles[:, 1::2] << 4)
         self.scales[start:start + rows] = scales.to(self.dtype)
 
-    def dequantized(self) -> torch.Tensor:
-        """The weight the engine computes with, [rows, cols] in the engine dtype."""
+    def dequantized(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """The weight the engine computes with (rows start..stop-1, default all), [rows, cols] in the engine dtype."""
+        data, scales = self.data[start:stop], self.scales[start:stop]
         if self.quantization == Quantization.int4:
-            rows, cols = self.shape
-            nibbles = torch.stack((self.data & 0xF, self.data >> 4), dim=2).view(rows, -1)[:, :cols]
-            scales = self.scales.repeat_interleave(INT4_GROUP_SIZE, dim=1)[:, :cols]
+            rows, cols = data.shape[0], self.shape[1]
+            nibbles = torch.stack((data & 0xF, data >> 4), dim=2).view(rows, -1)[:, :cols]
+            scales = scales.repeat_interleave(INT4_GROUP_SIZE, dim=1)[:, :cols]
             return (nibbles.to(self.dtype) - 8) * scales
-        return self.data.to(self.dtype) * self.scales[:, None]
+        return data.to(self.dtype) * scales[:, None]
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [M, cols] -> x @ W^T + bias, [M, rows]."""
@@ -134,6 +141,12 @@ class QuantizedMatrix:
             out = torch._weight_int8pack_mm(x, self.data, self.scales)
             return out + bias if bias is not None else out
         return F.linear(x, self.dequantized(), bias)
+
+    def linear_rows(self, x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        """x [M, cols] -> x @ W[start:stop]^T, [M, stop - start]: one expert's block of a stacked expert matrix."""
+        if self._int8_kernel and x.dim() == 2 and x.shape[0] <= _INT8_KERNEL_MAX_ROWS:
+            return torch._weight_int8pack_mm(x, self.data[start:stop], self.scales[start:stop])
+        return F.linear(x, self.dequantized(start, stop))
 
 
 class RowRange:
@@ -145,3 +158,24 @@ class RowRange:
 
     def copy_(self, weight: torch.Tensor) -> None:
         self.matrix.set_rows(self.start, weight)
+
+
+class ExpertBlocks:
+    """A fused Hugging Face expert tensor [experts, rows, cols] (`mlp.experts.gate_up_proj`, `mlp.experts.down_proj`)
+    held as the stacked rows of one QuantizedMatrix. Each expert's projections (`splits` of its rows: gate and up,
+    or down) are quantized on their own, exactly as their per-expert checkpoint tensors are."""
+
+    def __init__(self, matrix: QuantizedMatrix, num_experts: int, splits: tuple[int, ...]) -> None:
+        self.matrix, self.splits = matrix, splits
+        self.shape = torch.Size((num_experts, sum(splits), matrix.shape[1]))
+
+    def copy_(self, weight: torch.Tensor) -> None:
+        num_experts, rows, cols = self.shape
+        if self.matrix.quantization != Quantization.int8_tensor:  # per-row scales: all experts at once
+            self.matrix.set_rows(0, weight.reshape(num_experts * rows, cols))
+            return
+        start = 0
+        for expert in weight:
+            for part in expert.split(self.splits):
+                self.matrix.set_rows(start, part)
+                start += part.shape[0]

@@ -136,6 +136,7 @@ class TransformersExecutor:
         self.model = model
         text_config = model.config.get_text_config()
         self.model_type = model.config.model_type
+        self.expert_routing = None
         self.vocab_size = int(text_config.vocab_size)
         self.max_seq_len = max_seq_len
         self.weights = TransformersWeights(model)
