@@ -56,3 +56,69 @@ def _floor(requirement: str):
 
     floors = [_version(s.version) for s in Requirement(requirement).specifier if s.operator in (">=", "==", "~=")]
     return max(floors, default=None)
+
+
+# --- the proto stubs' runtime floors --------------------------------------------------------------------------
+
+PROTO = load(REPO / "proto" / "pyproject.toml")
+GENCODE_CHECK = re.compile(r"ValidateProtobufRuntimeVersion\(\s*_runtime_version\.Domain\.PUBLIC,\s*"
+                           r"(\d+),\s*(\d+),\s*(\d+),\s*'([^']*)',")
+GRPC_GENERATED = re.compile(r"^GRPC_GENERATED_VERSION = '([^']+)'$", re.M)
+
+
+def _proto_requirement(name: str) -> str:
+    found = [r for r in PROTO["project"]["dependencies"] if re.match(rf"{re.escape(name)}\s*[<>=~!]", r)]
+    assert len(found) == 1, (name, PROTO["project"]["dependencies"])
+    return found[0]
+
+
+def _installed_stubs() -> Path:
+    import everstep.v1
+
+    folder = Path(everstep.v1.__file__).parent
+    assert sorted(p.stem for p in folder.glob("*_pb2.py")), f"no generated stubs in {folder}"
+    return folder
+
+
+def test_protobuf_floor_is_the_gencode_version_of_the_installed_stubs() -> None:
+    """*_pb2.py raise VersionError under a protobuf older than the gencode version protoc wrote into them."""
+    from packaging.requirements import Requirement
+
+    gencodes = set()
+    for stub in sorted(_installed_stubs().glob("*_pb2.py")):
+        match = GENCODE_CHECK.search(stub.read_text())
+        assert match, f"{stub.name}: no ValidateProtobufRuntimeVersion call"
+        gencodes.add("{}.{}.{}{}".format(*match.groups()))
+    assert len(gencodes) == 1, gencodes
+    gencode = _version(gencodes.pop())
+    requirement = _proto_requirement("protobuf")
+    assert _floor(requirement) == gencode, f"{requirement}: the stubs were generated for protobuf {gencode}"
+    assert Requirement(requirement).specifier.contains(gencode)
+
+
+def test_grpcio_floor_covers_the_installed_stubs() -> None:
+    """*_pb2_grpc.py raise RuntimeError under a grpcio older than the grpcio-tools that generated them."""
+    generated = set()
+    for stub in sorted(_installed_stubs().glob("*_pb2_grpc.py")):
+        match = GRPC_GENERATED.search(stub.read_text())
+        assert match, f"{stub.name}: no GRPC_GENERATED_VERSION"
+        generated.add(_version(match.group(1)))
+    requirement = _proto_requirement("grpcio")
+    assert _floor(requirement) >= max(generated), f"{requirement}: the stubs need grpcio>={max(generated)}"
+
+
+def test_grpcio_tools_is_a_bounded_range_within_the_grpcio_floor() -> None:
+    """Every grpcio-tools the build may pick writes GRPC_GENERATED_VERSION = its own version, so the range's top
+    may not pass the runtime's grpcio floor, and the sglang environment's exact grpcio must satisfy the floor."""
+    from packaging.requirements import Requirement
+
+    tools = [r for r in PROTO["build-system"]["requires"] if r.startswith("grpcio-tools")]
+    assert len(tools) == 1, PROTO["build-system"]["requires"]
+    specifier = Requirement(tools[0]).specifier
+    tops = [_version(s.version) for s in specifier if s.operator in ("<=", "==")]
+    assert tops and _floor(tools[0]) is not None, f"{tools[0]}: pin grpcio-tools to a closed range"
+    grpcio = Requirement(_proto_requirement("grpcio"))
+    assert max(tops) <= _floor(str(grpcio)), (tools[0], str(grpcio))
+    sglang_pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)$",
+                                  (REPO / "deploy" / "sglang" / "requirements.txt").read_text(), re.M))
+    assert grpcio.specifier.contains(sglang_pins["grpcio"]), f"{grpcio} excludes sglang's {sglang_pins['grpcio']}"
