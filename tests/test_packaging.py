@@ -122,3 +122,59 @@ def test_grpcio_tools_is_a_bounded_range_within_the_grpcio_floor() -> None:
     sglang_pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)$",
                                   (REPO / "deploy" / "sglang" / "requirements.txt").read_text(), re.M))
     assert grpcio.specifier.contains(sglang_pins["grpcio"]), f"{grpcio} excludes sglang's {sglang_pins['grpcio']}"
+
+
+# --- torch -----------------------------------------------------------------------------------------------------
+
+TORCH_FLOOR = "2.6"  # torch.distributed.fsdp.fully_shard (the trainer's FSDP2) is public from torch 2.6
+
+
+def _torch_requirements() -> dict[str, str]:
+    """Every torch requirement of every pyproject: dependencies and each extra."""
+    found = {}
+    for path in PYPROJECTS:
+        project = load(path)["project"]
+        groups = {"dependencies": project.get("dependencies", []),
+                  **{f"[{k}]": v for k, v in project.get("optional-dependencies", {}).items()}}
+        for group, requirements in groups.items():
+            for requirement in requirements:
+                if re.match(r"torch\s*(?:[<>=~!\[;]|$)", requirement):
+                    found[f"{path.parent.name} {group}"] = requirement
+    return found
+
+
+def test_torch_requirements_are_one_floor() -> None:
+    from packaging.requirements import Requirement
+
+    found = _torch_requirements()
+    assert {"trainer dependencies", "rollout dependencies", "reward [model]"} <= set(found), found
+    assert len(set(found.values())) == 1, f"torch requirements differ: {found}"
+    requirement = Requirement(next(iter(found.values())))
+    assert requirement.specifier, f"a bare torch requirement: {found}"
+    assert _floor(str(requirement)) == _version(TORCH_FLOOR), found
+
+
+def test_the_torch_installed_satisfies_the_floor() -> None:
+    """The Makefile's TORCH_SPEC, the images' default and sglang's exact torch are all within the floor."""
+    from packaging.requirements import Requirement
+
+    specifier = Requirement(next(iter(_torch_requirements().values()))).specifier
+    pins = {"Makefile": re.search(r"^TORCH_SPEC \?= torch==(\S+)$", (REPO / "Makefile").read_text(), re.M)}
+    for image in ("rollout", "trainer"):
+        text = (REPO / "deploy" / "docker" / f"{image}.Dockerfile").read_text()
+        pins[image] = re.search(r"^ARG TORCH_SPEC=torch==(\S+)$", text, re.M)
+    pins["sglang"] = re.search(r"^torch==(\S+)$", (REPO / "deploy" / "sglang" / "requirements.txt").read_text(), re.M)
+    assert all(pins.values()), pins
+    outside = {where: m.group(1) for where, m in pins.items() if not specifier.contains(m.group(1))}
+    assert not outside, f"torch pins outside {specifier}: {outside}"
+
+
+def test_torch_index_url_is_honoured_by_the_makefile_and_the_torch_images() -> None:
+    makefile = (REPO / "Makefile").read_text()
+    assert re.search(r"^TORCH_INDEX_URL \?=\s*$", makefile, re.M), "TORCH_INDEX_URL defaults to unset"
+    assert '$(if $(TORCH_INDEX_URL),--index-url "$(TORCH_INDEX_URL)") "$(TORCH_SPEC)"' in makefile
+    for image in ("rollout", "trainer"):
+        text = (REPO / "deploy" / "docker" / f"{image}.Dockerfile").read_text()
+        assert re.search(r"^ARG TORCH_INDEX_URL=\s*$", text, re.M), image
+        assert '${TORCH_INDEX_URL:+--index-url ${TORCH_INDEX_URL}} "${TORCH_SPEC}"' in text, image
+    assert "TORCH_INDEX_URL" in (REPO / "README.md").read_text()
