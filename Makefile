@@ -6,6 +6,10 @@ PIP := $(VENV)/bin/pip
 SERVICES := controller rollout trainer reward sandbox cli
 # torch is pinned and installed first so that no loose requirement pulls a CUDA build.
 TORCH_SPEC ?= torch==2.13.0
+# An index to install torch from (pip --index-url), e.g. CPU-only wheels:
+#   make install TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+# Unset (the default): torch comes from pip's configured indexes, as every other package does.
+TORCH_INDEX_URL ?=
 
 # The sglang engine's own environment (CUDA machines): sglang's exact torch/transformers pins, apart from ours.
 SGLANG_VENV ?= .venv-sglang
@@ -16,7 +20,7 @@ SGLANG_PIP := $(SGLANG_VENV)/bin/pip
 $(VENV)/.installed: proto/pyproject.toml proto/setup.py $(wildcard proto/everstep/*.py proto/everstep/v1/*.proto) $(foreach s,$(SERVICES),services/$(s)/pyproject.toml)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "$(TORCH_SPEC)"
+	$(PIP) install -q $(if $(TORCH_INDEX_URL),--index-url "$(TORCH_INDEX_URL)") "$(TORCH_SPEC)"
 	$(PIP) install -q ./proto $(foreach s,$(SERVICES),-e services/$(s))
 	touch $@
 

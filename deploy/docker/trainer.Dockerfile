@@ -10,6 +10,9 @@ COPY services/trainer services/trainer
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels ./proto ./services/trainer
 
 FROM ${PYTHON_IMAGE}
+# TORCH_SPEC: the torch to install (the Makefile's pin; the packages ask for torch>=2.6).
+# TORCH_INDEX_URL: empty (the default) installs torch from PyPI (CUDA wheels); set, pip install --index-url it,
+# e.g. https://download.pytorch.org/whl/cpu for CPU-only wheels. `make install TORCH_INDEX_URL=...` does the same.
 ARG TORCH_SPEC=torch==2.13.0
 ARG TORCH_INDEX_URL=
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HOME=/tmp HF_HOME=/tmp/hf

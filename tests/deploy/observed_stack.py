@@ -35,6 +35,8 @@ class ObservedStack:
     job_id: str
     exported: dict[str, set[str]]
     """Sample names (e.g. everstep_x_total, everstep_y_bucket) each service's /metrics showed."""
+    texts: dict[str, str]
+    """Each service's /metrics page as scraped (the exposition format), for promtool."""
 
     def exported_names(self) -> set[str]:
         return set().union(*self.exported.values())
@@ -109,15 +111,16 @@ def _score_side_items(state: StackState) -> None:
     assert by_id["no-answer"].parts[0].error, by_id["no-answer"]
 
 
-def _scrape(state: StackState) -> dict[str, set[str]]:
-    exported = {}
+def _scrape(state: StackState) -> tuple[dict[str, set[str]], dict[str, str]]:
+    exported, texts = {}, {}
     for process in state.processes:
         if not process.http_port:
             continue
         text = httpx.get(f"http://127.0.0.1:{process.http_port}/metrics", timeout=10).text
+        texts[process.name] = text
         exported[process.name] = {sample.name for family in text_string_to_metric_families(text)
                                   for sample in family.samples}
-    return exported
+    return exported, texts
 
 
 @contextmanager
@@ -146,6 +149,6 @@ def observe_short_job(model_dir: Path, root: Path) -> Iterator[ObservedStack]:
                 time.sleep(0.5)
             assert job["state"] == "SUCCEEDED", job["error"]
             time.sleep(3 * SCRAPE_INTERVAL_SECONDS)  # the final values are scraped
-            yield ObservedStack(prometheus_url, job_id, _scrape(state))
+            yield ObservedStack(prometheus_url, job_id, *_scrape(state))
     finally:
         stack.down()

@@ -1,9 +1,11 @@
 """Dashboards and alert rules against the running services: every metric they name is exported
 (scraped from each service's /metrics after a short job), and every dashboard query runs in a real
-Prometheus that scraped the job, the key panels returning data."""
+Prometheus that scraped the job, the key panels returning data. Each service's /metrics page passes
+`promtool check metrics` with no problem reported."""
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +16,9 @@ from deploy_assets import dashboard_queries, find_tool, metric_names, rule_expre
 from observed_stack import ObservedStack, observe_short_job
 
 pytestmark = pytest.mark.slow
+
+# every service with a /metrics page in the local stack (LocalStack); the CLI has none
+METRICS_SERVICES = {"controller", "rollout", "trainer", "reward", "sandbox"}
 
 # Grafana's variables, as a user looking at the last minutes of the job would have them.
 GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$job": ".*"}
@@ -77,3 +82,22 @@ def test_the_job_is_visible_by_its_id(observed: ObservedStack) -> None:
     reply = httpx.get(f"{observed.prometheus_url}/api/v1/query", params={"query": query}, timeout=30).json()
     assert reply["status"] == "success"
     assert [float(r["value"][1]) for r in reply["data"]["result"]] == [3.0]
+
+
+def promtool_problems(promtool: str, text: str) -> str:
+    """What `promtool check metrics` reports on an exposition (empty: none). It exits 0 when clean, 3 on lint
+    problems (printed one per line), 1 on a page it cannot parse: anything but a silent 0 is a problem."""
+    result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    report = (result.stdout + result.stderr).strip()
+    if result.returncode != 0 and not report:
+        report = f"promtool exited {result.returncode}"
+    return report
+
+
+def test_promtool_finds_no_problem_in_any_service_metrics(observed: ObservedStack, promtool: str) -> None:
+    assert set(observed.texts) >= METRICS_SERVICES, f"scraped only {sorted(observed.texts)}"
+    for service, text in observed.texts.items():
+        assert "# TYPE everstep_" in text, f"{service}: no everstep metric on its /metrics page"
+    problems = {service: report for service, text in sorted(observed.texts.items())
+                if (report := promtool_problems(promtool, text))}
+    assert not problems, "\n".join(f"{service}:\n{report}" for service, report in problems.items())

@@ -221,7 +221,7 @@ def test_load_takes_and_reports_the_quantization(service_process, tiny_model_dir
     assert fp8.quantization == rollout_pb2.QUANTIZATION_FP8
     assert stub.GetStatus(rollout_pb2.GetStatusRequest()).quantization == rollout_pb2.QUANTIZATION_FP8
     metrics = urllib.request.urlopen(f"{service.http_url}/metrics", timeout=10).read().decode()
-    assert 'everstep_rollout_quantization{quantization="fp8"} 1.0' in metrics
+    assert 'everstep_rollout_quantization_info{quantization="fp8"} 1.0' in metrics
     assert 'quantization="int8"' not in metrics
 
     with pytest.raises(grpc.RpcError) as refused:

@@ -26,8 +26,9 @@ WEIGHT_UPDATE_BYTES = Counter("everstep_rollout_weight_update_bytes", "Tensor by
                               ["transport"])
 POLICY_VERSION = Gauge("everstep_rollout_policy_version", "Policy version of the loaded weights.")
 QUANTIZATION = Gauge(
-    "everstep_rollout_quantization", "1 for the loaded engine's weight quantization (label: none, int8, int8-tensor, "
-    "fp8, int4), absent before a load.", ["quantization"],
+    "everstep_rollout_quantization_info",
+    "1 for the loaded engine's weight quantization (label: none, int8, int8-tensor, fp8, int4), absent before a load.",
+    ["quantization"],
 )
 FINISHED_SEQUENCES = Counter(
     "everstep_rollout_finished_sequences_total", "Sequences returned, by finish reason.", ["reason"]
