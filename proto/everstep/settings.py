@@ -22,6 +22,7 @@ __all__ = [
     "AlgorithmSettings",
     "Correction",
     "Dtype",
+    "RoutingReplay",
     "LossSettings",
     "SamplingSettings",
     "SchedulerMode",
@@ -66,6 +67,15 @@ class Dtype(StrEnum):
     bfloat16 = "bfloat16"
 
 
+class RoutingReplay(StrEnum):
+    """Mixture-of-experts routing replay (R3)."""
+
+    off = "off"
+    """The trainer routes every token with its own router."""
+    rollout = "rollout"
+    """The engine records each token's experts and the trainer's MoE layers use them."""
+
+
 class SchedulerMode(StrEnum):
     """How rollouts are scheduled into steps."""
 
@@ -94,7 +104,19 @@ class LossSettings(Section):
         return self
 
 
-class AlgorithmSettings(Section):
+class _RoutingReplaySetting(Section):
+    routing_replay: RoutingReplay = Field(
+        default=RoutingReplay.off,
+        description="Mixture-of-experts routing replay (R3): 'rollout' makes the engine record the experts each "
+                    "MoE layer selected for every token (prompt tokens included) and the trainer's MoE layers use "
+                    "those experts, with gate weights from the trainer's own router at them (renormalised as the "
+                    "model does), so that trainer and engine compute the same function. Every token keeps the "
+                    "routes it was sampled under across C3PO++ carry-over and overlap. Needs an MoE model (refused "
+                    "at submission otherwise). 'off': the trainer routes with its own router.",
+    )
+
+
+class AlgorithmSettings(_RoutingReplaySetting):
     """GRPO with a corrected policy loss."""
 
     group_size: int = Field(default=8, ge=2, description="Samples per prompt (G).")
@@ -208,7 +230,7 @@ class TrainerSettings(Section):
                                 description="Entropy bonus coefficient (0: off).")
 
 
-class TrainerConfig(TrainerSettings, LossSettings, _Temperature):
+class TrainerConfig(TrainerSettings, LossSettings, _Temperature, _RoutingReplaySetting):
     """Everything the trainer runs with: the job's trainer and loss sections, its sampling temperature, and what the
     controller derives from the job (seed, the schedule's length). What proto `everstep.v1.TrainerConfig` carries."""
 
@@ -230,11 +252,12 @@ class TrainerConfig(TrainerSettings, LossSettings, _Temperature):
         return self
 
     @classmethod
-    def compose(cls, *, trainer: TrainerSettings, loss: LossSettings, temperature: float, seed: int,
+    def compose(cls, *, trainer: TrainerSettings, algorithm: AlgorithmSettings, temperature: float, seed: int,
                 total_steps: int, dtype: Dtype = Dtype.float32) -> TrainerConfig:
-        """The trainer's config from the job's sections: every field of `trainer` and `loss`, as given."""
-        return cls(**trainer.model_dump(), **loss.model_dump(), temperature=temperature, seed=seed,
-                   total_steps=total_steps, dtype=dtype)
+        """The trainer's config from the job's sections: every field of `trainer` and `algorithm.loss`, and
+        `algorithm.routing_replay`, as given."""
+        return cls(**trainer.model_dump(), **algorithm.loss.model_dump(), temperature=temperature, seed=seed,
+                   total_steps=total_steps, dtype=dtype, routing_replay=algorithm.routing_replay)
 
 
 def describe_validation_error(error: ValidationError, prefix: str = "") -> str:

@@ -103,6 +103,7 @@ TRAINER_CONFIG: SettingsCodec[TrainerConfig, trainer_pb2.TrainerConfig] = Settin
 """The trainer's whole config; the proto is TrainerConfig's only form on the wire."""
 
 SAMPLING_PARAMS: SettingsCodec[SamplingSettings, common_pb2.SamplingParams] = SettingsCodec(
-    SamplingSettings, common_pb2.SamplingParams, message_only={"seed"},
+    SamplingSettings, common_pb2.SamplingParams, message_only={"seed", "return_routed_experts"},
     settings_only={"dtype", "quantization"}, error_prefix="sampling.")
-"""Per-request sampling; the engine's dtype and quantization travel in LoadModelRequest, the seed per request."""
+"""Per-request sampling; the engine's dtype and quantization travel in LoadModelRequest; the seed and whether to
+return routed experts (algorithm.routing_replay) are the caller's per request."""

@@ -17,7 +17,7 @@ from everstep_controller.store.progress_store import ScoredSample
 def trainer_config(spec: JobSpec, start_step: int = 0) -> trainer_pb2.TrainerConfig:
     """The trainer's options; a trainer restarted at `start_step` gets the schedule of the remaining steps."""
     trainer = spec.trainer.model_copy(update={"warmup_steps": max(0, spec.trainer.warmup_steps - start_step)})
-    config = TrainerConfig.compose(trainer=trainer, loss=spec.algorithm.loss, temperature=spec.sampling.temperature,
+    config = TrainerConfig.compose(trainer=trainer, algorithm=spec.algorithm, temperature=spec.sampling.temperature,
                                    seed=spec.seed, total_steps=max(0, spec.steps - start_step))
     return TRAINER_CONFIG.to_proto(config)
 
@@ -75,5 +75,6 @@ def build_batch(group_ids: list[str], scheduler: GroupMembers, scored: dict[str,
             batch.samples.append(trainer_pb2.TrainSample(
                 prompt_ids=seq.prompt_ids, output_ids=seq.output_ids, rollout_logprobs=seq.output_logprobs,
                 output_versions=seq.output_versions, advantage=advantage, reward=member.reward,
+                routed_experts=seq.routed_experts,
             ))
     return batch

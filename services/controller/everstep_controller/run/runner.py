@@ -29,7 +29,7 @@ from pathlib import Path
 
 import redis
 
-from everstep.settings import SchedulerMode
+from everstep.settings import RoutingReplay, SchedulerMode
 from everstep.settings_codec import SAMPLING_PARAMS
 from everstep.v1 import common_pb2
 from everstep_controller.algo.training_batch import build_batch
@@ -355,15 +355,17 @@ class JobRunner:
         """Decode until the scheduler ends the iteration (RunnerInterrupted / JobCancelled when asked to)."""
         phase = RolloutPhase(self.spec, self.state, self.train_rows, self.scorers, self._stop_requested,
                              self.settings.scoring_timeout_seconds)
-        result = phase.run(self.workers.rollout.generate(), self._sampling())
+        result = phase.run(self.workers.rollout.generate(), self._sampling(training=True))
         if self.interrupt.is_set():
             raise RunnerInterrupted
         if self.store.requested(self.job_id) == Action.cancel:
             raise JobCancelled
         return result
 
-    def _sampling(self, *, greedy: bool = False) -> common_pb2.SamplingParams:
-        message = SAMPLING_PARAMS.to_proto(self.spec.sampling)
+    def _sampling(self, *, greedy: bool = False, training: bool = False) -> common_pb2.SamplingParams:
+        """`training`: the rollouts are trained on, so they bring their routes when routing replay is on."""
+        replay = training and self.spec.algorithm.routing_replay == RoutingReplay.rollout
+        message = SAMPLING_PARAMS.to_proto(self.spec.sampling, return_routed_experts=replay)
         if greedy:
             message.temperature = 0.0  # the engine's greedy
         return message
