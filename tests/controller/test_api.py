@@ -173,3 +173,30 @@ def test_max_new_tokens_beyond_the_models_positions_is_a_422_naming_it(client: T
     assert error["loc"] == ["body", "sampling", "max_new_tokens"] and "max_position_embeddings (512)" in error["msg"]
     assert client.get("/v1/jobs").json() == []
     assert client.post("/v1/jobs", json={**spec, "sampling": {"max_new_tokens": 511}}).status_code == 201
+
+
+def test_routing_replay_needs_a_model_with_routed_experts(client: TestClient, tiny_model_dirs, tmp_path: Path) -> None:
+    """algorithm.routing_replay 'rollout' is refused at submission (and at load) for a dense model, and for one with
+    more experts than uint8 ids name; taken for a mixture-of-experts model; 'off' asks nothing of the model."""
+    replay = {"routing_replay": "rollout"}
+    dense = client.post("/v1/jobs", json={**SPEC, "model_path": str(tiny_model_dirs("qwen3")), "algorithm": replay})
+    assert dense.status_code == 422, dense.text
+    (error,) = dense.json()["detail"]
+    assert error["loc"] == ["body", "algorithm", "routing_replay"]
+    assert "needs a mixture-of-experts model; 'qwen3' has no routed experts" in error["msg"]
+    with pytest.raises(ValueError, match="needs a mixture-of-experts model"):
+        load_job_data(JobSpec(**{**SPEC, "model_path": str(tiny_model_dirs("qwen3")), "algorithm": replay}))
+
+    wide = tmp_path / "wide-moe"
+    wide.mkdir()
+    (wide / "config.json").write_text('{"model_type": "qwen3_moe", "num_experts": 300, "num_experts_per_tok": 8, '
+                                      '"num_hidden_layers": 2}')
+    response = client.post("/v1/jobs", json={**SPEC, "model_path": str(wide), "algorithm": replay})
+    assert response.status_code == 422 and "at most 256 experts" in response.text
+    assert client.get("/v1/jobs").json() == [], "a rejected spec creates no job"
+
+    moe = client.post("/v1/jobs", json={**SPEC, "model_path": str(tiny_model_dirs("qwen3_moe")), "algorithm": replay})
+    assert moe.status_code == 201, moe.text
+    assert moe.json()["spec"]["algorithm"]["routing_replay"] == "rollout"
+    off = client.post("/v1/jobs", json={**SPEC, "model_path": str(tiny_model_dirs("qwen3"))})
+    assert off.status_code == 201 and off.json()["spec"]["algorithm"]["routing_replay"] == "off"

@@ -55,3 +55,22 @@ def test_a_restarted_trainer_gets_the_schedule_of_the_remaining_steps() -> None:
     assert (trainer_config(spec).warmup_steps, trainer_config(spec).total_steps) == (10, 100)
     assert (trainer_config(spec, 4).warmup_steps, trainer_config(spec, 4).total_steps) == (6, 96)
     assert (trainer_config(spec, 40).warmup_steps, trainer_config(spec, 40).total_steps) == (0, 60)
+
+
+def test_routed_experts_reach_the_trainer_as_the_engine_recorded_them(scheduler: C3POScheduler) -> None:
+    """Routing replay: each sample's routes (uint8 [position][moe layer][k]) cross the Redis score hash and reach its
+    TrainSample byte for byte; the trainer's config says replay is on."""
+    routes = {sample_id: bytes([i, (i + 3) % 8, 7, 1] * 2) for i, sample_id in enumerate("abc")}  # 2 positions
+
+    def scored(sample_id: str, reward: float) -> ScoredSample:
+        sequence = common_pb2.Sequence(prompt_ids=[1], output_ids=[2, 3], output_logprobs=[-0.5, -0.25],
+                                       output_versions=[0, 1], routed_experts=routes[sample_id])
+        stored = ScoredSample(sequence=sequence.SerializeToString(), reward=reward).model_dump_json()
+        return ScoredSample.model_validate_json(stored)  # as the scorer stores it in Redis and reads it back
+
+    batch = build_batch(["g0"], scheduler, {"a": scored("a", 1.0), "b": scored("b", 0.0), "c": scored("c", 0.0)},
+                        drop_zero_signal=True, normalize_std=False).samples
+    assert [s.routed_experts for s in batch] == [routes["a"], routes["b"], routes["c"]]
+    spec = JobSpec(model_path="/m", dataset={"train_path": "/d.jsonl"}, algorithm={"routing_replay": "rollout"})
+    assert trainer_config(spec).routing_replay == trainer_config(spec).DESCRIPTOR.fields_by_name[
+        "routing_replay"].enum_type.values_by_name["ROUTING_REPLAY_ROLLOUT"].number

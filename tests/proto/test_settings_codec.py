@@ -86,9 +86,10 @@ def test_message_only_fields_are_given_to_the_encoder() -> None:
 
 
 def test_a_codec_names_a_field_one_side_lacks() -> None:
-    partial = SettingsCodec(SamplingSettings, common_pb2.SamplingParams, settings_only={"dtype", "quantization"})
+    partial = SettingsCodec(SamplingSettings, common_pb2.SamplingParams, settings_only={"dtype", "quantization"},
+                            message_only={"return_routed_experts"})
     assert partial.unmapped() == ["everstep.v1.SamplingParams.seed"]
-    partial = SettingsCodec(SamplingSettings, common_pb2.SamplingParams, message_only={"seed"})
+    partial = SettingsCodec(SamplingSettings, common_pb2.SamplingParams, message_only={"seed", "return_routed_experts"})
     assert partial.unmapped() == ["SamplingSettings.dtype", "SamplingSettings.quantization"]
 
 
@@ -126,3 +127,15 @@ def test_the_settings_module_imports_neither_torch_nor_the_stubs() -> None:
             "print(sorted(m for m in ('torch', 'everstep.v1', 'grpc') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_moe_shape_reads_the_routing_of_a_config() -> None:
+    from everstep.model_config import moe_shape
+
+    assert moe_shape({"model_type": "qwen3", "num_hidden_layers": 4}) is None
+    shape = moe_shape({"num_experts": 8, "num_experts_per_tok": 2, "num_hidden_layers": 4, "decoder_sparse_step": 1,
+                       "mlp_only_layers": [1]})
+    assert (shape.num_experts, shape.top_k, shape.moe_layers) == (8, 2, (0, 2, 3))
+    shape = moe_shape({"num_local_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 4,
+                       "decoder_sparse_step": 2})
+    assert (shape.num_experts, shape.moe_layers) == (128, (1, 3))

@@ -3,7 +3,8 @@
 What can be told before the job runs: the verifiers of `reward.verifiers` and their `params` keys against
 the reward service's (the shared table `everstep.verifiers.VERIFIER_PARAMS`; the values are the reward
 service's to check, at the first score), and from the files: the model's chat template against `prompt.format`
-and `prompt.system`, the model's position limit against `sampling.max_new_tokens` (`model_limits`), and the
+and `prompt.system`, the model's position limit against `sampling.max_new_tokens` and its experts against
+`algorithm.routing_replay` (`model_limits`), and the
 dataset's fields against `dataset.*_field` (`dataset_columns`). A file that does
 not exist or cannot be read at submission is not checked here: the job then fails when it loads its data,
 with the cause in its record (a file may be written after the job is submitted). The job's load runs the
@@ -20,7 +21,7 @@ from everstep_controller.data.chat_template import ChatTemplateError, read_chat_
 from everstep_controller.data.dataset_columns import DatasetFieldError, check_dataset_fields
 from everstep_controller.data.prompt_rendering import resolve_prompt_format
 from everstep_controller.spec.job_spec import JobSpec, PromptFormat
-from everstep_controller.spec.model_limits import max_prompt_tokens
+from everstep_controller.spec.model_limits import check_routing_replay, max_prompt_tokens
 
 __all__ = ["JobInputError", "check_job_input", "check_verifiers"]
 
@@ -42,6 +43,7 @@ def check_job_input(spec: JobSpec) -> None:
     check_verifiers(spec)
     _check_prompt_format(spec)
     _check_lengths(spec)
+    _check_routing_replay(spec)
     _check_dataset_fields(spec)
 
 
@@ -64,6 +66,13 @@ def _check_lengths(spec: JobSpec) -> None:
         max_prompt_tokens(spec)
     except ValueError as e:
         raise JobInputError(("sampling", "max_new_tokens"), str(e)) from None
+
+
+def _check_routing_replay(spec: JobSpec) -> None:
+    try:
+        check_routing_replay(spec)
+    except ValueError as e:
+        raise JobInputError(("algorithm", "routing_replay"), str(e)) from None
 
 
 def _check_prompt_format(spec: JobSpec) -> None:

@@ -11,7 +11,7 @@ from everstep_controller.data.dataset_columns import check_dataset_fields
 from everstep_controller.data.prompt_rendering import load_prompt_encoder
 from everstep_controller.data.submission_checks import check_verifiers
 from everstep_controller.spec.job_spec import JobSpec
-from everstep_controller.spec.model_limits import max_prompt_tokens
+from everstep_controller.spec.model_limits import check_routing_replay, max_prompt_tokens
 from everstep_controller.store.job_store import DatasetReport
 
 __all__ = ["JobData", "load_job_data"]
@@ -33,6 +33,7 @@ def load_job_data(spec: JobSpec) -> JobData:
     check_verifiers(spec)  # as at submission: a job stored before that check fails here, before any worker
     if not Path(spec.model_path).is_dir():
         raise FileNotFoundError(f"model_path {spec.model_path!r} is not a directory")
+    check_routing_replay(spec)  # as at submission: a model written after it must have experts to replay
     encoder = load_prompt_encoder(spec.model_path, load_tokenizer(spec.model_path), spec.prompt)
     d = spec.dataset
     check_dataset_fields(d)  # as at submission (submission_checks): a field the file lacks fails the job

@@ -8,19 +8,41 @@ import json
 from pathlib import Path
 
 from everstep import model_config
+from everstep.settings import RoutingReplay
 from everstep_controller.spec.job_spec import JobSpec
 
-__all__ = ["max_prompt_tokens", "position_limit"]
+__all__ = ["check_routing_replay", "max_prompt_tokens", "position_limit"]
+
+
+def _config(model_path: str) -> dict | None:
+    """The model's config.json; None when it cannot be read here."""
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
 
 
 def position_limit(model_path: str) -> int | None:
     """The model's position limit (`everstep.model_config.position_limit`); None when its config.json cannot be
     read here or states none."""
-    try:
-        config = json.loads((Path(model_path) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return model_config.position_limit(config) if isinstance(config, dict) else None
+    config = _config(model_path)
+    return model_config.position_limit(config) if config is not None else None
+
+
+def check_routing_replay(spec: JobSpec) -> None:
+    """ValueError naming algorithm.routing_replay when it is on for a model that has no experts to replay, or more
+    than routed expert ids can name; nothing to check when the model's config.json cannot be read here."""
+    config = _config(spec.model_path)
+    if spec.algorithm.routing_replay != RoutingReplay.rollout or config is None:
+        return
+    shape = model_config.moe_shape(config)
+    if shape is None or not shape.moe_layers:
+        raise ValueError(f"algorithm.routing_replay 'rollout' needs a mixture-of-experts model; "
+                         f"{config.get('model_type', 'this model')!r} has no routed experts")
+    if shape.num_experts > model_config.MAX_ROUTED_EXPERTS:
+        raise ValueError(f"algorithm.routing_replay 'rollout' takes models of at most "
+                         f"{model_config.MAX_ROUTED_EXPERTS} experts (uint8 ids); this one has {shape.num_experts}")
 
 
 def max_prompt_tokens(spec: JobSpec) -> int | None:
