@@ -82,6 +82,15 @@ class StepMetrics(_EveryStep):
     padding_fraction: float | None = Field(
         default=None, description="Of the token positions the trainer's forward-backward passes computed (right-padded "
                                   "micro-batches), the fraction that were padding.")
+    routing_disagreement: float | None = Field(
+        default=None, description="Mixture-of-experts models: of the (token, MoE layer) pairs of the batch, the "
+                                  "fraction whose top-k expert set under the trainer's own router differs from the "
+                                  "engine's recorded one (the routing mismatch; routing replay makes the trainer use "
+                                  "the engine's sets regardless); 0 for dense models or without recorded routes.")
+    routing_disagreement_fresh: float | None = Field(
+        default=None, description="routing_disagreement over the fresh tokens (0: none).")
+    routing_disagreement_stale: float | None = Field(
+        default=None, description="routing_disagreement over the stale tokens (0: none).")
 
     @model_serializer(mode="wrap")
     def _without_absent_train_stats(self, handler: SerializerFunctionWrapHandler):
