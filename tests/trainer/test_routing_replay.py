@@ -331,16 +331,21 @@ def test_train_step_over_grpc_reports_routing_disagreement_and_names_bad_routes(
 
 
 @pytest.mark.slow
-def test_two_ranks_with_replay_equal_one_rank(moe_dir: Path) -> None:
+@pytest.mark.parametrize("extra", [{"ppo_epochs": 2}, {"packing": True}, {"kl_coef": 0.05}])
+def test_two_ranks_with_replay_equal_one_rank(moe_dir: Path, extra: dict) -> None:
     engine = _perturbed(load_causal_lm(moe_dir))
     batches = [_with_routes(batch, engine) for batch in check_batches(51, num_steps=2)]
-    config = check_config(routing_replay="rollout", kl_coef=0.05)
+    config = check_config(routing_replay="rollout", **extra)
     one = train_on_one_rank(moe_dir, config, batches)
     two = train_on_ranks(moe_dir, config, batches, world_size=2)
     assert two.losses == pytest.approx(one.losses, rel=1e-5, abs=1e-7)
     assert two.grad_norms == pytest.approx(one.grad_norms, rel=1e-5)
     assert two.routing_disagreements == pytest.approx(one.routing_disagreements, abs=1e-12)
     assert one.routing_disagreements[0] > 0
-    assert max_weight_difference(one.weights, two.weights) < 1e-5
-    off = train_on_one_rank(moe_dir, check_config(kl_coef=0.05), batches)
+    if "kl_coef" not in extra:
+        # (With the KL reference, an expert that only masked tokens reach gets a gradient of float noise alone
+        # (~1e-11: the policy equals the reference at first), which AdamW's first step turns into +-lr either
+        # way; the replay itself is compared by the losses and gradient norms above.)
+        assert max_weight_difference(one.weights, two.weights) < 1e-5
+    off = train_on_one_rank(moe_dir, check_config(**extra), batches)
     assert max_weight_difference(one.weights, off.weights) > 1e-4  # replay did change the training
