@@ -45,6 +45,7 @@ class RankRunResult:
     """Names of the modules FSDP2 wrapped (each one FSDP unit; "" is the root); empty on one rank."""
     local_shapes: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     """Each parameter's shape on rank 0: its shard with several ranks, the whole tensor with one."""
+    routing_disagreements: list[float] = dataclasses.field(default_factory=list)
 
 
 def _run(model_dir: Path, config: TrainerConfig, batches: Sequence[Sequence[TrainSample]], *,
@@ -55,13 +56,14 @@ def _run(model_dir: Path, config: TrainerConfig, batches: Sequence[Sequence[Trai
         trainer, _ = PolicyTrainer.resume(resume_from, config, device="cpu")
     else:
         trainer = PolicyTrainer(model_dir, config, device="cpu")
-    losses, grad_norms, kls, versions = [], [], [], []
+    losses, grad_norms, kls, versions, disagreements = [], [], [], [], []
     for step, batch in enumerate(batches, start=1):
         version, stats = trainer.train_step(batch)
         losses.append(stats.loss)
         grad_norms.append(stats.grad_norm)
         kls.append(stats.mismatch_kl)
         versions.append(version)
+        disagreements.append(stats.routing_disagreement)
         if checkpoint_dir is not None and step == checkpoint_after:
             trainer.save_checkpoint(checkpoint_dir, data_position=f"after-step-{step}")
     weights = {name: t.detach().clone() for name, t in trainer.full_state_dict().items()}
@@ -70,7 +72,7 @@ def _run(model_dir: Path, config: TrainerConfig, batches: Sequence[Sequence[Trai
     fsdp_units = [name for name, module in trainer.model.named_modules() if isinstance(module, FSDPModule)]
     local_shapes = {name: list(p.to_local().shape if hasattr(p, "to_local") else p.shape)
                     for name, p in trainer.model.named_parameters()}
-    return RankRunResult(losses, grad_norms, kls, versions, weights, fsdp_units, local_shapes)
+    return RankRunResult(losses, grad_norms, kls, versions, weights, fsdp_units, local_shapes, disagreements)
 
 
 def train_on_one_rank(model_dir: Path, config: TrainerConfig, batches: Sequence[Sequence[TrainSample]], *,

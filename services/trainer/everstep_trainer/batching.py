@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["PackedRows", "PaddedBatch", "TrainSample", "pack_micro_batches", "pad_samples", "split_micro_batches",
-           "validate_samples"]
+__all__ = ["PackedRows", "PaddedBatch", "RouteSpec", "TrainSample", "pack_micro_batches", "pad_samples",
+           "split_micro_batches", "validate_samples"]
 
 
 @dataclass(frozen=True)
@@ -33,10 +33,30 @@ class TrainSample:
     advantage: float
     output_versions: Sequence[int] = ()
     """Policy version of the engine when it generated each output token; empty: unknown (counted as fresh)."""
+    routed_experts: bytes = b""
+    """Mixture-of-experts routing replay: the engine's expert ids (uint8) laid out [position][moe layer][k] for
+    the num_tokens - 1 positions the engine took as input (every token but the last output one); empty: none."""
 
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_routed_positions(self) -> int:
+        """Positions `routed_experts` covers: every token but the last output token."""
+        return self.num_tokens - 1
+
+
+@dataclass(frozen=True)
+class RouteSpec:
+    """The routing of an MoE model as `TrainSample.routed_experts` must lay it out, and whether every sample
+    must carry it (routing replay on)."""
+
+    num_layers: int
+    """MoE layers (routers), in order."""
+    top_k: int
+    num_experts: int
+    required: bool = False
 
 
 @dataclass(frozen=True)
@@ -55,6 +75,11 @@ class PaddedBatch:
     """[B] float32."""
     output_versions: Tensor
     """[B, L] int64, each output token's policy version; -1 elsewhere and where the sample gave none."""
+    routes: Tensor | None = None
+    """[B, L, moe layers, top_k] uint8: the engine's expert ids of each position (`TrainSample.routed_experts`);
+    None when no sample carries routes (or they were not asked for). Any valid id where `route_mask` is False."""
+    route_mask: Tensor | None = None
+    """[B, L] bool: the positions with a recorded route (a sample's every token but its last), with `routes`."""
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -70,11 +95,34 @@ class PaddedBatch:
             rollout_logp=self.rollout_logp.index_select(0, index)[:, :length],
             advantages=self.advantages.index_select(0, index),
             output_versions=self.output_versions.index_select(0, index)[:, :length],
+            routes=None if self.routes is None else self.routes.index_select(0, index)[:, :length],
+            route_mask=None if self.route_mask is None else self.route_mask.index_select(0, index)[:, :length],
         )
 
+    def flat_routes(self, packed: PackedRows | None = None) -> tuple[Tensor, Tensor] | None:
+        """The routes in the token order the model's routers see: (expert ids [N, layers, top_k], has-route
+        mask [N]) over the B * L positions of the padded batch, row-major, or with `packed` over its R * W
+        positions (each sample's routes at its row segment); None without routes. Padding gets expert ids 0
+        and no route."""
+        if self.routes is None or self.route_mask is None:
+            return None
+        if packed is None:
+            return self.routes.reshape(-1, *self.routes.shape[2:]), self.route_mask.reshape(-1)
+        real = self.attention_mask.bool()
+        size = packed.input_ids.numel()
+        routes = torch.zeros((size, *self.routes.shape[2:]), dtype=self.routes.dtype, device=self.routes.device)
+        mask = torch.zeros(size, dtype=torch.bool, device=self.route_mask.device)
+        routes[packed.source] = self.routes[real]
+        mask[packed.source] = self.route_mask[real]
+        return routes, mask
 
-def validate_samples(samples: Sequence[TrainSample], *, vocab_size: int | None = None) -> None:
-    """ValueError naming the offending field (`samples[i].rollout_logprobs`, ...) on bad input."""
+
+def validate_samples(samples: Sequence[TrainSample], *, vocab_size: int | None = None,
+                     routing: RouteSpec | None = None) -> None:
+    """ValueError naming the offending field (`samples[i].rollout_logprobs`, ...) on bad input.
+
+    `routing` (an MoE model; None: dense, routes are ignored): a sample's `routed_experts`, when given (always,
+    when `routing.required`), must hold num_tokens - 1 positions x num_layers x top_k ids < num_experts."""
     if not samples:
         raise ValueError("samples: at least one sample is required")
     for i, sample in enumerate(samples):
@@ -100,11 +148,34 @@ def validate_samples(samples: Sequence[TrainSample], *, vocab_size: int | None =
             ids = getattr(sample, field)
             if min(ids) < 0 or (vocab_size is not None and max(ids) >= vocab_size):
                 raise ValueError(f"samples[{i}].{field}: token ids must be in [0, {vocab_size})")
+        if routing is not None:
+            _validate_routes(i, sample, routing)
+
+
+def _validate_routes(i: int, sample: TrainSample, routing: RouteSpec) -> None:
+    routes = sample.routed_experts
+    if not routes:
+        if routing.required:
+            raise ValueError(f"samples[{i}].routed_experts: missing; routing replay (config.routing_replay rollout) "
+                             "needs the engine's routes of every sample")
+        return
+    per_position = routing.num_layers * routing.top_k
+    expected = sample.num_routed_positions * per_position
+    if len(routes) != expected:
+        raise ValueError(
+            f"samples[{i}].routed_experts: {len(routes)} bytes, expected {expected}: "
+            f"{sample.num_routed_positions} positions (len(prompt_ids) + len(output_ids) - 1) x "
+            f"{routing.num_layers} MoE layers x top-{routing.top_k} expert ids (uint8)")
+    largest = max(routes)
+    if largest >= routing.num_experts:
+        raise ValueError(f"samples[{i}].routed_experts: expert id {largest} is out of range; the model has "
+                         f"{routing.num_experts} experts")
 
 
 def pad_samples(samples: Sequence[TrainSample], *, pad_token_id: int,
-                device: torch.device | str = "cpu") -> PaddedBatch:
-    """Right-pad prompt + output of every sample into one batch."""
+                device: torch.device | str = "cpu", routing: RouteSpec | None = None) -> PaddedBatch:
+    """Right-pad prompt + output of every sample into one batch. `routing`: also lay out the samples'
+    `routed_experts` (validated, see `validate_samples`) as `PaddedBatch.routes`, when any sample has them."""
     length = max(s.num_tokens for s in samples)
     batch = len(samples)
     input_ids = torch.full((batch, length), pad_token_id, dtype=torch.long)
@@ -121,8 +192,19 @@ def pad_samples(samples: Sequence[TrainSample], *, pad_token_id: int,
         if sample.output_versions:
             output_versions[row, num_prompt:num_total] = torch.tensor(list(sample.output_versions), dtype=torch.long)
     advantages = torch.tensor([float(s.advantage) for s in samples], dtype=torch.float32)
+    routes = route_mask = None
+    if routing is not None and any(s.routed_experts for s in samples):
+        routes = torch.zeros((batch, length, routing.num_layers, routing.top_k), dtype=torch.uint8)
+        route_mask = torch.zeros((batch, length), dtype=torch.bool)
+        for row, sample in enumerate(samples):
+            if sample.routed_experts:
+                n = sample.num_routed_positions
+                routes[row, :n] = torch.frombuffer(bytearray(sample.routed_experts), dtype=torch.uint8).reshape(
+                    n, routing.num_layers, routing.top_k)
+                route_mask[row, :n] = True
+        routes, route_mask = routes.to(device), route_mask.to(device)
     return PaddedBatch(input_ids.to(device), attention_mask.to(device), output_mask.to(device),
-                       rollout_logp.to(device), advantages.to(device), output_versions.to(device))
+                       rollout_logp.to(device), advantages.to(device), output_versions.to(device), routes, route_mask)
 
 
 def split_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:

@@ -36,6 +36,9 @@ ENTROPY = Gauge("everstep_trainer_entropy", "Mean per-token policy entropy in th
 LEARNING_RATE = Gauge("everstep_trainer_learning_rate", "Learning rate of the latest train step.")
 PADDING_FRACTION = Gauge("everstep_trainer_padding_fraction",
                          "Of the token positions the latest step's forward-backward passes computed, the padding.")
+ROUTING_DISAGREEMENT = Gauge("everstep_trainer_routing_disagreement",
+                             "MoE: of the latest step's (token, MoE layer) pairs with an engine route, the fraction "
+                             "whose top-k set under the trainer's own router differs (0 without routes).")
 POLICY_VERSION = Gauge("everstep_trainer_policy_version", "Policy version of the trainer's current weights.")
 STEPS = Counter("everstep_trainer_steps", "Train steps completed.")
 WEIGHT_PUSH_BYTES = Counter("everstep_trainer_weight_push_bytes",
@@ -70,6 +73,7 @@ def observe_train_step(stats: TrainStats, version: int) -> None:
     ENTROPY.set(stats.entropy)
     LEARNING_RATE.set(stats.learning_rate)
     PADDING_FRACTION.set(stats.padding_fraction)
+    ROUTING_DISAGREEMENT.set(stats.routing_disagreement)
     POLICY_VERSION.set(version)
     STEPS.inc()
 

@@ -11,10 +11,18 @@ whole minibatch, which it computes from the samples' lengths; gradients are summ
 so the step equals the one-rank step up to floating-point summation order. Every rank runs the same
 number of forward/backward passes (a rank with fewer micro-batches adds passes whose loss is
 multiplied by 0), because each pass is a collective. Statistics are reduced across ranks.
+
+Routing replay (`TrainerConfig.routing_replay` rollout, MoE models): every forward of the step (the old
+log-prob pass, every micro-batch forward/backward, and the KL reference's pass) runs inside
+`routing.replay_routes` with the engine's recorded expert sets of the micro-batch's tokens, laid out as the
+model sees them (padded or packed, `PaddedBatch.flat_routes`). The old log-prob pass also counts how often
+the trainer's own top-k set differs from the engine's (`TrainStats.routing_disagreement`), whether or not
+replay is on, whenever the samples carry routes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -25,10 +33,11 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from everstep.settings import Aggregation, TrainerConfig
+from everstep.settings import Aggregation, RoutingReplay, TrainerConfig
 from everstep_trainer.batching import (
     PackedRows,
     PaddedBatch,
+    RouteSpec,
     TrainSample,
     pack_micro_batches,
     pad_samples,
@@ -71,6 +80,7 @@ from everstep_trainer.losses import (
     token_policy_loss,
 )
 from everstep_trainer.optim import build_adamw, learning_rate_at, set_learning_rate
+from everstep_trainer.routing import RouteCounts, check_replay_supported, replay_routes, route_spec
 
 __all__ = ["PolicyTrainer", "TrainStats"]
 
@@ -115,6 +125,10 @@ class TrainStats:
     padding_fraction: float
     """Of the token positions the forward-backward passes computed (micro-batches of right-padded rows,
     every epoch), the fraction that were padding."""
+    routing_disagreement: float = 0.0
+    """MoE models with recorded routes: of the (token, MoE layer) pairs with a route in the old log-prob pass,
+    the fraction whose top-k set under the trainer's own router differs from the engine's (layer l's router
+    sees the hidden state of the replayed layers before it when replay is on); 0.0 otherwise."""
 
 
 @dataclass(frozen=True)
@@ -174,6 +188,16 @@ class PolicyTrainer:
             self.reference.requires_grad_(False)
         self.vocab_size = int(self.model.get_input_embeddings().num_embeddings)
         self.num_parameters = sum(p.numel() for p in self.model.parameters())
+        self.replay = config.routing_replay == RoutingReplay.rollout
+        if self.replay:
+            check_replay_supported(self.model)  # before sharding: it calls the routers on their own
+            if self.reference is not None:
+                check_replay_supported(self.reference)
+                if route_spec(self.reference) != route_spec(self.model):
+                    raise ValueError("config.routing_replay: the KL reference model routes differently from the "
+                                     "policy (MoE layers, top_k, experts); replay needs one layout for both")
+        self.routing: RouteSpec | None = route_spec(self.model, required=self.replay)
+        """The layout of the samples' routes (None: a dense model, whose samples' routes are ignored)."""
         if self.ranks.is_distributed:
             parallelize(self.model)
             if self.reference is not None:
@@ -245,28 +269,36 @@ class PolicyTrainer:
 
     # -- the train step ---------------------------------------------------------------------------------
 
+    def check_samples(self, samples: Sequence[TrainSample]) -> None:
+        """ValueError naming the field unless `train_step` can train on `samples` (no collective: rank 0 calls
+        it alone before handing a batch to every rank)."""
+        validate_samples(samples, vocab_size=self.vocab_size, routing=self.routing)
+        if len(samples) < self.ranks.world_size:
+            raise ValueError(f"samples: a batch of {len(samples)} cannot give each of the "
+                             f"{self.ranks.world_size} trainer ranks a sample")
+        if self.config.num_minibatches > len(samples):
+            raise ValueError(f"num_minibatches: {self.config.num_minibatches} exceeds the batch size {len(samples)}")
+
     def train_step(self, samples: Sequence[TrainSample]) -> tuple[int, TrainStats]:
         """Train on one batch (the whole batch, on every rank); returns the new policy version and
         the step's statistics (over the whole batch)."""
         cfg = self.config
-        validate_samples(samples, vocab_size=self.vocab_size)
-        if len(samples) < self.ranks.world_size:
-            raise ValueError(f"samples: a batch of {len(samples)} cannot give each of the "
-                             f"{self.ranks.world_size} trainer ranks a sample")
-        if cfg.num_minibatches > len(samples):
-            raise ValueError(f"num_minibatches: {cfg.num_minibatches} exceeds the batch size {len(samples)}")
+        self.check_samples(samples)
         learning_rate = learning_rate_at(self.num_train_steps, learning_rate=cfg.learning_rate,
                                          warmup_steps=cfg.warmup_steps, total_steps=cfg.total_steps)
         set_learning_rate(self.optimizer, learning_rate)
         own_rows = assign_rows([s.num_tokens for s in samples], self.ranks)
         local_row = {row: i for i, row in enumerate(own_rows)}
         num_outputs = [len(s.output_ids) for s in samples]
-        batch = pad_samples([samples[row] for row in own_rows], pad_token_id=self.pad_token_id, device=self.device)
+        batch = pad_samples([samples[row] for row in own_rows], pad_token_id=self.pad_token_id, device=self.device,
+                            routing=self.routing)
 
         start = self._now()
-        old_logp = self._score(self.model, batch)
+        counts = RouteCounts()
+        old_logp = self._score(self.model, batch, counts)
         reference_logp = self._score(self.reference, batch) if self.reference is not None else None
         logp_seconds = self._now() - start
+        differing, routed = all_reduce_sum(list(counts.sums()), self.ranks, self.device)
         diagnostics = self._reduce_mismatch(mismatch_sums(old_logp, batch.rollout_logp, batch.output_mask,
                                                           alpha=cfg.alpha, beta=cfg.beta)).diagnostics()
         fresh_mask, stale_mask = staleness_masks(batch.output_mask, batch.output_versions, self.version)
@@ -316,6 +348,7 @@ class PolicyTrainer:
             num_tokens_fresh=fresh.num_valid,
             num_tokens_stale=stale.num_valid,
             padding_fraction=1.0 - real / computed if computed else 0.0,
+            routing_disagreement=differing / routed if routed else 0.0,
         )
         return self.version, stats
 
@@ -364,13 +397,24 @@ class PolicyTrainer:
         return MismatchSums(num_valid=int(num_valid), num_masked=int(num_masked), k3_sum=k3_sum,
                             logp_diff_abs_sum=diff_sum, logp_diff_max=diff_max)
 
+    def _routing(self, model: torch.nn.Module, micro: PaddedBatch, packed: PackedRows | None,
+                 counts: RouteCounts | None = None) -> contextlib.AbstractContextManager:
+        """Routing replay (and, with `counts`, the disagreement count) for one forward of `model` on `micro`
+        (laid out as `packed`, or padded); a no-op without replay and counts, or without routes."""
+        flat = micro.flat_routes(packed) if self.routing is not None else None
+        if flat is None or not (self.replay or counts is not None):
+            return contextlib.nullcontext()
+        return replay_routes(model, *flat, replay=self.replay, counts=counts)
+
     @torch.no_grad()
-    def _score(self, model: torch.nn.Module, batch: PaddedBatch) -> Tensor:
-        """[B, L] log-probs of the output tokens under `model`, without gradient."""
+    def _score(self, model: torch.nn.Module, batch: PaddedBatch, counts: RouteCounts | None = None) -> Tensor:
+        """[B, L] log-probs of the output tokens under `model`, without gradient (with routing replay on, under
+        the batch's routes); `counts`: count the routing disagreement of the real passes."""
         logp = torch.zeros_like(batch.rollout_logp)
         for pass_ in self._micro_batches(batch, list(range(len(batch)))):
             micro, packed = pass_.select(batch, self.pad_token_id)
-            with autocast_context(self.device, self.config.dtype):
+            routing = self._routing(model, micro, packed, counts if pass_.real else None)
+            with routing, autocast_context(self.device, self.config.dtype):
                 micro_logp = compute_token_logprobs(model, micro.input_ids, micro.attention_mask,
                                                     micro.output_mask, self.config.temperature, packed=packed)
             if pass_.real:
@@ -385,7 +429,7 @@ class PolicyTrainer:
         for pass_ in self._micro_batches(batch, indices):
             micro, packed = pass_.select(batch, self.pad_token_id)
             rows, length = torch.as_tensor(pass_.rows, device=self.device), micro.input_ids.shape[1]
-            with autocast_context(self.device, cfg.dtype):
+            with self._routing(self.model, micro, packed), autocast_context(self.device, cfg.dtype):
                 logp, entropy = compute_token_logprobs_and_entropy(
                     self.model, micro.input_ids, micro.attention_mask, micro.output_mask, cfg.temperature,
                     differentiable_entropy=cfg.entropy_coef > 0, packed=packed)

@@ -21,7 +21,7 @@ from everstep.settings_codec import TRAINER_CONFIG
 from everstep.transport import bind, new_server
 from everstep.v1 import trainer_pb2, trainer_pb2_grpc
 from everstep_trainer import metrics
-from everstep_trainer.batching import TrainSample, validate_samples
+from everstep_trainer.batching import TrainSample
 from everstep_trainer.checkpoint import read_checkpoint_meta
 from everstep_trainer.distributed import init_distributed_from_env, rank_device
 from everstep_trainer.policy_trainer import PolicyTrainer, TrainStats
@@ -58,10 +58,11 @@ def stats_to_proto(stats: TrainStats) -> trainer_pb2.TrainStats:
 
 
 def _samples_from_proto(request: trainer_pb2.TrainStepRequest) -> list[TrainSample]:
-    """The request's samples; their fields are checked by `validate_samples` (in the train step)."""
+    """The request's samples; their fields are checked by `PolicyTrainer.check_samples`."""
     return [TrainSample(prompt_ids=list(s.prompt_ids), output_ids=list(s.output_ids),
                         rollout_logprobs=list(s.rollout_logprobs), advantage=s.advantage,
-                        output_versions=list(s.output_versions)) for s in request.samples]
+                        output_versions=list(s.output_versions), routed_experts=bytes(s.routed_experts))
+            for s in request.samples]
 
 
 class TrainerService(trainer_pb2_grpc.TrainerServicer):
@@ -138,13 +139,7 @@ class TrainerService(trainer_pb2_grpc.TrainerServicer):
             trainer = self._require_trainer(context)
             try:
                 samples = _samples_from_proto(request)
-                validate_samples(samples, vocab_size=trainer.vocab_size)
-                if len(samples) < trainer.ranks.world_size:
-                    raise ValueError(f"samples: a batch of {len(samples)} cannot give each of the "
-                                     f"{trainer.ranks.world_size} trainer ranks a sample")
-                if trainer.config.num_minibatches > len(samples):
-                    raise ValueError(f"num_minibatches: {trainer.config.num_minibatches} exceeds the batch size "
-                                     f"{len(samples)}")
+                trainer.check_samples(samples)  # on rank 0 alone, before any rank starts the step
                 version, stats = self._runner.train_step(samples)
             except ValueError as e:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
