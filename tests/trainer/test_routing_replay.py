@@ -98,7 +98,7 @@ def test_replaying_the_models_own_routes_changes_nothing(moe_dir: Path) -> None:
     counts = RouteCounts()
     replayed = _logp(model, batch, counts=counts)
     assert torch.allclose(replayed, plain, atol=1e-6, rtol=0)
-    assert counts.sums() == (0.0, float(batch.route_mask.sum() * NUM_LAYERS))
+    assert counts.sums()[:2] == (0.0, float(batch.route_mask.sum() * NUM_LAYERS))
     packed = _packed(batch)
     assert torch.allclose(_logp(model, batch, packed), plain, atol=1e-5, rtol=0)
 
@@ -211,6 +211,36 @@ def test_a_train_step_with_own_routes_equals_one_without_replay(moe_dir: Path) -
     assert on_stats.loss == pytest.approx(off_stats.loss, abs=1e-6)
     assert max_weight_difference(off_weights, on_weights) < 1e-6
     assert (off_stats.routing_disagreement, on_stats.routing_disagreement) == (0.0, 0.0)
+
+
+def test_a_positions_route_is_stale_when_an_older_version_sampled_the_token_after_it() -> None:
+    """Prompt positions: the version of the first output token (the prefill sampled it); output position p: the
+    version of the token at p + 1; the last position has no route; -1 (unknown) counts as fresh."""
+    samples = [TrainSample(prompt_ids=[1, 5, 6], output_ids=[7, 8, 9, 10], rollout_logprobs=[-1.0] * 4,
+                           advantage=1.0, output_versions=[1, 1, 2, 2]),
+               TrainSample(prompt_ids=[1, 5], output_ids=[7, 8], rollout_logprobs=[-1.0] * 2, advantage=-1.0,
+                           output_versions=[2, 2])]
+    batch = pad_samples(samples, pad_token_id=0)
+    stale = batch.flat_stale_routes(2).reshape(len(samples), -1)
+    assert stale.tolist() == [[True, True, True, True, False, False, False],
+                              [False, False, False, False, False, False, False]]
+    assert not batch.flat_stale_routes(1).any() and batch.flat_stale_routes(3)[:6].all()
+    packed = PackedRows.build(batch.input_ids, batch.attention_mask, [[0, 1]], width=11, pad_token_id=0)
+    assert batch.flat_stale_routes(2, packed).tolist() == [True] * 4 + [False] * 7
+
+
+def test_routing_disagreement_is_split_into_fresh_and_stale_positions(moe_dir: Path) -> None:
+    """The trainer at version 2: samples of version 2 bring its own routes (no disagreement), samples of version 1
+    (carried over) a perturbed engine's; every stale position is of the latter, so fresh is 0 and stale > 0."""
+    model = load_causal_lm(moe_dir)
+    samples = check_batches(51, num_steps=1)[0]
+    fresh = [dataclasses.replace(s, output_versions=[2] * len(s.output_ids)) for s in samples[:2]]
+    stale = [dataclasses.replace(s, output_versions=[1] * len(s.output_ids)) for s in samples[2:]]
+    trainer = PolicyTrainer(moe_dir, check_config(num_minibatches=1, routing_replay="rollout"), device="cpu",
+                            version=2)
+    _, stats = trainer.train_step([*_with_routes(fresh, model), *_with_routes(stale, _perturbed(model))])
+    assert stats.routing_disagreement_fresh == 0.0
+    assert 0.0 < stats.routing_disagreement < stats.routing_disagreement_stale < 1.0
 
 
 def test_replay_in_every_forward_of_the_step_and_the_reference(moe_dir: Path,

@@ -116,6 +116,23 @@ class PaddedBatch:
         mask[packed.source] = self.route_mask[real]
         return routes, mask
 
+    def flat_stale_routes(self, current_version: int, packed: PackedRows | None = None) -> Tensor:
+        """[N] bool in `flat_routes`' order: the positions whose route an older policy than `current_version`
+        computed. A position's route was computed when the engine sampled the token after it (an output
+        position) or its first token (a prompt position, at the prefill): that token's version, -1 (unknown)
+        counting as fresh, as `losses.staleness_masks` does."""
+        versions = torch.full_like(self.output_versions, -1)
+        versions[:, :-1] = self.output_versions[:, 1:]  # output position p: the version of the token at p + 1
+        first_output = self.output_mask.long().argmax(dim=1, keepdim=True)
+        before_outputs = torch.arange(versions.shape[1], device=versions.device)[None, :] < first_output
+        versions = torch.where(before_outputs, self.output_versions.gather(1, first_output), versions)
+        stale = (versions >= 0) & (versions < current_version)
+        if packed is None:
+            return stale.reshape(-1)
+        flat = torch.zeros(packed.input_ids.numel(), dtype=torch.bool, device=stale.device)
+        flat[packed.source] = stale[self.attention_mask.bool()]
+        return flat
+
 
 def validate_samples(samples: Sequence[TrainSample], *, vocab_size: int | None = None,
                      routing: RouteSpec | None = None) -> None:

@@ -39,6 +39,10 @@ PADDING_FRACTION = Gauge("everstep_trainer_padding_fraction",
 ROUTING_DISAGREEMENT = Gauge("everstep_trainer_routing_disagreement",
                              "MoE: of the latest step's (token, MoE layer) pairs with an engine route, the fraction "
                              "whose top-k set under the trainer's own router differs (0 without routes).")
+ROUTING_DISAGREEMENT_BY_STALENESS = Gauge(
+    "everstep_trainer_routing_disagreement_by_staleness",
+    "routing_disagreement over the latest step's fresh positions (routes computed by the version trained) or stale "
+    "ones (an older version: carried over); 0 for a group without routes.", ["tokens"])
 POLICY_VERSION = Gauge("everstep_trainer_policy_version", "Policy version of the trainer's current weights.")
 STEPS = Counter("everstep_trainer_steps", "Train steps completed.")
 WEIGHT_PUSH_BYTES = Counter("everstep_trainer_weight_push_bytes",
@@ -67,6 +71,7 @@ def observe_train_step(stats: TrainStats, version: int) -> None:
         MASKED_FRACTION_BY_STALENESS.labels(tokens=tokens).set(getattr(stats, f"masked_fraction_{tokens}"))
         MISMATCH_KL_BY_STALENESS.labels(tokens=tokens).set(getattr(stats, f"mismatch_kl_{tokens}"))
         TOKENS_BY_STALENESS.labels(tokens=tokens).set(getattr(stats, f"num_tokens_{tokens}"))
+        ROUTING_DISAGREEMENT_BY_STALENESS.labels(tokens=tokens).set(getattr(stats, f"routing_disagreement_{tokens}"))
     LOGP_DIFF_ABS_MEAN.set(stats.logp_diff_abs_mean)
     LOGP_DIFF_MAX.set(stats.logp_diff_max)
     CLIP_FRACTION.set(stats.clip_fraction)

@@ -129,6 +129,11 @@ class TrainStats:
     """MoE models with recorded routes: of the (token, MoE layer) pairs with a route in the old log-prob pass,
     the fraction whose top-k set under the trainer's own router differs from the engine's (layer l's router
     sees the hidden state of the replayed layers before it when replay is on); 0.0 otherwise."""
+    routing_disagreement_fresh: float = 0.0
+    """routing_disagreement over the positions whose route the version trained computed (see
+    `PaddedBatch.flat_stale_routes`)."""
+    routing_disagreement_stale: float = 0.0
+    """routing_disagreement over the positions whose route an older version computed (carried-over rollouts)."""
 
 
 @dataclass(frozen=True)
@@ -298,7 +303,8 @@ class PolicyTrainer:
         old_logp = self._score(self.model, batch, counts)
         reference_logp = self._score(self.reference, batch) if self.reference is not None else None
         logp_seconds = self._now() - start
-        differing, routed = all_reduce_sum(list(counts.sums()), self.ranks, self.device)
+        differing, routed, differing_stale, routed_stale = all_reduce_sum(list(counts.sums()), self.ranks,
+                                                                           self.device)
         diagnostics = self._reduce_mismatch(mismatch_sums(old_logp, batch.rollout_logp, batch.output_mask,
                                                           alpha=cfg.alpha, beta=cfg.beta)).diagnostics()
         fresh_mask, stale_mask = staleness_masks(batch.output_mask, batch.output_versions, self.version)
@@ -349,6 +355,9 @@ class PolicyTrainer:
             num_tokens_stale=stale.num_valid,
             padding_fraction=1.0 - real / computed if computed else 0.0,
             routing_disagreement=differing / routed if routed else 0.0,
+            routing_disagreement_fresh=(differing - differing_stale) / (routed - routed_stale)
+            if routed > routed_stale else 0.0,
+            routing_disagreement_stale=differing_stale / routed_stale if routed_stale else 0.0,
         )
         return self.version, stats
 
@@ -404,6 +413,8 @@ class PolicyTrainer:
         flat = micro.flat_routes(packed) if self.routing is not None else None
         if flat is None or not (self.replay or counts is not None):
             return contextlib.nullcontext()
+        if counts is not None:
+            counts.stale = micro.flat_stale_routes(self.version, packed)
         return replay_routes(model, *flat, replay=self.replay, counts=counts)
 
     @torch.no_grad()

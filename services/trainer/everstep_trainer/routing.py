@@ -183,17 +183,22 @@ def check_replay_supported(model: torch.nn.Module) -> None:
 
 @dataclass
 class RouteCounts:
-    """(token, MoE layer) pairs with a recorded route, and those whose own top-k set differed from it."""
+    """(token, MoE layer) pairs with a recorded route, and those whose own top-k set differed from it; of them,
+    those at stale positions (`stale`: the [N] mask of the forward being counted, in the routes' order)."""
 
     differing: list[Tensor] = field(default_factory=list)
     total: list[Tensor] = field(default_factory=list)
+    differing_stale: list[Tensor] = field(default_factory=list)
+    total_stale: list[Tensor] = field(default_factory=list)
+    stale: Tensor | None = None
 
-    def sums(self) -> tuple[float, float]:
-        """(differing, total) as floats (one device sync)."""
+    def sums(self) -> tuple[float, float, float, float]:
+        """(differing, total, differing at stale positions, total at stale positions) as floats (one sync)."""
         if not self.total:
-            return 0.0, 0.0
-        values = torch.stack([torch.stack(self.differing).sum(), torch.stack(self.total).sum()]).tolist()
-        return float(values[0]), float(values[1])
+            return 0.0, 0.0, 0.0, 0.0
+        parts = (self.differing, self.total, self.differing_stale, self.total_stale)
+        values = torch.stack([torch.stack(p).sum() if p else self.total[0] * 0 for p in parts]).tolist()
+        return tuple(float(v) for v in values)  # type: ignore[return-value]
 
 
 @contextlib.contextmanager
@@ -223,6 +228,10 @@ def replay_routes(model: torch.nn.Module, routes: Tensor, has_route: Tensor, *, 
                     differs = (indices.long().sort(dim=-1).values != recorded.sort(dim=-1).values).any(dim=-1)
                     counts.differing.append((differs & mask).sum())
                     counts.total.append(mask.sum())
+                    if counts.stale is not None:
+                        stale = mask & counts.stale.to(indices.device)
+                        counts.differing_stale.append((differs & stale).sum())
+                        counts.total_stale.append(stale.sum())
             if not replay:
                 return None
             experts = torch.where(mask[:, None], recorded, indices.long())
