@@ -12,6 +12,7 @@ def sampling_from_proto(p: common_pb2.SamplingParams) -> SamplingOptions:
     return SamplingOptions(
         temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, max_new_tokens=p.max_new_tokens,
         stop=tuple(p.stop), seed=p.seed,
+        return_routed_experts=p.return_routed_experts,
     )
 
 
@@ -22,7 +23,7 @@ def request_from_proto(seq: common_pb2.Sequence, sampling: SamplingOptions, stre
     return GenerationRequest(
         id=seq.id, prompt_ids=list(seq.prompt_ids), output_ids=list(seq.output_ids),
         output_logprobs=list(seq.output_logprobs), output_versions=list(seq.output_versions),
-        sampling=sampling, stream=stream,
+        routed_experts=bytes(seq.routed_experts), sampling=sampling, stream=stream,
     )
 
 
@@ -30,4 +31,5 @@ def result_to_proto(r: SequenceResult) -> common_pb2.Sequence:
     return common_pb2.Sequence(
         id=r.id, prompt_ids=r.prompt_ids, output_ids=r.output_ids, output_logprobs=r.output_logprobs,
         output_versions=r.output_versions, finish_reason=int(r.finish_reason), output_text=r.output_text,
+        routed_experts=r.routed_experts,
     )

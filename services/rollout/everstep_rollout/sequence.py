@@ -31,6 +31,9 @@ class SamplingOptions:
     """Stop strings, matched on the decoded output text (the tokens that complete one are kept)."""
     seed: int = 0
     """0: the engine's seeded generator; otherwise a private generator seeded with this value."""
+    return_routed_experts: bool = False
+    """Routing replay: record the experts every position was routed to (`SequenceResult.routed_experts`). An
+    engine that serves a dense model or cannot record routes refuses it (ValueError naming it)."""
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -57,6 +60,9 @@ class GenerationRequest:
     output_versions: list[int] = field(default_factory=list)
     """Policy version of each earlier output token, carried through unchanged."""
     sampling: SamplingOptions = field(default_factory=SamplingOptions)
+    routed_experts: bytes = b""
+    """Routes of the earlier positions (a carried-over rollout; `everstep_rollout.routing`): kept as they are,
+    only later positions are recorded. Read only with sampling.return_routed_experts."""
     stream: int = 0
     """Which client stream submitted it; `Engine.drain(stream=...)` selects by it."""
 
@@ -86,3 +92,7 @@ class SequenceResult:
     finish_reason: FinishReason
     output_text: str = ""
     """tokenizer.decode(output_ids, skip_special_tokens=True)."""
+    routed_experts: bytes = b""
+    """With sampling.return_routed_experts: uint8 expert ids [position][moe layer][k] of every position the model
+    took as input, len(prompt_ids) + len(output_ids) - 1 of them once the sequence ran (one drained before its
+    first forward pass holds only what it was sent with); each position's first routes (`everstep_rollout.routing`)."""

@@ -48,12 +48,26 @@ How it maps the engine interface (the same one `Engine` has, driven by `EngineLo
   are refused with QueueFullError. `num_queued` is 0: sglang's own queue is not visible here.
 - Per-request seeds are not passed on (sglang's seeding differs by version); the engine seed is sglang's
   random_seed.
+- Routing replay (`return_routed_experts`), written against sglang's source after 0.5.3 (its PR #12162,
+  "Enable return routed experts", and the later `routed_experts_start_len`): 0.5.3, the pinned version, has no
+  such API, so this engine refuses the option there (ValueError naming return_routed_experts and why), as it
+  does for a dense model. Where sglang has it (`ServerArgs.enable_return_routed_experts`,
+  `GenerateReqInput.return_routed_experts`), the engine is started with the capture on (for an MoE model) and
+  each request that asks sets `return_routed_experts=True` and `routed_experts_start_len` = the positions it
+  already has routes for. sglang answers once, when the request ends, with `meta_info["routed_experts"]`:
+  base64 of little-endian int32 ids [positions start..seqlen-2][every decoder layer][top_k]
+  (`routed_experts_capturer.extract_routed_experts_from_meta_info`); `sglang_routes` keeps the MoE layers and
+  converts them to uint8 [position][moe layer][k]. A request ended without routes (sglang collects them for a
+  finished request; an abort that does not reach the scheduler's finish path has none) loses its output tokens
+  beyond the positions it has routes for: a token is kept only with the routes of the input it was sampled from.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import dataclasses
 import logging
 import signal
 import threading
@@ -62,6 +76,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from everstep import cuda_ipc
@@ -71,6 +86,7 @@ from everstep_rollout.config import EngineConfig, resolve_max_seq_len
 from everstep_rollout.engine.interface import EngineUnavailableError, QueueFullError, StepStats
 from everstep_rollout.engine.throughput import ThroughputWindow
 from everstep_rollout.model_files import read_config, read_eos_token_ids
+from everstep_rollout.routing import MAX_UINT8_EXPERTS, RouteBuffer, check_routed_experts, config_moe_layers
 from everstep_rollout.sequence import FinishReason, GenerationRequest, SequenceResult
 
 log = logging.getLogger(__name__)
@@ -105,6 +121,11 @@ class _Request:
     error: str = ""
     new_tokens: int = field(default=0)
     """Tokens this sglang request generated (the continuation's own, not the earlier output)."""
+    routes: RouteBuffer | None = None
+    routes_start: int = 0
+    """The first position the current sglang request returns routes for (its routed_experts_start_len)."""
+    input_len: int = 0
+    """Tokens the current sglang request was sent (prompt + earlier output)."""
 
     @property
     def key(self) -> tuple[int, str]:
@@ -129,6 +150,9 @@ class SglangEngine:
         self.max_seq_len = resolve_max_seq_len(self.config.max_seq_len, self.position_limit or None)
         self.executor_name = "sglang"
         self.architecture = str(model_config.get("model_type", ""))
+        self.moe = config_moe_layers(model_config)
+        """(sparse decoder layers, top_k, num_experts); None for a dense model."""
+        self.num_hidden_layers = int((model_config.get("text_config") or model_config).get("num_hidden_layers", 0))
         if self.config.quantization != Quantization.none:
             raise ValueError(f"quantization: {self.config.quantization.value!r} is a torch-engine setting; the sglang "
                              "engine takes quantization 'none'")
@@ -136,10 +160,15 @@ class SglangEngine:
             sglang = import_sglang()
             if self.config.device == "cpu":
                 raise ValueError("engine 'sglang' runs on a GPU: set device to 'cuda' (or use engine 'torch')")
+            self._request_type = request_type
+            self.sglang_routes = _sglang_has_routed_experts(self._new_request_type())
             with signal_handlers_skipped_off_main_thread():
                 sglang_engine = sglang.Engine(**self.sglang_arguments())
+        else:
+            self._request_type = request_type
+            self.sglang_routes = _sglang_has_routed_experts(self._new_request_type())
+        self._routes_refusal = self._why_no_routes()
         self._sgl = sglang_engine
-        self._request_type = request_type
         self._loop: asyncio.AbstractEventLoop = asyncio.new_event_loop()
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.eos_token_ids = read_eos_token_ids(self.model_dir, model_config)
@@ -162,14 +191,32 @@ class SglangEngine:
             arguments["base_gpu_id"] = int(self.config.device.partition(":")[2] or 0)
         if self.config.mem_fraction_static:
             arguments["mem_fraction_static"] = self.config.mem_fraction_static
+        if self.moe is not None and getattr(self, "sglang_routes", False):
+            # The capture costs a host buffer of int32 [KV tokens, layers, top_k]; only an MoE model has routes.
+            arguments["enable_return_routed_experts"] = True
         return arguments
 
-    def _new_request(self, **fields):
+    def _new_request_type(self):
         if self._request_type is None:
             from sglang.srt.managers.io_struct import GenerateReqInput
 
             self._request_type = GenerateReqInput
-        return self._request_type(**fields)
+        return self._request_type
+
+    def _new_request(self, **fields):
+        return self._new_request_type()(**fields)
+
+    def _why_no_routes(self) -> str | None:
+        """Why this engine cannot return routed experts (None: it can)."""
+        if self.moe is None:
+            return f"{self.model_dir} ({self.architecture}) is a dense model: it has no experts to route to"
+        if self.moe[2] > MAX_UINT8_EXPERTS:
+            return f"{self.model_dir} has {self.moe[2]} experts; routed expert ids travel as uint8 (at most 256)"
+        if not self.sglang_routes:
+            return ("this sglang has no routed-experts capture (GenerateReqInput.return_routed_experts and "
+                    "--enable-return-routed-experts came after sglang 0.5.3, the version "
+                    "deploy/sglang/requirements.txt pins); use the torch engine, or an sglang that has it")
+        return None
 
     def _sync(self, call):
         """Run a sync sglang method: they all use `asyncio.get_event_loop()` of the calling thread."""
@@ -212,11 +259,21 @@ class SglangEngine:
                 f"rollout queue full: {len(self._live)} sequences in sglang, {len(requests)} more requested, "
                 f"max_running + max_queued = {limit}"
             )
+        for r in requests:
+            if r.sampling.return_routed_experts:
+                if self._routes_refusal is not None:
+                    raise ValueError(f"sequence {r.id!r}: return_routed_experts refused: {self._routes_refusal}")
+                assert self.moe is not None
+                check_routed_experts(r.id, r.routed_experts, num_layers=len(self.moe[0]), top_k=self.moe[1],
+                                     num_positions=len(r.prompt_ids) + len(r.output_ids) - 1)
         if any(r.sampling.seed for r in requests):
             log.warning("per-request seeds are ignored by the sglang engine")
         for r in requests:
             entry = _Request(request=r, rid="", version=self.version, output_ids=list(r.output_ids),
                              output_logprobs=list(r.output_logprobs), output_versions=list(r.output_versions))
+            if r.sampling.return_routed_experts and self.moe is not None:
+                entry.routes = RouteBuffer(len(self.moe[0]), self.moe[1], r.routed_experts,
+                                           capacity=len(r.prompt_ids) + (r.sampling.max_new_tokens or 64))
             if self._remaining(entry) <= 0:
                 self._finished_on_add.append(self._result(entry, FinishReason.LENGTH))
             else:
@@ -241,13 +298,22 @@ class SglangEngine:
         if o.stop:
             sampling_params["stop"] = list(o.stop)
         input_ids = [*entry.request.prompt_ids, *entry.output_ids]
+        entry.input_len = len(input_ids)
         entry.task = self._loop.create_task(self._consume(entry, input_ids, sampling_params))
         self._live[entry.key] = entry
 
     async def _consume(self, entry: _Request, input_ids: list[int], sampling_params: dict) -> None:
         try:
+            routing = {}
+            if entry.routes is not None:
+                routing["return_routed_experts"] = True
+                # Positions it has routes for are not sent back (those it has are kept anyway).
+                if "routed_experts_start_len" in _field_names(self._new_request_type()):
+                    routing["routed_experts_start_len"] = entry.routes_start = entry.routes.length
+                else:
+                    entry.routes_start = 0
             request = self._new_request(input_ids=input_ids, sampling_params=sampling_params, return_logprob=True,
-                                        stream=True, rid=entry.rid)
+                                        stream=True, rid=entry.rid, **routing)
             async for chunk in self._sgl.tokenizer_manager.generate_request(request, None):
                 self._absorb(entry, chunk)
         except Exception as e:  # noqa: BLE001 - an aborted request may end in an error; kept on the entry
@@ -267,6 +333,13 @@ class SglangEngine:
             entry.output_versions.append(entry.version)
         entry.new_tokens += new
         self._throughput.record(time.monotonic(), new)
+        routed = meta.get("routed_experts")
+        if entry.routes is not None and routed is not None and len(routed):
+            assert self.moe is not None
+            rows = entry.input_len + entry.new_tokens - 1 - entry.routes_start
+            entry.routes.record(entry.routes_start, sglang_routes(
+                routed, positions=rows, num_hidden_layers=self.num_hidden_layers, moe_layers=self.moe[0],
+                top_k=self.moe[1]))
         reason = meta.get("finish_reason")
         if reason is not None:
             kind = reason.get("type") if isinstance(reason, Mapping) else str(reason)
@@ -328,6 +401,8 @@ class SglangEngine:
         _check(update(), "weight update")
         self.version = version
         for e in entries:
+            if self._trim_to_routes(e):
+                e.finish = None  # continued from the tokens it has routes for
             if e.finish == FinishReason.ABORTED or e.finish is None:
                 if self._remaining(e) > 0:
                     self._submit(e)  # continues from prompt + output so far, under the new weights
@@ -362,11 +437,28 @@ class SglangEngine:
 
     def _result(self, e: _Request, reason: FinishReason) -> SequenceResult:
         r = e.request
+        if self._trim_to_routes(e):
+            reason = FinishReason.ABORTED  # no longer finished: it continues from the kept tokens
         return SequenceResult(
             id=r.id, stream=r.stream, prompt_ids=list(r.prompt_ids), output_ids=e.output_ids,
             output_logprobs=e.output_logprobs, output_versions=e.output_versions, finish_reason=reason,
             output_text=self.tokenizer.decode(e.output_ids, skip_special_tokens=True),
+            routed_experts=e.routes.to_bytes() if e.routes is not None else b"",
         )
+
+    def _trim_to_routes(self, e: _Request) -> bool:
+        """Keep output tokens only with the routes of the input each was sampled from (output i: position
+        len(prompt) + i - 1). sglang returns routes when a request ends; one that ended without them (an abort)
+        gives back the tokens it generated beyond them. True when tokens were dropped."""
+        if e.routes is None or not e.rid:  # not asked, or never sent to sglang (its routes are what it came with)
+            return False
+        keep = max(len(e.request.prompt_ids) - 1, e.routes.length) - len(e.request.prompt_ids) + 1
+        if keep >= len(e.output_ids):
+            return False
+        log.warning("sequence %s: sglang returned no routes for its last %d output tokens; they are dropped",
+                    e.request.id, len(e.output_ids) - keep)
+        del e.output_ids[keep:], e.output_logprobs[keep:], e.output_versions[keep:]
+        return True
 
     def shutdown(self) -> None:
         """Abort what runs, stop sglang's processes (and free the GPU memory they hold), close the loop."""
@@ -389,6 +481,45 @@ class SglangEngine:
             log.debug("sglang engine loop: %s while cancelling its tasks", e)
         finally:
             self._loop.close()
+
+
+def sglang_routes(value, *, positions: int, num_hidden_layers: int, moe_layers: tuple[int, ...],
+                  top_k: int) -> np.ndarray:
+    """sglang's `meta_info["routed_experts"]` as our layout: uint8 [positions, len(moe_layers), top_k].
+
+    sglang sends base64 of little-endian int32 [positions][num_hidden_layers][top_k] (every decoder layer; a
+    dense layer's rows hold nothing routed); a tensor or array (skip_tokenizer_init) of the same ids is taken
+    too, as is one that holds the MoE layers only. ValueError when the size fits neither."""
+    if isinstance(value, str):
+        value = base64.b64decode(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        ids = np.frombuffer(value, dtype="<i4")
+    elif isinstance(value, torch.Tensor):
+        ids = value.cpu().numpy().reshape(-1)
+    else:
+        ids = np.asarray(value).reshape(-1)
+    per_layer = positions * top_k
+    if per_layer and ids.size == per_layer * num_hidden_layers:
+        ids = ids.reshape(positions, num_hidden_layers, top_k)[:, list(moe_layers)]
+    elif ids.size == per_layer * len(moe_layers):
+        ids = ids.reshape(positions, len(moe_layers), top_k)
+    else:
+        raise ValueError(f"sglang routed_experts has {ids.size} ids; {positions} positions x top-{top_k} x "
+                         f"{num_hidden_layers} layers ({len(moe_layers)} MoE) expected")
+    if ids.size and (ids.min() < 0 or ids.max() >= MAX_UINT8_EXPERTS):
+        raise ValueError(f"sglang routed_experts holds expert ids outside [0, {MAX_UINT8_EXPERTS})")
+    return ids.astype(np.uint8)
+
+
+def _field_names(request_type) -> set[str]:
+    if dataclasses.is_dataclass(request_type):
+        return {f.name for f in dataclasses.fields(request_type)}
+    return set(getattr(request_type, "__annotations__", {}))
+
+
+def _sglang_has_routed_experts(request_type) -> bool:
+    """Whether sglang's generate request takes return_routed_experts (sglang after 0.5.3)."""
+    return "return_routed_experts" in _field_names(request_type)
 
 
 _SIGNAL_PATCH = threading.Lock()

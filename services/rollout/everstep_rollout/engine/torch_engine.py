@@ -11,6 +11,12 @@ float32, over the full vocabulary BEFORE top-k/top-p filtering, with T the seque
 (T = 1 for greedy, temperature 0). Every output token records the engine's policy version at the step
 that generated it (`output_versions`).
 
+Routing replay (`SamplingOptions.return_routed_experts`, MoE models on the native executor): after every forward
+pass the routes the executor recorded for a requesting sequence's positions (its prefill rows, and its decode
+row's input token) go into the sequence's `RouteBuffer`, which keeps each position's first routes (those it was
+sent with, then those computed first): a re-prefill or a KV recompute after a weight swap adds only positions
+beyond them. See `everstep_rollout.routing`.
+
 A prefilled sequence's last token is not prefilled: it is the input of the next decode step, so new,
 continued and recomputed sequences join the decode batch the same way. The engine is not thread safe;
 `EngineLoop` drives it from one thread.
@@ -25,6 +31,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from everstep.model_config import position_limit
@@ -35,6 +42,7 @@ from everstep_rollout.engine.throughput import ThroughputWindow
 from everstep_rollout.executor import ExecutorOptions, ForwardBatch, build_executor
 from everstep_rollout.kv_cache import SlotAllocator
 from everstep_rollout.model_files import read_config, read_eos_token_ids
+from everstep_rollout.routing import MAX_UINT8_EXPERTS, RouteBuffer, check_routed_experts
 from everstep_rollout.sequence import FinishReason, GenerationRequest, SequenceResult
 
 log = logging.getLogger(__name__)
@@ -55,6 +63,7 @@ class _Sequence:
     output_versions: list[int]
     generator: torch.Generator | None
     stop_window: int
+    routes: RouteBuffer | None = None
     slot: int = -1
 
     @property
@@ -85,6 +94,8 @@ class Engine:
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.eos_token_ids = read_eos_token_ids(self.model_dir, model_config)
         self.version = self.config.version
+        self.routing_shape = self.executor.routing_shape
+        self._routes_refusal = self._why_no_routes()
         self._device = device
         self._generator = torch.Generator(device=device).manual_seed(self.config.seed)
         self._free_slots = SlotAllocator(self.config.max_running)
@@ -106,6 +117,19 @@ class Engine:
     @property
     def num_parameters(self) -> int:
         return self.weights.num_parameters
+
+    def _why_no_routes(self) -> str | None:
+        """Why this engine cannot return routed experts (None: it can)."""
+        if self.executor_name == "transformers":
+            return (f"the transformers executor, which serves {self.model_dir} ({self.architecture}), cannot record "
+                    "routes; routing replay needs the native executor (a Qwen3-MoE model)")
+        shape = self.routing_shape
+        if shape is None:
+            return f"{self.model_dir} ({self.architecture}) is a dense model: it has no experts to route to"
+        if shape.num_experts > MAX_UINT8_EXPERTS:
+            return (f"{self.model_dir} has {shape.num_experts} experts; routed expert ids travel as uint8 "
+                    f"(at most {MAX_UINT8_EXPERTS} experts)")
+        return None
 
     def shutdown(self) -> None:
         """Nothing to release: the weights and cache are freed with the engine."""
@@ -145,6 +169,13 @@ class Engine:
             raise ValueError(f"sequence ids already in flight: {sorted(k[1] for k in duplicates)[:5]}")
         vocab = self.vocab_size
         for r in requests:
+            if r.sampling.return_routed_experts:
+                if self._routes_refusal is not None:
+                    raise ValueError(f"sequence {r.id!r}: return_routed_experts refused: {self._routes_refusal}")
+                shape = self.routing_shape
+                assert shape is not None
+                check_routed_experts(r.id, r.routed_experts, num_layers=len(shape.moe_layers), top_k=shape.top_k,
+                                     num_positions=len(r.prompt_ids) + len(r.output_ids) - 1)
             if any(not 0 <= t < vocab for t in (*r.prompt_ids, *r.output_ids)):
                 raise ValueError(f"sequence {r.id!r}: token id outside the vocabulary [0, {vocab})")
             if len(r.prompt_ids) + r.sampling.max_new_tokens > self.max_seq_len:
@@ -171,10 +202,16 @@ class Engine:
         if r.sampling.seed:
             generator = torch.Generator(device=self._device).manual_seed(r.sampling.seed)
         stop_window = max((len(s) for s in r.sampling.stop), default=0) + _STOP_WINDOW_EXTRA_TOKENS
+        routes = None
+        if r.sampling.return_routed_experts and self.routing_shape is not None:
+            # Room for the whole sequence when max_new_tokens bounds it; it grows otherwise.
+            length = len(r.prompt_ids) + (r.sampling.max_new_tokens or len(r.output_ids) + 64)
+            routes = RouteBuffer(len(self.routing_shape.moe_layers), self.routing_shape.top_k, r.routed_experts,
+                                 capacity=min(length, self.max_seq_len))
         return _Sequence(
             request=r, token_ids=[*r.prompt_ids, *r.output_ids], output_ids=list(r.output_ids),
             output_logprobs=list(r.output_logprobs), output_versions=list(r.output_versions),
-            generator=generator, stop_window=stop_window,
+            generator=generator, stop_window=stop_window, routes=routes,
         )
 
     def drain(self, stream: int | None = None) -> list[SequenceResult]:
@@ -277,7 +314,29 @@ class Engine:
         for chunk in chunks[:-1]:
             self.executor.forward(ForwardBatch(prefill_rows=[s.token_ids[:-1] for s in chunk],
                                             prefill_slots=[s.slot for s in chunk]))
+            self._record_routes(chunk, [])
         return chunks[-1] if chunks else []
+
+    def _record_routes(self, prefill: list[_Sequence], decode: list[_Sequence]) -> None:
+        """Hand the last forward pass's routes to the sequences that record them: prefill row j is `prefill[j]`
+        (positions 0..len-2), each decoded sequence's row is its slot (its input token's position). Rows of free
+        slots and of sequences that do not ask are skipped; one device-to-host copy per pass, and none when no
+        sequence needs a position it lacks."""
+        wanted = [(j, s) for j, s in enumerate(prefill)
+                  if s.routes is not None and s.routes.length < len(s.token_ids) - 1]
+        decoded = [s for s in decode if s.routes is not None and s.routes.length < len(s.token_ids)]
+        if not wanted and not decoded:
+            return
+        routing = self.executor.expert_routing
+        assert routing is not None
+        ids: np.ndarray = routing.expert_ids.cpu().numpy()
+        offsets = routing.prefill_offsets
+        for j, s in wanted:
+            assert s.routes is not None
+            s.routes.record(0, ids[offsets[j] : offsets[j + 1]])
+        for s in decoded:
+            assert s.routes is not None
+            s.routes.record(len(s.token_ids) - 1, ids[s.slot : s.slot + 1])
 
     def _decode(self, running: list[_Sequence], prefill: list[_Sequence]) -> list[
         tuple[_Sequence, FinishReason | None]
@@ -296,6 +355,7 @@ class Engine:
             decode_tokens=tokens, decode_positions=positions,
             prefill_rows=[s.token_ids[:-1] for s in prefill], prefill_slots=[s.slot for s in prefill],
         ))
+        self._record_routes(prefill, running)
         params = SamplingBatch(temperature=temperature, top_p=top_p, top_k=top_k, generators=generators)
         sampled, logprobs = sample(logits, params, self._generator)
         sampled_ids, sampled_logprobs = sampled.tolist(), logprobs.tolist()
@@ -330,4 +390,5 @@ class Engine:
             id=r.id, stream=r.stream, prompt_ids=list(r.prompt_ids), output_ids=seq.output_ids,
             output_logprobs=seq.output_logprobs, output_versions=seq.output_versions, finish_reason=reason,
             output_text=self.tokenizer.decode(seq.output_ids, skip_special_tokens=True),
+            routed_experts=seq.routes.to_bytes() if seq.routes is not None else b"",
         )

@@ -15,7 +15,9 @@ from everstep_rollout.executor.interface import (
     ExecutorOptions,
     ExpertRouting,
     ForwardBatch,
+    RoutingShape,
     WeightStore,
 )
 
-__all__ = ["Executor", "ExecutorOptions", "ExpertRouting", "ForwardBatch", "WeightStore", "build_executor"]
+__all__ = ["Executor", "ExecutorOptions", "ExpertRouting", "ForwardBatch", "RoutingShape", "WeightStore",
+           "build_executor"]

@@ -61,6 +61,15 @@ class ExpertRouting:
         return self.expert_ids[self.prefill_offsets[j] : self.prefill_offsets[j + 1]]
 
 
+@dataclass(frozen=True, kw_only=True)
+class RoutingShape:
+    """What `ExpertRouting.expert_ids` holds for every token: ids of `top_k` of `num_experts` in each MoE layer."""
+
+    moe_layers: tuple[int, ...]
+    top_k: int
+    num_experts: int
+
+
 class WeightStore(Protocol):
     named: Mapping[str, torch.Tensor]
     """Hugging Face parameter name -> the tensor that holds it (a tied weight appears under both names)."""
@@ -89,6 +98,8 @@ class Executor(Protocol):
     expert_routing: ExpertRouting | None
     """After each `forward` of a mixture-of-experts model (native executor): the experts every token of that pass
     was routed to in every MoE layer; None for dense models and on the transformers executor."""
+    routing_shape: RoutingShape | None
+    """The shape of `expert_routing` (known from load); None where the executor records no routes."""
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor | None:
         """Run the batch; logits [len(decode_tokens), vocab] float32 of the decode rows (None without any)."""

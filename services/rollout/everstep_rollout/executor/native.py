@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from everstep.quantization import Quantization
 from everstep_rollout.config import resolve_max_seq_len
-from everstep_rollout.executor.interface import ExecutorOptions, ExpertRouting, ForwardBatch
+from everstep_rollout.executor.interface import ExecutorOptions, ExpertRouting, ForwardBatch, RoutingShape
 from everstep_rollout.executor.quantization import ExpertBlocks, QuantizedMatrix, RowRange
 from everstep_rollout.executor.tensors import long_tensor
 from everstep_rollout.kv_cache import CacheShape, KVCache
@@ -456,6 +456,9 @@ class LlamaExecutor:
         d = spec.head_dim
         inv_freq = rope_inv_freq(spec).to(device)
         self.expert_routing: ExpertRouting | None = None
+        moe = spec.moe
+        self.routing_shape = (None if moe is None else
+                              RoutingShape(moe_layers=moe.layers, top_k=moe.top_k, num_experts=moe.num_experts))
         positions = torch.arange(cache.shape.max_seq_len, device=device).float()
         freqs = torch.outer(positions, inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)

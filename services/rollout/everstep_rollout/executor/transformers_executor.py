@@ -137,6 +137,7 @@ class TransformersExecutor:
         text_config = model.config.get_text_config()
         self.model_type = model.config.model_type
         self.expert_routing = None
+        self.routing_shape = None  # transformers' modeling code does not hand out its routers' choices
         self.vocab_size = int(text_config.vocab_size)
         self.max_seq_len = max_seq_len
         self.weights = TransformersWeights(model)
