@@ -27,17 +27,23 @@ class MoeShape:
 
 
 def moe_shape(config: Mapping[str, Any]) -> MoeShape | None:
-    """The routing of a Qwen2/3-MoE-style config (num_experts or num_local_experts, num_experts_per_tok,
-    decoder_sparse_step, mlp_only_layers); None for a dense model."""
-    num_experts = config.get("num_experts") or config.get("num_local_experts") or 0
-    top_k = config.get("num_experts_per_tok") or 0
-    if not (isinstance(num_experts, int) and num_experts > 0 and isinstance(top_k, int) and top_k > 0):
+    """The routing of a mixture-of-experts config (its own section or a multimodal model's text_config); None for a
+    dense model. Qwen2/Qwen3-MoE: `decoder_sparse_step` and `mlp_only_layers`; DeepSeek V2/V3:
+    `first_k_dense_replace` and `moe_layer_freq`; otherwise (Mixtral, ...) every layer is sparse."""
+    text = config.get("text_config") or config
+    num_experts = int(text.get("num_experts") or text.get("num_local_experts") or text.get("n_routed_experts") or 0)
+    top_k = int(text.get("num_experts_per_tok") or 0)
+    if num_experts <= 0 or top_k <= 0:
         return None
-    step = config.get("decoder_sparse_step") or 1
-    dense = set(config.get("mlp_only_layers") or ())
-    layers = tuple(i for i in range(int(config.get("num_hidden_layers") or 0))
-                   if i not in dense and (i + 1) % step == 0)
-    return MoeShape(num_experts=num_experts, top_k=top_k, moe_layers=layers)
+    num_layers = int(text.get("num_hidden_layers") or 0)
+    if "first_k_dense_replace" in text:
+        first, freq = int(text["first_k_dense_replace"]), int(text.get("moe_layer_freq", 1) or 1)
+        layers = tuple(i for i in range(num_layers) if i >= first and i % freq == 0)
+    else:
+        step = int(text.get("decoder_sparse_step", 1) or 1)
+        dense = set(text.get("mlp_only_layers") or ())
+        layers = tuple(i for i in range(num_layers) if i not in dense and (i + 1) % step == 0)
+    return MoeShape(num_experts=num_experts, top_k=top_k, moe_layers=layers) if layers else None
 
 
 def position_limit(config: Mapping[str, Any]) -> int | None:

@@ -139,3 +139,10 @@ def test_moe_shape_reads_the_routing_of_a_config() -> None:
     shape = moe_shape({"num_local_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 4,
                        "decoder_sparse_step": 2})
     assert (shape.num_experts, shape.moe_layers) == (128, (1, 3))
+    deepseek = moe_shape({"num_hidden_layers": 5, "n_routed_experts": 64, "num_experts_per_tok": 6,
+                          "first_k_dense_replace": 1})
+    assert (deepseek.num_experts, deepseek.top_k, deepseek.moe_layers) == (64, 6, (1, 2, 3, 4))
+    mixtral = moe_shape({"text_config": {"num_hidden_layers": 3, "num_local_experts": 8, "num_experts_per_tok": 2}})
+    assert mixtral.moe_layers == (0, 1, 2)
+    assert moe_shape({"num_experts": 8, "num_experts_per_tok": 2, "num_hidden_layers": 2,
+                      "mlp_only_layers": [0, 1]}) is None, "no sparse layer: dense"

@@ -17,7 +17,7 @@ from everstep.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from everstep_rollout.config import EngineConfig
 from everstep_rollout.engine import Engine
 from everstep_rollout.proto_convert import request_from_proto, result_to_proto, sampling_from_proto
-from everstep_rollout.routing import RouteBuffer, check_routed_experts, config_moe_layers
+from everstep_rollout.routing import RouteBuffer, check_routed_experts
 from everstep_rollout.sequence import FinishReason, GenerationRequest, SamplingOptions, SequenceResult
 
 LAYERS, TOP_K = 2, 2
@@ -210,18 +210,6 @@ def test_route_buffer_keeps_first_routes_grows_and_refuses_gaps():
     with pytest.raises(RuntimeError, match="gap"):
         buffer.record(201, np.zeros((1, 2, 2), dtype=np.uint8))
     check_routed_experts("ok", bytes(12), num_layers=2, top_k=2, num_positions=3)
-
-
-def test_config_moe_layers_of_sparse_steps_dense_layers_and_dense_models():
-    assert config_moe_layers({"num_hidden_layers": 4}) is None
-    qwen = {"num_hidden_layers": 4, "num_experts": 8, "num_experts_per_tok": 2, "mlp_only_layers": [1],
-            "decoder_sparse_step": 1}
-    assert config_moe_layers(qwen) == ((0, 2, 3), 2, 8)
-    assert config_moe_layers({**qwen, "mlp_only_layers": [], "decoder_sparse_step": 2}) == ((1, 3), 2, 8)
-    deepseek = {"num_hidden_layers": 5, "n_routed_experts": 64, "num_experts_per_tok": 6, "first_k_dense_replace": 1}
-    assert config_moe_layers(deepseek) == ((1, 2, 3, 4), 6, 64)
-    mixtral = {"num_hidden_layers": 3, "num_local_experts": 8, "num_experts_per_tok": 2}
-    assert config_moe_layers(mixtral) == ((0, 1, 2), 2, 8)
 
 
 def test_proto_round_trip_carries_the_option_and_the_routes():

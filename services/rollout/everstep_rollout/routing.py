@@ -12,12 +12,8 @@ that touches a sequence covers a contiguous run of positions starting at or befo
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import numpy as np
 
-MAX_UINT8_EXPERTS = 256
-"""Expert ids travel as uint8: a model with more experts cannot be routed into the proto."""
 _MIN_CAPACITY = 64
 
 
@@ -70,23 +66,3 @@ def check_routed_experts(sequence_id: str, routed_experts: bytes, *, num_layers:
             f"the {num_positions} the sequence has (len(prompt_ids) + len(output_ids) - 1)")
 
 
-def config_moe_layers(config: Mapping) -> tuple[tuple[int, ...], int, int] | None:
-    """(the decoder layers that are sparse, top_k, num_experts) of a Hugging Face config, or None for a dense model.
-
-    Qwen2/Qwen3-MoE: `decoder_sparse_step` and `mlp_only_layers`; DeepSeek V2/V3: `first_k_dense_replace` and
-    `moe_layer_freq`; otherwise (Mixtral, ...) every layer. For engines that see only the config (sglang); the
-    native executor reads its own spec."""
-    text = config.get("text_config") or config
-    num_experts = int(text.get("num_experts") or text.get("num_local_experts") or text.get("n_routed_experts") or 0)
-    top_k = int(text.get("num_experts_per_tok") or 0)
-    if num_experts <= 0 or top_k <= 0:
-        return None
-    num_layers = int(text["num_hidden_layers"])
-    if "first_k_dense_replace" in text:
-        first, freq = int(text["first_k_dense_replace"]), int(text.get("moe_layer_freq", 1) or 1)
-        layers = tuple(i for i in range(num_layers) if i >= first and i % freq == 0)
-    else:
-        step = int(text.get("decoder_sparse_step", 1) or 1)
-        dense = set(text.get("mlp_only_layers") or ())
-        layers = tuple(i for i in range(num_layers) if i not in dense and (i + 1) % step == 0)
-    return (layers, top_k, num_experts) if layers else None

@@ -80,13 +80,13 @@ import numpy as np
 import torch
 
 from everstep import cuda_ipc
-from everstep.model_config import position_limit
+from everstep.model_config import MAX_ROUTED_EXPERTS, moe_shape, position_limit
 from everstep.quantization import Quantization
 from everstep_rollout.config import EngineConfig, resolve_max_seq_len
 from everstep_rollout.engine.interface import EngineUnavailableError, QueueFullError, StepStats
 from everstep_rollout.engine.throughput import ThroughputWindow
 from everstep_rollout.model_files import read_config, read_eos_token_ids
-from everstep_rollout.routing import MAX_UINT8_EXPERTS, RouteBuffer, check_routed_experts, config_moe_layers
+from everstep_rollout.routing import RouteBuffer, check_routed_experts
 from everstep_rollout.sequence import FinishReason, GenerationRequest, SequenceResult
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ class SglangEngine:
         self.max_seq_len = resolve_max_seq_len(self.config.max_seq_len, self.position_limit or None)
         self.executor_name = "sglang"
         self.architecture = str(model_config.get("model_type", ""))
-        self.moe = config_moe_layers(model_config)
+        self.moe = moe_shape(model_config)
         """(sparse decoder layers, top_k, num_experts); None for a dense model."""
         self.num_hidden_layers = int((model_config.get("text_config") or model_config).get("num_hidden_layers", 0))
         if self.config.quantization != Quantization.none:
@@ -210,8 +210,9 @@ class SglangEngine:
         """Why this engine cannot return routed experts (None: it can)."""
         if self.moe is None:
             return f"{self.model_dir} ({self.architecture}) is a dense model: it has no experts to route to"
-        if self.moe[2] > MAX_UINT8_EXPERTS:
-            return f"{self.model_dir} has {self.moe[2]} experts; routed expert ids travel as uint8 (at most 256)"
+        if self.moe.num_experts > MAX_ROUTED_EXPERTS:
+            return (f"{self.model_dir} has {self.moe.num_experts} experts; routed expert ids travel as uint8 (at most "
+                    f"{MAX_ROUTED_EXPERTS})")
         if not self.sglang_routes:
             return ("this sglang has no routed-experts capture (GenerateReqInput.return_routed_experts and "
                     "--enable-return-routed-experts came after sglang 0.5.3, the version "
@@ -264,7 +265,7 @@ class SglangEngine:
                 if self._routes_refusal is not None:
                     raise ValueError(f"sequence {r.id!r}: return_routed_experts refused: {self._routes_refusal}")
                 assert self.moe is not None
-                check_routed_experts(r.id, r.routed_experts, num_layers=len(self.moe[0]), top_k=self.moe[1],
+                check_routed_experts(r.id, r.routed_experts, num_layers=len(self.moe.moe_layers), top_k=self.moe.top_k,
                                      num_positions=len(r.prompt_ids) + len(r.output_ids) - 1)
         if any(r.sampling.seed for r in requests):
             log.warning("per-request seeds are ignored by the sglang engine")
@@ -272,7 +273,7 @@ class SglangEngine:
             entry = _Request(request=r, rid="", version=self.version, output_ids=list(r.output_ids),
                              output_logprobs=list(r.output_logprobs), output_versions=list(r.output_versions))
             if r.sampling.return_routed_experts and self.moe is not None:
-                entry.routes = RouteBuffer(len(self.moe[0]), self.moe[1], r.routed_experts,
+                entry.routes = RouteBuffer(len(self.moe.moe_layers), self.moe.top_k, r.routed_experts,
                                            capacity=len(r.prompt_ids) + (r.sampling.max_new_tokens or 64))
             if self._remaining(entry) <= 0:
                 self._finished_on_add.append(self._result(entry, FinishReason.LENGTH))
@@ -338,8 +339,8 @@ class SglangEngine:
             assert self.moe is not None
             rows = entry.input_len + entry.new_tokens - 1 - entry.routes_start
             entry.routes.record(entry.routes_start, sglang_routes(
-                routed, positions=rows, num_hidden_layers=self.num_hidden_layers, moe_layers=self.moe[0],
-                top_k=self.moe[1]))
+                routed, positions=rows, num_hidden_layers=self.num_hidden_layers, moe_layers=self.moe.moe_layers,
+                top_k=self.moe.top_k))
         reason = meta.get("finish_reason")
         if reason is not None:
             kind = reason.get("type") if isinstance(reason, Mapping) else str(reason)
@@ -506,8 +507,8 @@ def sglang_routes(value, *, positions: int, num_hidden_layers: int, moe_layers: 
     else:
         raise ValueError(f"sglang routed_experts has {ids.size} ids; {positions} positions x top-{top_k} x "
                          f"{num_hidden_layers} layers ({len(moe_layers)} MoE) expected")
-    if ids.size and (ids.min() < 0 or ids.max() >= MAX_UINT8_EXPERTS):
-        raise ValueError(f"sglang routed_experts holds expert ids outside [0, {MAX_UINT8_EXPERTS})")
+    if ids.size and (ids.min() < 0 or ids.max() >= MAX_ROUTED_EXPERTS):
+        raise ValueError(f"sglang routed_experts holds expert ids outside [0, {MAX_ROUTED_EXPERTS})")
     return ids.astype(np.uint8)
 
 

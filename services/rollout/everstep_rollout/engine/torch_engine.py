@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from everstep.model_config import position_limit
+from everstep.model_config import MAX_ROUTED_EXPERTS, position_limit
 from everstep_rollout.config import EngineConfig
 from everstep_rollout.engine.interface import QueueFullError, StepStats
 from everstep_rollout.engine.sampling import SamplingBatch, sample
@@ -42,7 +42,7 @@ from everstep_rollout.engine.throughput import ThroughputWindow
 from everstep_rollout.executor import ExecutorOptions, ForwardBatch, build_executor
 from everstep_rollout.kv_cache import SlotAllocator
 from everstep_rollout.model_files import read_config, read_eos_token_ids
-from everstep_rollout.routing import MAX_UINT8_EXPERTS, RouteBuffer, check_routed_experts
+from everstep_rollout.routing import RouteBuffer, check_routed_experts
 from everstep_rollout.sequence import FinishReason, GenerationRequest, SequenceResult
 
 log = logging.getLogger(__name__)
@@ -126,9 +126,9 @@ class Engine:
         shape = self.routing_shape
         if shape is None:
             return f"{self.model_dir} ({self.architecture}) is a dense model: it has no experts to route to"
-        if shape.num_experts > MAX_UINT8_EXPERTS:
+        if shape.num_experts > MAX_ROUTED_EXPERTS:
             return (f"{self.model_dir} has {shape.num_experts} experts; routed expert ids travel as uint8 "
-                    f"(at most {MAX_UINT8_EXPERTS} experts)")
+                    f"(at most {MAX_ROUTED_EXPERTS} experts)")
         return None
 
     def shutdown(self) -> None:
