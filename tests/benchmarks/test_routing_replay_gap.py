@@ -1,5 +1,6 @@
-"""benchmarks.routing_replay_gap at a tiny size: the float32 control has no gap, a mismatched engine disagrees on
-some routes, and replaying them narrows the trainer/engine gap; the summary is the last line."""
+"""benchmarks.routing_replay_gap and routing_replay_step at a tiny size: the float32 control has no gap, a
+mismatched engine disagrees on some routes, and replaying them narrows the trainer/engine gap; the step benchmark
+times its three trainers; each summary is the last line."""
 
 from __future__ import annotations
 
@@ -25,3 +26,13 @@ def test_replay_narrows_the_gap_of_a_mismatched_engine(monkeypatch: pytest.Monke
     assert int4["replay"]["mismatch_kl"] < int4["off"]["mismatch_kl"]
     with pytest.raises(SystemExit):
         benchmark.main(["--arms", "float32"])
+
+
+def test_the_step_benchmark_times_three_trainers_on_one_batch(monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.syspath_prepend(str(REPO))
+    benchmark = importlib.import_module("benchmarks.routing_replay_step")
+    summary = benchmark.main(["--steps", "1", "--num-prompts", "2", "--group-size", "2", "--max-new-tokens", "8"])
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == summary
+    assert summary["num_samples"] == 4 and set(summary["median_seconds"]) == {"off", "off_with_routes", "replay"}
+    assert summary["replay_to_off"] > 0
