@@ -161,3 +161,16 @@ def test_checkpoint_restore_forgets_later_work(stores: tuple[JobStore, ProgressS
     assert [m.step for m in store.metrics(job_id)] == [1, 2]
     record = store.get(job_id)
     assert record.step == 2 and set(record.evaluation) == {"0", "2"}
+
+
+def test_a_checkpoint_is_named_in_the_job_record(stores: tuple[JobStore, ProgressStore, str]) -> None:
+    store, progress, job_id = stores
+    assert store.get(job_id).checkpoints == [] and store.get(job_id).latest_weights is None
+    _commit(progress, job_id, 1)
+    progress.save_checkpoint(job_id, "controller-a", "/ckpt/step-1")
+    _commit(progress, job_id, 2)
+    progress.save_checkpoint(job_id, "controller-a", "/ckpt/step-2")
+    progress.save_checkpoint(job_id, "controller-a", "/ckpt/step-2")  # saved again (a resumed job): one entry
+    record = store.get(job_id)
+    assert [(c.step, c.path) for c in record.checkpoints] == [(1, "/ckpt/step-1"), (2, "/ckpt/step-2")]
+    assert record.latest_weights == "/ckpt/step-2"

@@ -1,4 +1,5 @@
-"""The `everstep` command line: demo, up, down, submit, status, cancel, serve, model import."""
+"""The `everstep` command line: demo, up, down, submit, status, list, logs, pause, resume, cancel, serve,
+model import."""
 
 from __future__ import annotations
 
@@ -42,16 +43,35 @@ def build_parser() -> argparse.ArgumentParser:
 
     submit = sub.add_parser("submit", help="submit a job spec (YAML)")
     submit.add_argument("job_file")
+    submit.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override a field of the spec by its dotted path before submitting, the value read as "
+                             "YAML (e.g. --set trainer.learning_rate=3e-4 --set sampling.stop='[\"</s>\"]'); "
+                             "repeatable, applied in order. A field the spec does not have, or a value it refuses, "
+                             "is an error naming it and nothing is submitted. A relative path value is taken "
+                             "relative to the current directory")
     submit.add_argument("--follow", action="store_true", help="show progress until the job ends")
     _add_url(submit)
 
-    status = sub.add_parser("status", help="list jobs, or show one")
+    status = sub.add_parser("status", help="list jobs, or show one's record (JSON: state, metrics, evaluations, "
+                                           "checkpoints, latest_weights)")
     status.add_argument("job", nargs="?")
     _add_url(status)
 
-    cancel = sub.add_parser("cancel", help="cancel a job")
-    cancel.add_argument("job")
-    _add_url(cancel)
+    listing = sub.add_parser("list", help="list jobs, one line each: id, state, step/steps, name")
+    _add_url(listing)
+
+    logs = sub.add_parser("logs", help="a job's history, one line per step (reward, trained samples, trainer "
+                                       "statistics) and per evaluation")
+    logs.add_argument("job")
+    logs.add_argument("--follow", action="store_true",
+                      help="keep printing new steps until the job ends (exit 1 unless it SUCCEEDED)")
+    _add_url(logs)
+
+    for action, text in (("pause", "pause a job (it stops after its current step)"),
+                         ("resume", "resume a paused job"), ("cancel", "cancel a job")):
+        command = sub.add_parser(action, help=text)
+        command.add_argument("job")
+        _add_url(command)
 
     model = sub.add_parser("model", help="prepare a model for everstep")
     model_sub = model.add_subparsers(dest="model_command", required=True)
@@ -132,11 +152,13 @@ def _dispatch(args: argparse.Namespace, extra: list[str]) -> None:
 
     from everstep_cli.rest_client import ControllerClient
 
-    client = ControllerClient(args.url)
     if args.command == "submit":
         from everstep_cli.job_file import load_job_file
 
-        record = client.submit(load_job_file(args.job_file))
+        spec = load_job_file(args.job_file, args.overrides)  # a bad override: refused before any call
+    client = ControllerClient(args.url)
+    if args.command == "submit":
+        record = client.submit(spec)
         print(record["id"])
         if args.follow:
             from everstep_cli.follow import follow_job
@@ -145,14 +167,19 @@ def _dispatch(args: argparse.Namespace, extra: list[str]) -> None:
             print(json.dumps({k: final[k] for k in ("id", "state", "step", "error", "evaluation")}))
             if final["state"] != "SUCCEEDED":
                 sys.exit(1)
-    elif args.command == "status":
-        if args.job:
-            print(json.dumps(client.job(args.job), indent=2))
-        else:
-            for job in client.jobs():
-                print(f"{job['id']}  {job['state']:<10} step {job['step']:>4}/{job['spec']['steps']:<4} {job['name']}")
-    elif args.command == "cancel":
-        print(client.action(args.job, "cancel")["state"])
+    elif args.command == "status" and args.job:
+        print(json.dumps(client.job(args.job), indent=2))
+    elif args.command in ("status", "list"):
+        for job in client.jobs():
+            print(f"{job['id']}  {job['state']:<10} step {job['step']:>4}/{job['spec']['steps']:<4} {job['name']}")
+    elif args.command == "logs":
+        from everstep_cli.logs import print_logs
+
+        final = print_logs(client, args.job, follow=args.follow)
+        if args.follow and final["state"] != "SUCCEEDED":
+            sys.exit(1)
+    elif args.command in ("pause", "resume", "cancel"):
+        print(client.action(args.job, args.command)["state"])
 
 
 if __name__ == "__main__":

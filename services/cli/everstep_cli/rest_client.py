@@ -10,12 +10,23 @@ from __future__ import annotations
 import os
 import ssl
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
 
 class ApiError(RuntimeError):
-    pass
+    """A failed call: `status` is the HTTP status (None: the controller could not be reached), `detail`
+    the controller's explanation (FastAPI's `detail`) when it gave one."""
+
+    def __init__(self, message: str, status: int | None = None, detail: Any = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.detail = detail
+
+
+class UnknownJob(ApiError):
+    """The controller has no job of that id (404)."""
 
 
 class ControllerClient:
@@ -34,8 +45,22 @@ class ControllerClient:
         except httpx.HTTPError as e:
             raise ApiError(f"cannot reach the controller at {self.url}: {e}") from e
         if response.status_code >= 400:
-            raise ApiError(f"{method} {path} -> {response.status_code}: {response.text}")
+            try:
+                detail = response.json().get("detail")
+            except (ValueError, AttributeError):
+                detail = None
+            raise ApiError(f"{method} {path} -> {response.status_code}: {response.text}", response.status_code, detail)
         return response.json()
+
+    def _job_call(self, job_id: str, method: str, path: str) -> Any:
+        try:
+            return self._call(method, path)
+        except ApiError as e:
+            if e.status == 404:
+                raise UnknownJob(f"no job {job_id!r} at {self.url}", 404, e.detail) from None
+            if e.status == 409 and isinstance(e.detail, str):
+                raise ApiError(f"job {job_id}: {e.detail}", 409, e.detail) from None
+            raise
 
     def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", "/v1/jobs", json=spec)
@@ -44,13 +69,16 @@ class ControllerClient:
         return self._call("GET", "/v1/jobs")
 
     def job(self, job_id: str) -> dict[str, Any]:
-        return self._call("GET", f"/v1/jobs/{job_id}")
+        """UnknownJob naming it when the controller has no such job."""
+        return self._job_call(job_id, "GET", f"/v1/jobs/{quote(job_id, safe='')}")
 
     def metrics(self, job_id: str) -> list[dict[str, Any]]:
-        return self._call("GET", f"/v1/jobs/{job_id}/metrics")
+        return self._job_call(job_id, "GET", f"/v1/jobs/{quote(job_id, safe='')}/metrics")
 
     def action(self, job_id: str, action: str) -> dict[str, Any]:
-        return self._call("POST", f"/v1/jobs/{job_id}/{action}")
+        """pause, resume or cancel; UnknownJob, or ApiError with the controller's reason (409: the job's
+        state does not allow it)."""
+        return self._job_call(job_id, "POST", f"/v1/jobs/{quote(job_id, safe='')}/{action}")
 
     def close(self) -> None:
         self._http.close()

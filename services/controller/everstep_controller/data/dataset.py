@@ -13,9 +13,10 @@ counted, and the first few are kept for the job record, so a user sees what was 
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -89,32 +90,105 @@ def dataset_file(path: str) -> Path:
     return file
 
 
+class DatasetPathError(FileNotFoundError):
+    """A `dataset.<setting>` entry naming no file: a glob pattern that matches nothing, or a missing file.
+
+    `loc`: the spec field, e.g. ("dataset", "train_path") or ("dataset", "train_path", 1) for a list's entry."""
+
+    def __init__(self, loc: tuple[str | int, ...], message: str) -> None:
+        super().__init__(message)
+        self.loc = loc
+
+
+def dataset_paths(paths: str | Sequence[str], setting: str = "train_path") -> list[str]:
+    """The files `paths` names, in order, as verl's data.train_files: a file, or a list of files and glob
+    patterns, each pattern's matches sorted by name. A name that is a file is taken as it is (even when it
+    looks like a pattern); a pattern is what `glob.has_magic` says is one.
+
+    DatasetPathError naming `dataset.<setting>` (and the list entry) for a pattern that matches no file.
+    A plain name is not checked here: reading it reports a missing file."""
+    entries = [paths] if isinstance(paths, str) else list(paths)
+    files: list[str] = []
+    for i, entry in enumerate(entries):
+        loc: tuple[str | int, ...] = ("dataset", setting) if isinstance(paths, str) else ("dataset", setting, i)
+        if not glob.has_magic(entry) or Path(entry).is_file():
+            files.append(entry)
+            continue
+        matches = sorted(m for m in glob.glob(entry, recursive=True) if Path(m).is_file())
+        if not matches:
+            name = f"dataset.{setting}" + ("" if isinstance(paths, str) else f"[{i}]")
+            raise DatasetPathError(loc, f"{name}: the pattern {entry!r} matches no file")
+        files.extend(matches)
+    return files
+
+
+def pattern_folder(pattern: str) -> Path:
+    """The folder of a glob pattern before its first wildcard part: whether it exists tells if the
+    pattern can be checked now."""
+    parts = Path(pattern).parts
+    fixed = [p for p in parts[: next((i for i, p in enumerate(parts) if glob.has_magic(p)), len(parts))]]
+    return Path(*fixed) if fixed else Path(".")
+
+
+_FORMAT_BY_SUFFIX = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
+
+
 def dataset_format(path: str, declared: str = "auto") -> str:
-    """'jsonl' or 'parquet': as declared, else from the file name."""
-    if declared != "auto":
-        return declared
+    """'jsonl' or 'parquet': as declared, else from the file name. A file whose name says the other format
+    than the declared one is a ValueError naming both (every file of a job shares dataset.format; with
+    'auto', each file has its own)."""
     suffix = Path(path).suffix.lower()
-    if suffix in (".jsonl", ".json", ".ndjson"):
-        return "jsonl"
-    if suffix in (".parquet", ".pq"):
-        return "parquet"
+    named = _FORMAT_BY_SUFFIX.get(suffix)
+    if declared != "auto":
+        if named is not None and named != declared:
+            raise ValueError(f"dataset file {path!r} is named as {named} but dataset.format is {declared!r}; "
+                             "set dataset.format to 'auto' to read each file by its name")
+        return declared
+    if named is not None:
+        return named
     raise ValueError(f"cannot tell the format of dataset {path!r} from its name; set dataset.format "
                      "to 'jsonl' or 'parquet'")
 
 
-def load_prompt_rows(path: str, encoder: PromptEncoder, *, fields: RowFields | None = None,
+def load_prompt_rows(path: str | Sequence[str], encoder: PromptEncoder, *, fields: RowFields | None = None,
                      file_format: str = "auto", verifier_names: Collection[str] | None = None,
-                     max_prompt_tokens: int | None = None) -> LoadedDataset:
-    """encoder: how prompts become ids (`PromptEncoder(tokenizer)`: the raw text).
+                     max_prompt_tokens: int | None = None, setting: str = "train_path") -> LoadedDataset:
+    """path: a file, or a list of files and glob patterns (`dataset_paths`; `setting` names the spec field
+    in its errors): the files' rows in order, numbered across the files (a row's index is its row number
+    in the first file, then continues after the first file's last row, and so on).
+    file_format: every file's ('auto': each file's from its name).
+    encoder: how prompts become ids (`PromptEncoder(tokenizer)`: the raw text).
     verifier_names: the job's verifiers; a row naming another one is skipped (None: not checked).
     max_prompt_tokens: a row whose prompt ids are more is skipped (None: any length)."""
     fields = fields or RowFields()
-    file = dataset_file(path)
-    reader = _parquet_rows if dataset_format(path, file_format) == "parquet" else _jsonl_rows
+    files = [(name, dataset_file(name)) for name in dataset_paths(path, setting)]
     rows: list[PromptRow] = []
     skipped: list[SkippedRow] = []
     num_skipped = 0
-    for index, raw in reader(file):
+    offset = 0
+    for name, file in files:
+        prefix = f"{name}: " if len(files) > 1 else ""
+        offset, file_skipped = _load_file(name, file, offset, encoder, fields, file_format, verifier_names,
+                                          max_prompt_tokens, rows, skipped, prefix)
+        num_skipped += file_skipped
+    if not rows:
+        shown = path if isinstance(path, str) else ", ".join(path)
+        raise ValueError(f"dataset {shown!r} has no usable rows ({num_skipped} skipped"
+                         + (f", e.g. row {skipped[0].index}: {skipped[0].reason})" if skipped else ")"))
+    return LoadedDataset(rows, num_skipped, skipped)
+
+
+def _load_file(path: str, file: Path, offset: int, encoder: PromptEncoder, fields: RowFields, file_format: str,
+               verifier_names: Collection[str] | None, max_prompt_tokens: int | None, rows: list[PromptRow],
+               skipped: list[SkippedRow], prefix: str) -> tuple[int, int]:
+    """Appends the file's rows (indexes from `offset`) and its first skips; the next file's offset and the
+    number of rows skipped."""
+    reader = _parquet_rows if dataset_format(path, file_format) == "parquet" else _jsonl_rows
+    num_skipped = 0
+    end = offset
+    for local, raw in reader(file):
+        index = offset + local
+        end = index + 1
         try:
             row = _row_of(index, raw, fields, verifier_names)
             row = replace(row, prompt_ids=encoder.encode(row.row_prompt, fields.prompt))
@@ -124,14 +198,11 @@ def load_prompt_rows(path: str, encoder: PromptEncoder, *, fields: RowFields | N
         except ValueError as e:
             num_skipped += 1
             if len(skipped) < MAX_REPORTED_SKIPS:
-                skipped.append(SkippedRow(index, str(e)))
-            log.warning("dataset %s row %d skipped: %s", path, index, e)
+                skipped.append(SkippedRow(index, f"{prefix}{e}"))
+            log.warning("dataset %s row %d skipped: %s", path, local, e)
             continue
         rows.append(row)
-    if not rows:
-        raise ValueError(f"dataset {path!r} has no usable rows ({num_skipped} skipped"
-                         + (f", e.g. row {skipped[0].index}: {skipped[0].reason})" if skipped else ")"))
-    return LoadedDataset(rows, num_skipped, skipped)
+    return end, num_skipped
 
 
 def _row_of(index: int, raw: Any, fields: RowFields, verifier_names: Collection[str] | None) -> PromptRow:

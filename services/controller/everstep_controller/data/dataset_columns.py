@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from everstep_controller.data.dataset import dataset_file, dataset_format
+from everstep_controller.data.dataset import dataset_file, dataset_format, dataset_paths
 from everstep_controller.spec.field_paths import MISSING, field_value
 from everstep_controller.spec.job_spec import DatasetSpec
 
@@ -36,10 +36,14 @@ class DatasetFieldError(ValueError):
 def check_dataset_fields(spec: DatasetSpec) -> None:
     """DatasetFieldError for the first missing field, of dataset.train_path then dataset.eval_path.
 
-    FileNotFoundError for a file that does not exist; each file's format is dataset.format's."""
-    for path in (spec.train_path, spec.eval_path):
-        if path is not None:
-            _check_file(spec, path)
+    Every file of each (a list of files and glob patterns is expanded: `dataset_paths`) is checked.
+    FileNotFoundError for a file that does not exist (DatasetPathError for a pattern matching none); each
+    file's format is dataset.format's."""
+    for setting in ("train_path", "eval_path"):
+        paths = getattr(spec, setting)
+        if paths is not None:
+            for path in dataset_paths(paths, setting):
+                _check_file(spec, path)
 
 
 def _check_file(spec: DatasetSpec, path: str) -> None:

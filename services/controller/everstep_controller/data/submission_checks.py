@@ -5,7 +5,8 @@ the reward service's (the shared table `everstep.verifiers.VERIFIER_PARAMS`; the
 service's to check, at the first score), and from the files: the model's chat template against `prompt.format`
 and `prompt.system`, the model's position limit against `sampling.max_new_tokens` and its experts against
 `algorithm.routing_replay` (`model_limits`), and the
-dataset's fields against `dataset.*_field` (`dataset_columns`). A file that does
+dataset's fields against `dataset.*_field` (`dataset_columns`), and that a glob pattern of
+`dataset.train_path`/`eval_path` whose folder exists matches a file. A file that does
 not exist or cannot be read at submission is not checked here: the job then fails when it loads its data,
 with the cause in its record (a file may be written after the job is submitted). The job's load runs the
 same checks, so a job never trains on input these would refuse.
@@ -18,6 +19,7 @@ from typing import Any
 
 from everstep.verifiers import VERIFIER_PARAMS
 from everstep_controller.data.chat_template import ChatTemplateError, read_chat_template
+from everstep_controller.data.dataset import DatasetPathError, dataset_paths, pattern_folder
 from everstep_controller.data.dataset_columns import DatasetFieldError, check_dataset_fields
 from everstep_controller.data.prompt_rendering import resolve_prompt_format
 from everstep_controller.spec.job_spec import JobSpec, PromptFormat
@@ -93,7 +95,19 @@ def _check_prompt_format(spec: JobSpec) -> None:
 
 def _check_dataset_fields(spec: JobSpec) -> None:
     d = spec.dataset
-    if not all(_is_file(p) for p in (d.train_path, d.eval_path) if p is not None):
+    files: list[str] = []
+    for setting in ("train_path", "eval_path"):
+        paths = getattr(d, setting)
+        if paths is None:
+            continue
+        try:
+            files += dataset_paths(paths, setting)
+        except DatasetPathError as e:
+            pattern = _entry(paths, e.loc)
+            if _is_dir(str(pattern_folder(pattern))):
+                raise JobInputError(e.loc, str(e)) from None
+            return  # a folder that does not exist yet: the job's load reports it
+    if not all(_is_file(p) for p in files):
         return
     try:
         check_dataset_fields(d)
@@ -101,6 +115,10 @@ def _check_dataset_fields(spec: JobSpec) -> None:
         raise JobInputError(("dataset", e.setting), str(e)) from None
     except (OSError, ValueError):
         return  # unreadable now (or not Parquet after all): the job's load reports it
+
+
+def _entry(paths: str | list[str], loc: tuple[str | int, ...]) -> str:
+    return paths if isinstance(paths, str) else paths[int(loc[-1])]
 
 
 def _is_dir(path: str) -> bool:

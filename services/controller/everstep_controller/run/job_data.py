@@ -46,6 +46,6 @@ def load_job_data(spec: JobSpec) -> JobData:
     eval_rows: list[PromptRow] = []
     if d.eval_path:
         held_out = load_prompt_rows(d.eval_path, encoder, fields=fields, file_format=d.format.value,
-                                    verifier_names=names, max_prompt_tokens=longest)
+                                    verifier_names=names, max_prompt_tokens=longest, setting="eval_path")
         eval_rows = held_out.rows[: spec.evaluation.num_prompts]
     return JobData(train, eval_rows)

@@ -10,6 +10,7 @@ the CLI resolves relative paths against the directory of the YAML file before su
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Annotated
 
 from pydantic import Field, JsonValue, model_validator
 
@@ -30,6 +31,10 @@ class DatasetFormat(StrEnum):
     parquet = "parquet"
 
 
+DatasetPaths = str | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
+"""A dataset file, or a non-empty list of files and glob patterns (`data.dataset.dataset_paths` expands it)."""
+
+
 class DatasetSpec(_Section):
     """Where prompts come from: JSONL or Parquet rows with a prompt and an answer or tests.
 
@@ -42,13 +47,19 @@ class DatasetSpec(_Section):
     have are skipped, counted and listed in the job record (`dataset`).
     """
 
-    train_path: str = Field(description="JSONL or Parquet file of training rows.")
-    eval_path: str | None = Field(
-        default=None, description="JSONL or Parquet file of held-out rows for evaluation; none: no evaluation."
+    train_path: DatasetPaths = Field(
+        description="JSONL or Parquet file of training rows, or a list of files and glob patterns (as verl's "
+                    "data.train_files): the files' rows in order, each pattern's matches sorted by name. A pattern "
+                    "that matches nothing is refused at submission (422 naming it) when its folder exists, else "
+                    "fails the job.")
+    eval_path: DatasetPaths | None = Field(
+        default=None, description="Held-out rows for evaluation, as train_path (a file, or a list of files and "
+                                  "glob patterns); none: no evaluation."
     )
     format: DatasetFormat = Field(
         default=DatasetFormat.auto,
-        description="File format; 'auto': from the file name (.jsonl/.json/.ndjson, .parquet/.pq).",
+        description="Format of every dataset file; 'auto': each file's from its name (.jsonl/.json/.ndjson, "
+                    ".parquet/.pq).",
     )
     prompt_field: str = Field(
         default="prompt", min_length=1,

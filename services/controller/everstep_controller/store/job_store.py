@@ -82,6 +82,13 @@ class ResumeEvent(BaseModel):
                                                 "hung past its deadline).")
 
 
+class CheckpointInfo(BaseModel):
+    step: int = Field(description="Training steps completed when it was saved.")
+    path: str = Field(description="Folder of the checkpoint: the policy's weights as a Hugging Face model "
+                                  "directory, with the trainer's state to resume from.")
+    saved_at: float = Field(description="Unix time it was recorded.")
+
+
 def _none_for_empty(value: Any) -> Any:
     return None if value == {} else value  # how records stored before StepMetrics say "no step yet"
 
@@ -101,6 +108,11 @@ class JobRecord(BaseModel):
     dataset: DatasetReport | None = Field(default=None, description="What the training dataset held.")
     workers: WorkerAddresses | None = Field(default=None, description="The job's rollout engine and trainer.")
     resumes: list[ResumeEvent] = Field(default_factory=list, description="Restarts of the job's runner.")
+    checkpoints: list[CheckpointInfo] = Field(
+        default_factory=list, description="The job's saved checkpoints, by step (spec.checkpoint), oldest first.")
+    latest_weights: str | None = Field(
+        default=None, description="Path of the latest checkpoint (its weights: a Hugging Face model directory); "
+                                  "null before the first checkpoint.")
     spec: JobSpec
 
 

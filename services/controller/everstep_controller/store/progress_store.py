@@ -16,6 +16,7 @@ stored yet, so one whose reply was lost is not applied twice.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from everstep.v1 import common_pb2, reward_pb2
 from everstep_controller.data.reward_errors import ErrorClass, PartError, classify, part_errors
-from everstep_controller.store.job_store import JobRecord, JobStore, LostOwnership
+from everstep_controller.store.job_store import CheckpointInfo, JobRecord, JobStore, LostOwnership
 from everstep_controller.store.step_metrics import StepMetrics
 
 LEGACY_KEYS = (":rollouts",)
@@ -151,12 +152,17 @@ class ProgressStore:
         progress = progress.model_copy(update={"last_checkpoint_step": progress.step})
         snapshot = progress.model_copy(update={"checkpoint_path": path})
 
-        def write(pipe: redis.client.Pipeline, _: JobRecord) -> None:
+        def write(pipe: redis.client.Pipeline, record: JobRecord) -> None:
             pipe.set(self._key(job_id, ":progress"), progress.model_dump_json())
             pipe.set(self._key(job_id, ":checkpoint"), snapshot.model_dump_json())
             for part in (":carried", ":scored"):
                 pipe.delete(self._key(job_id, f":checkpoint{part}"))
                 pipe.copy(self._key(job_id, part), self._key(job_id, f":checkpoint{part}"))
+            # the record names it: a step saved again (a resumed job) replaces its entry
+            saved = [c for c in record.checkpoints if c.step != progress.step]
+            saved.append(CheckpointInfo(step=progress.step, path=path, saved_at=time.time()))
+            self.store.record_update(pipe, record, checkpoints=sorted(saved, key=lambda c: c.step),
+                                     latest_weights=path)
 
         self._fenced(job_id, owner, write, watch=[self._key(job_id, ":progress"), self._key(job_id, ":scored")])
 
