@@ -10,9 +10,8 @@ the CLI resolves relative paths against the directory of the YAML file before su
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated
 
-from pydantic import Field, JsonValue, model_validator
+from pydantic import Field, JsonValue, field_validator, model_validator
 
 from everstep.settings import (
     AlgorithmSettings,
@@ -31,7 +30,7 @@ class DatasetFormat(StrEnum):
     parquet = "parquet"
 
 
-DatasetPaths = str | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
+DatasetPaths = str | list[str]
 """A dataset file, or a non-empty list of files and glob patterns (`data.dataset.dataset_paths` expands it)."""
 
 
@@ -90,6 +89,14 @@ class DatasetSpec(_Section):
         description="Row field listing the names of the job's verifiers that apply to the row (e.g. ['code']); "
                     "missing: all of them. A name the job does not list makes the row skipped.",
     )
+
+
+    @field_validator("train_path", "eval_path")
+    @classmethod
+    def _paths_named(cls, value: DatasetPaths | None) -> DatasetPaths | None:
+        if isinstance(value, list) and (not value or not all(value)):
+            raise ValueError("a list of dataset files needs at least one entry, and no empty one")
+        return value
 
 
 class PromptFormat(StrEnum):
