@@ -88,3 +88,9 @@ def test_submission_refuses_a_pattern_matching_nothing_in_an_existing_folder(tmp
     assert e.value.loc == ("dataset", "train_path", 1)
     # a folder that does not exist yet: not checkable now, the job's load reports it
     check_job_input(JobSpec(model_path=str(model), dataset={"train_path": "/not/yet/*.jsonl"}))
+
+
+def test_at_load_a_pattern_matching_nothing_fails_naming_the_field(tmp_path: Path) -> None:
+    train = _jsonl(tmp_path / "train.jsonl", [{"prompt": "1", "answer": "1"}])
+    with pytest.raises(FileNotFoundError, match=r"dataset.eval_path: the pattern .*later-\*.jsonl' matches no file"):
+        check_dataset_fields(DatasetSpec(train_path=train, eval_path=str(tmp_path / "later-*.jsonl")))
