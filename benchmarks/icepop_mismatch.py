@@ -300,7 +300,7 @@ def plot(by_arm: dict[str, list[RunResult]], title: str, path: Path, *, routes: 
               ("steps", "routing_disagreement", "routing disagreement", False) if routes
               else ("steps", "grad_norm", "gradient norm", False)]
     fig, axes = plt.subplots(2, 3, figsize=(14, 7), sharex=True)
-    for ax, (kind, field, title, log_scale) in zip(axes.flat, panels, strict=True):
+    for ax, (kind, field, panel_title, log_scale) in zip(axes.flat, panels, strict=True):
         # Arms that coincide (TIS and IcePop when nothing is masked or capped) stay visible: dashed, dotted.
         for (arm, runs), style in zip(by_arm.items(), itertools.cycle(("-", "-", "--", ":", "-.")), strict=False):
             records = [getattr(run, kind) for run in runs]
@@ -312,7 +312,7 @@ def plot(by_arm: dict[str, list[RunResult]], title: str, path: Path, *, routes: 
                             alpha=0.2, linewidth=0)
         if log_scale:
             ax.set_yscale("log")
-        ax.set_title(title)
+        ax.set_title(panel_title)
         ax.grid(alpha=0.3)
     for ax in axes[1]:
         ax.set_xlabel("step")
