@@ -9,9 +9,10 @@ pi_infer and pi_train disagree. Four arms, identical but for the engine and the 
   int8-tis      quantized engine, truncated importance sampling, cap --tis-cap (2)
   int8-icepop   quantized engine, IcePop masking outside [--alpha, --beta] ([0.5, 5])
 
-(`--quantization int8-tensor`, `fp8` or `int4` renames the three quantized arms.) Each arm runs once per seed
-(`--seeds`, default 3): seed s fixes the prompt order, the engine's sampling seed and the trainer's seed, the
-same in every arm. A step samples G completions for P prompts of the demo task's train.jsonl with the
+(`--quantization int8-tensor`, `fp8` or `int4` renames the three quantized arms.) `--betas 2,3` adds IcePop arms
+with a tighter upper bound (`int8-icepop-b2`, `int8-icepop-b3`: [--alpha, 2] and [--alpha, 3]). Each arm runs
+once per seed (`--seeds`, default 3): seed s fixes the prompt order, the engine's sampling seed and the trainer's
+seed, the same in every arm. A step samples G completions for P prompts of the demo task's train.jsonl with the
 in-process rollout `Engine`, scores them (exact match of the boxed answer), computes GRPO advantages, runs
 one `PolicyTrainer` step (float32), and pushes the full-precision weights into the engine, which quantizes
 them on receipt, as the services do (the engine and trainer are the services' own classes, in one process
@@ -28,7 +29,9 @@ last line a JSON object with, per arm: final_accuracy {mean, std} (avg@4 at the 
 seeds), final_greedy {mean, std}, late_accuracy {mean, std} (avg@4 averaged over each run's last 3
 evaluations, then over seeds: one evaluation of 50 prompts moves by several points), mismatch_kl_first /
 mismatch_kl_last (mean over seeds of the mean over the first / last 10% of steps), masked_fraction_mean,
-logp_diff_max_max.
+logp_diff_max_max, routing_disagreement_mean (0 here: a dense model has no routes).
+
+`benchmarks.moe_mismatch` runs this same harness (`run_experiment`) with MoE arms (routing replay).
 
 Sizes: the default (100 steps x 3 seeds x 4 arms at P=8, G=8) is the full run (about an hour on 2 cores);
 `--quick` is about 4 to 7 minutes (30 steps, 2 seeds, P=4, 20 eval prompts). The model defaults to the demo
@@ -38,6 +41,7 @@ model shipped in examples/demo-model (a --model folder that has no model yet is 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import math
@@ -47,6 +51,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -64,6 +69,15 @@ class Arm:
     quantization: str
     """The engine's weight quantization ("none" for the control)."""
     correction: str
+    dtype: str = "float32"
+    """The engine's compute dtype (the trainer is float32 throughout)."""
+    routing_replay: str = "off"
+    """The trainer's `routing_replay` ("rollout": replay the engine's routes; MoE models only)."""
+    routes: bool = False
+    """Ask the engine for its routes (`return_routed_experts`) and send them to the trainer (MoE models only):
+    the trainer then reports its routing disagreement with the engine, replaying them or not."""
+    beta: float | None = None
+    """IcePop's upper bound for this arm (None: Settings.beta)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,6 +116,9 @@ class StepRecord:
     num_tokens: int
     rollout_seconds: float
     train_seconds: float
+    routing_disagreement: float = 0.0
+    """Fraction of (token, MoE layer) pairs whose top-k set under the trainer's own router differs from the
+    engine's (0 without routes; a default so that reports saved before it still load)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,10 +137,13 @@ class RunResult:
     evals: list[EvalRecord]
 
 
-def arms(quantization: str) -> list[Arm]:
+def arms(quantization: str, betas: Sequence[float] = ()) -> list[Arm]:
+    """The control, the quantized engine's none / TIS / IcePop arms, then one IcePop arm per tighter `betas`."""
     return [Arm(name="fp32-none", quantization="none", correction="none"),
             *(Arm(name=f"{quantization}-{c}", quantization=quantization, correction=c)
-              for c in ("none", "tis", "icepop"))]
+              for c in ("none", "tis", "icepop")),
+            *(Arm(name=f"{quantization}-icepop-b{b:g}", quantization=quantization, correction="icepop", beta=b)
+              for b in betas)]
 
 
 def ensure_model(model_dir: Path) -> None:
@@ -142,9 +162,9 @@ def read_rows(path: Path, count: int, seed: int | None) -> list[tuple[str, str]]
 
 
 def _generate(engine, prompts: list[tuple[str, str]], *, samples: int, temperature: float, max_new_tokens: int,
-              tag: str, seed: int | None = None) -> list:
+              tag: str, seed: int | None = None, routes: bool = False) -> list:
     """`samples` completions per prompt, in prompt order; with `seed`, request i samples with seed + i
-    (else the engine's own seeded generator)."""
+    (else the engine's own seeded generator); with `routes`, each result carries its routed experts."""
     from everstep_rollout.sequence import GenerationRequest, SamplingOptions
 
     requests = []
@@ -153,7 +173,7 @@ def _generate(engine, prompts: list[tuple[str, str]], *, samples: int, temperatu
         for g in range(samples):
             index = p * samples + g
             sampling = SamplingOptions(temperature=temperature, max_new_tokens=max_new_tokens,
-                                       seed=0 if seed is None else seed + index)
+                                       seed=0 if seed is None else seed + index, return_routed_experts=routes)
             requests.append(GenerationRequest(id=f"{tag}-{index}", prompt_ids=prompt_ids, sampling=sampling))
     engine.add(requests)
     results = {}
@@ -192,27 +212,29 @@ def run_one(arm: Arm, seed: int, settings: Settings, prompts: list[tuple[str, st
 
     torch.manual_seed(seed)
     rows = settings.prompts_per_step * settings.group_size
-    engine = Engine(settings.model, EngineConfig(dtype="float32", quantization=arm.quantization, device="cpu",
+    engine = Engine(settings.model, EngineConfig(dtype=arm.dtype, quantization=arm.quantization, device="cpu",
                                                  max_running=rows, max_queued=rows, seed=seed))
     eval_rows = len(eval_prompts) * EVAL_SAMPLES
     eval_engine = Engine(settings.model, EngineConfig(dtype="float32", device="cpu", max_running=min(eval_rows, 128),
                                                       max_queued=eval_rows, seed=seed))
     trainer = PolicyTrainer(settings.model, TrainerConfig(
-        correction=arm.correction, learning_rate=settings.learning_rate, alpha=settings.alpha, beta=settings.beta,
-        tis_cap=settings.tis_cap, temperature=settings.temperature, seed=seed), device="cpu")
+        correction=arm.correction, learning_rate=settings.learning_rate, alpha=settings.alpha,
+        beta=settings.beta if arm.beta is None else arm.beta, tis_cap=settings.tis_cap,
+        temperature=settings.temperature, seed=seed, routing_replay=arm.routing_replay), device="cpu")
     steps, evals = [], [evaluate(eval_engine, trainer, eval_prompts, settings, 0)]
     for step in range(1, settings.steps + 1):
         start = time.perf_counter()
         batch_prompts = prompts[(step - 1) * settings.prompts_per_step:step * settings.prompts_per_step]
         results = _generate(engine, batch_prompts, samples=settings.group_size, temperature=settings.temperature,
-                            max_new_tokens=settings.max_new_tokens, tag=f"s{step}")
+                            max_new_tokens=settings.max_new_tokens, tag=f"s{step}", routes=arm.routes)
         rollout_seconds = time.perf_counter() - start
         rewards = [float(is_correct(r.output_text, batch_prompts[i // settings.group_size][1]))
                    for i, r in enumerate(results)]
         samples = []
         for first in range(0, len(results), settings.group_size):
             advantages = grpo_advantages(rewards[first:first + settings.group_size], normalize_std=True)
-            samples += [TrainSample(r.prompt_ids, r.output_ids, r.output_logprobs, a, output_versions=r.output_versions)
+            samples += [TrainSample(r.prompt_ids, r.output_ids, r.output_logprobs, a, output_versions=r.output_versions,
+                                    routed_experts=r.routed_experts if arm.routes else b"")
                         for r, a in zip(results[first:first + settings.group_size], advantages, strict=True)]
         start = time.perf_counter()
         version, stats = trainer.train_step(samples)
@@ -223,13 +245,15 @@ def run_one(arm: Arm, seed: int, settings: Settings, prompts: list[tuple[str, st
             logp_diff_max=stats.logp_diff_max, logp_diff_abs_mean=stats.logp_diff_abs_mean,
             masked_fraction=stats.masked_fraction, clip_fraction=stats.clip_fraction, loss=stats.loss,
             grad_norm=stats.grad_norm, entropy=stats.entropy, num_tokens=stats.num_tokens,
-            rollout_seconds=rollout_seconds, train_seconds=train_seconds))
+            rollout_seconds=rollout_seconds, train_seconds=train_seconds,
+            routing_disagreement=stats.routing_disagreement))
         if step % settings.eval_every == 0 or step == settings.steps:
             evals.append(evaluate(eval_engine, trainer, eval_prompts, settings, step))
-        log.info("%s seed %d step %d: reward %.3f kl %.2e max|dlogp| %.3f masked %.4f%s (%.1fs + %.1fs)",
+        log.info("%s seed %d step %d: reward %.3f kl %.2e max|dlogp| %.3f masked %.4f routes %.4f%s (%.1fs + %.1fs)",
                  arm.name, seed, step, steps[-1].reward_mean, stats.mismatch_kl, stats.logp_diff_max,
-                 stats.masked_fraction, f" eval avg@4 {evals[-1].avg_at_4:.3f} greedy {evals[-1].greedy:.3f}"
-                 if evals[-1].step == step else "", rollout_seconds, train_seconds)
+                 stats.masked_fraction, stats.routing_disagreement,
+                 f" eval avg@4 {evals[-1].avg_at_4:.3f} greedy {evals[-1].greedy:.3f}" if evals[-1].step == step
+                 else "", rollout_seconds, train_seconds)
     return RunResult(arm=arm.name, seed=seed, steps=steps, evals=evals)
 
 
@@ -252,6 +276,8 @@ def summarize(runs: list[RunResult]) -> dict[str, float | dict[str, float]]:
         "mismatch_kl_first": over_seeds(lambda run: statistics.fmean(s.mismatch_kl for s in run.steps[:tail])),
         "mismatch_kl_last": over_seeds(lambda run: statistics.fmean(s.mismatch_kl for s in run.steps[-tail:])),
         "masked_fraction_mean": over_seeds(lambda run: statistics.fmean(s.masked_fraction for s in run.steps)),
+        "routing_disagreement_mean": over_seeds(
+            lambda run: statistics.fmean(s.routing_disagreement for s in run.steps)),
         "logp_diff_max_max": max(s.logp_diff_max for run in runs for s in run.steps),
         "grad_norm_max": max(s.grad_norm for run in runs for s in run.steps),
         "reward_last": over_seeds(lambda run: statistics.fmean(s.reward_mean for s in run.steps[-tail:])),
@@ -260,7 +286,9 @@ def summarize(runs: list[RunResult]) -> dict[str, float | dict[str, float]]:
     }
 
 
-def plot(by_arm: dict[str, list[RunResult]], settings: Settings, path: Path) -> None:
+def plot(by_arm: dict[str, list[RunResult]], title: str, path: Path, *, routes: bool = False) -> None:
+    """One panel per figure over steps, one line per arm (mean over seeds, min-max band); with `routes`, the
+    routing disagreement replaces the gradient norm panel."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -269,11 +297,12 @@ def plot(by_arm: dict[str, list[RunResult]], settings: Settings, path: Path) -> 
     panels = [("steps", "mismatch_kl", "mismatch KL (k3)", True), ("steps", "logp_diff_max", "max |Δlogp|", False),
               ("steps", "masked_fraction", "masked fraction (IcePop bounds)", False),
               ("evals", "avg_at_4", "held-out avg@4", False), ("evals", "greedy", "held-out greedy accuracy", False),
-              ("steps", "grad_norm", "gradient norm", False)]
+              ("steps", "routing_disagreement", "routing disagreement", False) if routes
+              else ("steps", "grad_norm", "gradient norm", False)]
     fig, axes = plt.subplots(2, 3, figsize=(14, 7), sharex=True)
-    for ax, (kind, field, title, log_scale) in zip(axes.flat, panels, strict=True):
+    for ax, (kind, field, panel_title, log_scale) in zip(axes.flat, panels, strict=True):
         # Arms that coincide (TIS and IcePop when nothing is masked or capped) stay visible: dashed, dotted.
-        for (arm, runs), style in zip(by_arm.items(), ("-", "-", "--", ":"), strict=True):
+        for (arm, runs), style in zip(by_arm.items(), itertools.cycle(("-", "-", "--", ":", "-.")), strict=False):
             records = [getattr(run, kind) for run in runs]
             x = [r.step for r in records[0]]
             columns = list(zip(*[[getattr(r, field) for r in rec] for rec in records], strict=True))
@@ -283,30 +312,29 @@ def plot(by_arm: dict[str, list[RunResult]], settings: Settings, path: Path) -> 
                             alpha=0.2, linewidth=0)
         if log_scale:
             ax.set_yscale("log")
-        ax.set_title(title)
+        ax.set_title(panel_title)
         ax.grid(alpha=0.3)
     for ax in axes[1]:
         ax.set_xlabel("step")
     axes[0][0].legend()
-    fig.suptitle(f"{settings.quantization} rollouts vs float32 training: none / TIS / IcePop "
-                 f"(mean over {len(settings.seeds)} seeds, band: min-max)")
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.ArgumentParser]:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.icepop_mismatch", description=__doc__,
+def build_parser(prog: str, description: str | None, *, default_model: Path, model_help: str, default_out: Path,
+                 quantizations: Sequence[str], default_quantization: str, quantization_help: str,
+                 report: str) -> argparse.ArgumentParser:
+    """The flags every mismatch experiment shares (`report`: the saved JSON's file name, for --summarize)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL,
-                        help=f"demo-task model directory with train.jsonl and eval.jsonl (default {DEFAULT_MODEL}, "
-                             "built if missing)")
-    parser.add_argument("--out", type=Path, default=Path("outputs/icepop-mismatch"), help="where JSON and PNG go")
+    parser.add_argument("--model", type=Path, default=default_model, help=model_help)
+    parser.add_argument("--out", type=Path, default=default_out, help="where JSON and PNG go")
     parser.add_argument("--quick", action="store_true",
                         help="about 10 minutes: 30 steps, 2 seeds, 4 prompts per step, 20 eval prompts (flags given "
                              "explicitly still win)")
-    parser.add_argument("--quantization", choices=QUANTIZATIONS, default="int8",
-                        help="the quantized arms' engine setting (int8: per output channel)")
+    parser.add_argument("--quantization", choices=quantizations, default=default_quantization, help=quantization_help)
     parser.add_argument("--steps", type=int, default=None, help="train steps per run (default 100; quick 30)")
     parser.add_argument("--seeds", type=int, default=None, help="seeds per arm: 0..N-1 (default 3; quick 2)")
     parser.add_argument("--prompts-per-step", type=int, default=None, help="prompts per batch P (default 8; quick 4)")
@@ -322,8 +350,12 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Arg
                         help="held-out prompts of eval.jsonl (default 50; quick 20)")
     parser.add_argument("--num-threads", type=int, default=0, help="torch threads (0: all cores but one)")
     parser.add_argument("--summarize", type=Path, default=None, metavar="JSON",
-                        help="run nothing: print the summary of a saved icepop_mismatch.json, computed anew")
-    args = parser.parse_args(argv)
+                        help=f"run nothing: print the summary of a saved {report}, computed anew")
+    return parser
+
+
+def finish_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """Fill the --quick-dependent defaults and check the shared flags."""
     defaults = {"steps": (100, 30), "seeds": (3, 2), "prompts_per_step": (8, 4), "eval_prompts": (50, 20)}
     for name, (full, quick) in defaults.items():
         if getattr(args, name) is None:
@@ -333,11 +365,38 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Arg
             parser.error(f"--{name.replace('_', '-')}: must be >= 1")
     if args.group_size < 2:
         parser.error("--group-size: must be >= 2 (GRPO advantages need a group)")
+    return args
+
+
+def parse_betas(text: str, parser: argparse.ArgumentParser) -> list[float]:
+    """--betas: comma-separated IcePop upper bounds, each > 1, no repeats."""
+    try:
+        betas = [float(b) for b in text.split(",") if b.strip()]
+    except ValueError:
+        parser.error(f"--betas: comma-separated numbers, got {text!r}")
+    if any(not math.isfinite(b) or b <= 1.0 for b in betas) or len({f"{b:g}" for b in betas}) != len(betas):
+        parser.error(f"--betas: distinct upper bounds above 1, got {text!r}")
+    return betas
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.ArgumentParser]:
+    parser = build_parser(
+        "python -m benchmarks.icepop_mismatch", __doc__, default_model=DEFAULT_MODEL,
+        model_help=f"demo-task model directory with train.jsonl and eval.jsonl (default {DEFAULT_MODEL}, built if "
+                   "missing)",
+        default_out=Path("outputs/icepop-mismatch"), quantizations=QUANTIZATIONS, default_quantization="int8",
+        quantization_help="the quantized arms' engine setting (int8: per output channel)",
+        report="icepop_mismatch.json")
+    parser.add_argument("--betas", default="", metavar="B1,B2",
+                        help="add one IcePop arm per tighter upper bound, e.g. 2,3 (default: none)")
+    args = finish_args(parser.parse_args(argv), parser)
+    args.betas = parse_betas(args.betas, parser)
     return args, parser
 
 
 def resummarize(path: Path) -> dict:
-    """The per-arm summary of a saved icepop_mismatch.json, computed by this version of `summarize`."""
+    """The per-arm summary of a saved icepop_mismatch.json (or moe_mismatch.json), computed by this version of
+    `summarize`."""
     by_arm: dict[str, list[RunResult]] = {}
     for run in json.loads(path.read_text())["runs"]:
         by_arm.setdefault(run["arm"], []).append(RunResult(
@@ -346,8 +405,11 @@ def resummarize(path: Path) -> dict:
     return {arm: summarize(runs) for arm, runs in by_arm.items()}
 
 
-def main(argv: list[str] | None = None) -> dict:
-    args, parser = parse_args(argv)
+def run_experiment(args: argparse.Namespace, parser: argparse.ArgumentParser, arm_list: list[Arm], *, report: str,
+                   title: str, prepare_model: Callable[[Path], None]) -> dict:
+    """Every arm of `arm_list` once per seed; writes OUT/`report`.json and .png, prints the summary as the last
+    line and returns it. With --summarize, only the summary of that saved report. `prepare_model(args.model)`
+    builds or checks the model first (it may exit through the parser)."""
     if args.summarize is not None:
         summary = resummarize(args.summarize)
         print(json.dumps(summary))
@@ -358,7 +420,10 @@ def main(argv: list[str] | None = None) -> dict:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     num_threads = args.num_threads or max(1, cores - 1)
     torch.set_num_threads(num_threads)
-    ensure_model(args.model)
+    prepare_model(args.model)
+    for name in ("train.jsonl", "eval.jsonl"):
+        if not (args.model / name).is_file():
+            parser.error(f"--model: {args.model} has no {name} (the demo task's prompts)")
     settings = Settings(
         model=str(args.model), quantization=args.quantization, steps=args.steps, seeds=list(range(args.seeds)),
         prompts_per_step=args.prompts_per_step, group_size=args.group_size, max_new_tokens=args.max_new_tokens,
@@ -369,23 +434,32 @@ def main(argv: list[str] | None = None) -> dict:
     if len(eval_prompts) < args.eval_prompts:
         parser.error(f"--eval-prompts: {args.model}/eval.jsonl has {len(eval_prompts)} prompts")
     started = time.perf_counter()
-    by_arm: dict[str, list[RunResult]] = {arm.name: [] for arm in arms(args.quantization)}
+    by_arm: dict[str, list[RunResult]] = {arm.name: [] for arm in arm_list}
     for seed in settings.seeds:
         prompts = read_rows(args.model / "train.jsonl", needed, seed)
         if len(prompts) < needed:
             parser.error(f"--steps: {args.model}/train.jsonl has {len(prompts)} prompts, fewer than "
                          f"steps x prompts-per-step = {needed}")
-        for arm in arms(args.quantization):
+        for arm in arm_list:
             by_arm[arm.name].append(run_one(arm, seed, settings, prompts, eval_prompts))
     summary = {arm: summarize(runs) for arm, runs in by_arm.items()}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "icepop_mismatch.json").write_text(json.dumps({
-        "settings": asdict(settings), "wall_seconds": time.perf_counter() - started,
+    (args.out / f"{report}.json").write_text(json.dumps({
+        "settings": asdict(settings), "arms": [asdict(arm) for arm in arm_list],
+        "wall_seconds": time.perf_counter() - started,
         "runs": [asdict(run) for runs in by_arm.values() for run in runs], "summary": summary,
     }, indent=1) + "\n")
-    plot(by_arm, settings, args.out / "icepop_mismatch.png")
+    plot(by_arm, f"{title} (mean over {len(settings.seeds)} seeds, band: min-max)", args.out / f"{report}.png",
+         routes=any(arm.routes for arm in arm_list))
     print(json.dumps(summary))
     return summary
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args, parser = parse_args(argv)
+    return run_experiment(args, parser, arms(args.quantization, args.betas), report="icepop_mismatch",
+                          title=f"{args.quantization} rollouts vs float32 training: none / TIS / IcePop",
+                          prepare_model=ensure_model)
 
 
 if __name__ == "__main__":

@@ -61,3 +61,34 @@ def test_four_arms_report_a_mismatch_only_where_the_engine_is_quantized(
         assert [s["step"] for s in run["steps"]] == [1, 2] and [e["step"] for e in run["evals"]] == [0, 1, 2]
         assert all(s["num_tokens"] > 0 and math.isfinite(s["loss"]) for s in run["steps"])
     assert (out / "icepop_mismatch.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_betas_add_tighter_icepop_arms(quick_demo_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                       capsys) -> None:
+    from everstep_trainer.policy_trainer import PolicyTrainer
+
+    monkeypatch.syspath_prepend(str(REPO))
+    benchmark = importlib.import_module("benchmarks.icepop_mismatch")
+    assert [(a.name, a.beta) for a in benchmark.arms("fp8", [2.0, 3.0])[-2:]] == [("fp8-icepop-b2", 2.0),
+                                                                                 ("fp8-icepop-b3", 3.0)]
+    betas: list[tuple[str, float]] = []
+    original_init = PolicyTrainer.__init__
+
+    def init(self, model_dir, config, *args, **kwargs):
+        original_init(self, model_dir, config, *args, **kwargs)
+        betas.append((str(config.correction).split(".")[-1], config.beta))
+
+    monkeypatch.setattr(PolicyTrainer, "__init__", init)
+    benchmark.main(["--model", str(quick_demo_model), "--quantization", "fp8", "--betas", "2,3", "--steps", "1",
+                    "--seeds", "1", "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "8",
+                    "--eval-prompts", "1", "--out", str(tmp_path / "out"), "--num-threads", "1"])
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert list(summary) == ["fp32-none", "fp8-none", "fp8-tis", "fp8-icepop", "fp8-icepop-b2", "fp8-icepop-b3"]
+    assert betas == [("none", 5.0), ("none", 5.0), ("tis", 5.0), ("icepop", 5.0), ("icepop", 2.0), ("icepop", 3.0)]
+    # A tighter upper bound masks at least as much of the same first batch.
+    assert (summary["fp8-icepop-b2"]["masked_fraction_mean"] >= summary["fp8-icepop-b3"]["masked_fraction_mean"]
+            >= summary["fp8-icepop"]["masked_fraction_mean"])
+    assert all(result["routing_disagreement_mean"] == 0.0 for result in summary.values())  # dense: no routes
+    for bad in ("1", "2,2", "x"):
+        with pytest.raises(SystemExit):
+            benchmark.main(["--model", str(quick_demo_model), "--betas", bad])
