@@ -15,6 +15,7 @@ from deploy_assets import CHART, DASHBOARDS, RULES
 
 KUBERNETES_VERSION = "1.30.0"
 NONDEFAULT = Path(__file__).parent / "values-nondefault.yaml"
+OVERRIDES = Path(__file__).parent / "values-overrides.yaml"
 OPERATOR_APIS = ["--api-versions", "monitoring.coreos.com/v1/ServiceMonitor",
                  "--api-versions", "monitoring.coreos.com/v1/PrometheusRule"]
 OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule"}
@@ -50,17 +51,22 @@ def nondefault_objects(helm: str) -> list[dict]:
     return render(helm, "-f", str(NONDEFAULT), *OPERATOR_APIS)
 
 
+@pytest.fixture(scope="module")
+def override_objects(helm: str) -> list[dict]:
+    return render(helm, "-f", str(OVERRIDES))
+
+
 def test_helm_lint_strict(helm: str) -> None:
-    for extra in ([], ["-f", str(NONDEFAULT)]):
+    for extra in ([], ["-f", str(NONDEFAULT)], ["-f", str(OVERRIDES)]):
         result = subprocess.run([helm, "lint", "--strict", str(CHART), *extra], capture_output=True, text=True,
                                 timeout=60)
         assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("values", ["default", "nondefault"])
+@pytest.mark.parametrize("values", ["default", "nondefault", "overrides"])
 def test_every_object_valid_for_kubernetes_1_30(values: str, default_objects: list[dict],
-                                                nondefault_objects: list[dict]) -> None:
-    objects = default_objects if values == "default" else nondefault_objects
+                                                nondefault_objects: list[dict], override_objects: list[dict]) -> None:
+    objects = {"default": default_objects, "nondefault": nondefault_objects, "overrides": override_objects}[values]
     assert len(objects) > 15
     errors = []
     for o in objects:
@@ -74,7 +80,8 @@ def test_every_object_valid_for_kubernetes_1_30(values: str, default_objects: li
 
 
 def test_schema_rejects_wrong_types(helm: str) -> None:
-    for bad in ("reward.replicas=two", "rollout.gpus=true", "redis.bundled=maybe", "sandbox.autoscaling.enabled=1"):
+    for bad in ("reward.replicas=two", "rollout.gpus=true", "redis.bundled=maybe", "sandbox.autoscaling.enabled=1",
+                "controller.image.digest=latest", "trainer.extraVolumes=disk"):
         result = subprocess.run([helm, "template", "rel", str(CHART), "--set", bad], capture_output=True, text=True,
                                 timeout=60)
         assert result.returncode != 0, f"--set {bad} was accepted"
@@ -126,10 +133,11 @@ def test_external_redis_secret_and_options(nondefault_objects: list[dict]) -> No
     assert objects[("Deployment", "es-sandbox")]["spec"]["template"]["spec"]["runtimeClassName"] == "gvisor"
 
 
-@pytest.mark.parametrize("values", ["default", "nondefault"])
+@pytest.mark.parametrize("values", ["default", "nondefault", "overrides"])
 def test_every_pod_has_probes_resources_and_locked_down_containers(values: str, default_objects: list[dict],
-                                                                   nondefault_objects: list[dict]) -> None:
-    objects = default_objects if values == "default" else nondefault_objects
+                                                                   nondefault_objects: list[dict],
+                                                                   override_objects: list[dict]) -> None:
+    objects = {"default": default_objects, "nondefault": nondefault_objects, "overrides": override_objects}[values]
     for name, spec in pod_specs(objects).items():
         assert spec["securityContext"]["runAsNonRoot"] is True, name
         for container in spec["containers"]:
@@ -206,3 +214,101 @@ def test_notes_tell_how_to_submit_a_job(helm: str) -> None:
     notes = result.stdout.split("NOTES:", 1)[1]
     assert "port-forward svc/rel-everstep-controller 8000:8000" in notes
     assert "POST" in notes and "/v1/jobs" in notes and "Authorization: Bearer" in notes
+
+
+def http_probe_path(container: dict, probe: str) -> str | None:
+    return container[probe].get("httpGet", {}).get("path")
+
+
+def test_http_probes_split_liveness_from_readiness(default_objects: list[dict]) -> None:
+    """A Redis outage takes the controller out of its Service (/readyz) but never restarts it (/livez)."""
+    objects = by_kind_name(default_objects)
+    controller = objects[("Deployment", "rel-everstep-controller")]["spec"]["template"]["spec"]["containers"][0]
+    assert http_probe_path(controller, "livenessProbe") == "/livez"
+    assert http_probe_path(controller, "readinessProbe") == "/readyz"
+    sandbox = objects[("Deployment", "rel-everstep-sandbox")]["spec"]["template"]["spec"]["containers"][0]
+    assert http_probe_path(sandbox, "livenessProbe") == "/livez"
+    assert http_probe_path(sandbox, "startupProbe") == "/livez"
+    assert "grpc" in sandbox["readinessProbe"], "the sandbox is ready when its gRPC API (the reward's) serves"
+    for spec in pod_specs(default_objects).values():
+        for container in spec["containers"]:
+            for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                if probe in container:
+                    assert http_probe_path(container, probe) != "/healthz", (container["name"], probe)
+
+
+def test_redis_url_from_a_secret_never_in_the_manifest(helm: str, override_objects: list[dict]) -> None:
+    controller = by_kind_name(override_objects)[("Deployment", "rel-everstep-controller")]
+    container = controller["spec"]["template"]["spec"]["containers"][0]
+    assert "--redis-url=$(EVERSTEP_REDIS_URL)" in container["args"], "Kubernetes expands it from the env var"
+    url = next(e for e in container["env"] if e["name"] == "EVERSTEP_REDIS_URL")
+    assert url == {"name": "EVERSTEP_REDIS_URL",
+                   "valueFrom": {"secretKeyRef": {"name": "redis-credentials", "key": "url"}}}
+    assert not any(o["kind"] == "StatefulSet" for o in override_objects), "external Redis: none bundled"
+    # a plain url is ignored once the Secret is named: the password it may hold is never rendered
+    objects = render(helm, "-f", str(OVERRIDES), "--set", "redis.external.url=redis://:hunter2@redis:6379/0")
+    assert "hunter2" not in yaml.safe_dump_all(objects)
+    # the key defaults to redis-url; neither a url nor a Secret is an error
+    objects = by_kind_name(render(helm, "--set", "redis.bundled=false", "--set",
+                                  "redis.external.existingSecret=redis-credentials"))
+    env = objects[("Deployment", "rel-everstep-controller")]["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "redis-credentials", "key": "redis-url"} in [
+        e.get("valueFrom", {}).get("secretKeyRef") for e in env]
+    missing = subprocess.run([helm, "template", "rel", str(CHART), "--set", "redis.bundled=false"],
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode != 0 and "redis.external.existingSecret" in missing.stderr
+
+
+def test_per_component_images_annotations_priority_and_volumes(override_objects: list[dict]) -> None:
+    specs = pod_specs(override_objects)
+    templates = {f'{o["kind"]}/{o["metadata"]["name"]}': o["template"] if o["kind"] == "PodTemplate"
+                 else o["spec"]["template"] for o in override_objects if o["kind"] in ("Deployment", "PodTemplate")}
+    images = {name: spec["containers"][0]["image"] for name, spec in specs.items() if "redis" not in name}
+    assert images == {
+        "Deployment/rel-everstep-controller": "mirror.example.com/everstep/controller:2.0.1",  # repository + tag
+        "Deployment/rel-everstep-reward": "registry.example.com/ml/everstep-reward:2.0.2",  # tag only
+        # a digest wins over a tag
+        "Deployment/rel-everstep-sandbox": "registry.example.com/ml/everstep-sandbox@sha256:" + "0123456789abcdef" * 4,
+        "Deployment/rel-everstep-rollout": "mirror.example.com/everstep/rollout@sha256:" + "fedcba9876543210" * 4,
+        "PodTemplate/rel-everstep-rollout": "mirror.example.com/everstep/rollout@sha256:" + "fedcba9876543210" * 4,
+        "Deployment/rel-everstep-trainer": "registry.example.com/ml/everstep-trainer:2.0.0",  # the global values
+        "PodTemplate/rel-everstep-trainer": "registry.example.com/ml/everstep-trainer:2.0.0",
+    }
+    annotations = {name: t["metadata"].get("annotations") for name, t in templates.items()}
+    assert annotations["Deployment/rel-everstep-controller"] == {  # merged, the component's value wins
+        "team.example.com/owner": "rl", "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
+    assert annotations["Deployment/rel-everstep-trainer"] == {
+        "team.example.com/owner": "rl", "cluster-autoscaler.kubernetes.io/safe-to-evict": "true"}
+    for kind in ("Deployment", "PodTemplate"):
+        assert annotations[f"{kind}/rel-everstep-rollout"]["prometheus.io/scrape"] == "false"
+    assert annotations["Deployment/rel-everstep-sandbox"][
+        "container.apparmor.security.beta.kubernetes.io/sandbox"] == "unconfined"
+    priorities = {name: spec.get("priorityClassName") for name, spec in specs.items()}
+    assert priorities == {"Deployment/rel-everstep-controller": "everstep-control",
+                          "Deployment/rel-everstep-reward": "everstep-serving",
+                          "Deployment/rel-everstep-sandbox": "everstep-serving",
+                          "Deployment/rel-everstep-rollout": "everstep-gpu",
+                          "PodTemplate/rel-everstep-rollout": "everstep-gpu",
+                          "Deployment/rel-everstep-trainer": "everstep-gpu",
+                          "PodTemplate/rel-everstep-trainer": "everstep-gpu"}
+    extra = {"controller": ("ca-bundle", "/etc/ssl/corporate"), "reward": ("lexicon", "/var/lib/lexicon"),
+             "sandbox": ("toolchains", "/opt/toolchains"), "rollout": ("hf-cache", "/hf-cache"),
+             "trainer": ("hf-cache", "/hf-cache")}
+    for name, spec in specs.items():
+        volume, path = extra[name.rsplit("-", 1)[1]]
+        assert volume in [v["name"] for v in spec["volumes"]], name
+        assert {"name": volume, "mountPath": path} in [
+            {k: m[k] for k in ("name", "mountPath")} for m in spec["containers"][0]["volumeMounts"]], name
+    # the shared Deployments still run the very pods of the per-job templates
+    for component in ("rollout", "trainer"):
+        assert specs[f"Deployment/rel-everstep-{component}"] == specs[f"PodTemplate/rel-everstep-{component}"]
+
+
+def test_defaults_render_no_new_pod_fields(default_objects: list[dict]) -> None:
+    for name, spec in pod_specs(default_objects).items():
+        assert "priorityClassName" not in spec, name
+    templates = [o["spec"]["template"] for o in default_objects if o["kind"] == "Deployment"]
+    assert all("annotations" not in t["metadata"] for t in templates)
+    images = {o["metadata"]["name"]: o["spec"]["template"]["spec"]["containers"][0]["image"]
+              for o in default_objects if o["kind"] == "Deployment"}
+    assert images["rel-everstep-controller"].startswith("ghcr.io/everstep/everstep-controller:")

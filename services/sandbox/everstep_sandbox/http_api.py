@@ -1,5 +1,5 @@
 """SandboxFusion-compatible HTTP API (`POST /run_code`, `POST /run_jupyter`, `GET /v1/ping`) plus everstep's
-`POST /run_tests`, `/healthz` and `/metrics`.
+`POST /run_tests`, `/healthz` (also `/livez`, `/readyz`) and `/metrics`.
 
 Request and response JSON match SandboxFusion's `sandbox/server/sandbox_api.py` field for field,
 so SandboxFusion clients work unchanged. Differences: an unsupported language is a 422 naming the
@@ -234,6 +234,17 @@ def create_app(runner: SandboxRunner) -> HotPathApp:
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/livez")
+    def livez() -> dict[str, str]:
+        """Liveness (the chart's startup and liveness probes): the process serves; nothing else is checked."""
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    def readyz() -> dict[str, str]:
+        """Readiness of the HTTP API: it depends on nothing outside the pod, so serving is being ready. (The chart
+        probes readiness over gRPC, the API the reward service calls.)"""
         return {"status": "ok"}
 
     @app.get("/v1/isolation")

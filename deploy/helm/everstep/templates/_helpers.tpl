@@ -25,11 +25,19 @@
 {{- default (printf "%s-api-token" (include "everstep.fullname" .)) .Values.apiToken.existingSecret -}}
 {{- end -}}
 
+{{/* The controller gets its Redis URL from a Secret (env EVERSTEP_REDIS_URL, expanded in its args)
+when redis.external.existingSecret is set, so a password in it is never in a manifest */}}
+{{- define "everstep.redisUrlFromSecret" -}}
+{{- if and (not .Values.redis.bundled) .Values.redis.external.existingSecret -}}true{{- end -}}
+{{- end -}}
+
 {{- define "everstep.redisUrl" -}}
-{{- if .Values.redis.bundled -}}
+{{- if include "everstep.redisUrlFromSecret" . -}}
+$(EVERSTEP_REDIS_URL)
+{{- else if .Values.redis.bundled -}}
 {{- printf "redis://%s-redis:6379/0" (include "everstep.fullname" .) -}}
 {{- else -}}
-{{- required "redis.external.url is required when redis.bundled is false" .Values.redis.external.url -}}
+{{- required "redis.external.url or redis.external.existingSecret is required when redis.bundled is false" .Values.redis.external.url -}}
 {{- end -}}
 {{- end -}}
 
@@ -51,14 +59,34 @@ app.kubernetes.io/part-of: everstep
 {{- end }}
 {{- end -}}
 
-{{/* Image of a service; call with (dict "root" $ "component" "reward") ----------------- */}}
+{{/* Image of a service; call with (dict "root" $ "component" "reward"). <component>.image.repository,
+.tag and .digest override the global ones; a digest wins over a tag. */}}
 {{- define "everstep.image" -}}
-{{- printf "%s/everstep-%s:%s" .root.Values.image.registry .component (default .root.Chart.AppVersion .root.Values.image.tag) -}}
+{{- $image := (index .root.Values .component).image | default dict -}}
+{{- $repository := $image.repository | default (printf "%s/everstep-%s" .root.Values.image.registry .component) -}}
+{{- if $image.digest -}}
+{{- printf "%s@%s" $repository $image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $repository ($image.tag | default .root.Values.image.tag | default .root.Chart.AppVersion) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Annotations of a component's pods: the global podAnnotations, then the component's (which win);
+call with (dict "root" $ "values" .Values.X). Renders the whole `annotations:` key, or nothing. */}}
+{{- define "everstep.podAnnotations" -}}
+{{- $annotations := merge (deepCopy (.values.podAnnotations | default dict)) (deepCopy (.root.Values.podAnnotations | default dict)) -}}
+{{- with $annotations -}}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end -}}
 {{- end -}}
 
 {{/* Pod-level fields every everstep pod shares; call with (dict "root" $ "values" .Values.X) */}}
 {{- define "everstep.podCommon" -}}
 serviceAccountName: {{ include "everstep.serviceAccountName" .root }}
+{{- with .values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
 securityContext:
   {{- toYaml .root.Values.podSecurityContext | nindent 2 }}
 {{- with .root.Values.imagePullSecrets }}
@@ -173,6 +201,9 @@ fsGroup only (runs have their own uid and no groups). */}}
     claimName: {{ default (printf "%s-shared" (include "everstep.fullname" .root)) .root.Values.sharedStorage.existingClaim }}
 {{- end }}
 {{- include "everstep.internalTlsVolume" .root }}
+{{- with .values.extraVolumes }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
 {{- define "everstep.gpuVolumeMounts" -}}
@@ -182,6 +213,9 @@ fsGroup only (runs have their own uid and no groups). */}}
 - {name: shared, mountPath: {{ .root.Values.sharedStorage.mountPath }}}
 {{- end }}
 {{- include "everstep.internalTlsMount" .root }}
+{{- with .values.extraVolumeMounts }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
 {{/* Pod spec of a rollout engine: used by the PodTemplate and the standing Deployment */}}
@@ -215,9 +249,9 @@ containers:
     securityContext:
       {{- toYaml .Values.containerSecurityContext | nindent 6 }}
     volumeMounts:
-      {{- include "everstep.gpuVolumeMounts" (dict "root" .) | nindent 6 }}
+      {{- include "everstep.gpuVolumeMounts" (dict "root" . "values" $v) | nindent 6 }}
 volumes:
-  {{- include "everstep.gpuVolumes" (dict "root" .) | nindent 2 }}
+  {{- include "everstep.gpuVolumes" (dict "root" . "values" $v) | nindent 2 }}
 {{- end -}}
 
 {{/* Pod spec of the trainer */}}
@@ -247,9 +281,9 @@ containers:
     securityContext:
       {{- toYaml .Values.containerSecurityContext | nindent 6 }}
     volumeMounts:
-      {{- include "everstep.gpuVolumeMounts" (dict "root" .) | nindent 6 }}
+      {{- include "everstep.gpuVolumeMounts" (dict "root" . "values" $v) | nindent 6 }}
 volumes:
-  {{- include "everstep.gpuVolumes" (dict "root" .) | nindent 2 }}
+  {{- include "everstep.gpuVolumes" (dict "root" . "values" $v) | nindent 2 }}
 {{- end -}}
 
 {{/* HPA; call with (dict "root" $ "component" "reward" "values" .Values.reward "kind" "Deployment") */}}

@@ -1,8 +1,9 @@
 """The REST job API (FastAPI). OpenAPI document at /openapi.json.
 
 Every /v1 call needs `Authorization: Bearer <EVERSTEP_API_TOKEN>` when that variable is set;
-/healthz and /metrics stay open (probes and Prometheus), and carry no job data. Request bodies
-over `max_request_bytes` get 413. docs/security.md says what is and is not protected.
+/healthz, /livez, /readyz and /metrics stay open (probes and Prometheus), and carry no job data. /livez says
+the process serves (the liveness probe), /readyz that Redis answers too (readiness); /healthz pings Redis.
+Request bodies over `max_request_bytes` get 413. docs/security.md says what is and is not protected.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from fastapi import Depends, FastAPI, HTTPException, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from everstep_controller.api.health import RedisProbe
 from everstep_controller.api.request_limits import DEFAULT_MAX_REQUEST_BYTES, RequestSizeLimit
 from everstep_controller.data.submission_checks import JobInputError, check_job_input
 from everstep_controller.run.manager import JobManager
@@ -91,6 +93,22 @@ def create_app(manager: JobManager, store: JobStore, *, max_request_bytes: int =
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
         store.redis.ping()
+        return {"status": "ok"}
+
+    @app.get("/livez")
+    def livez() -> dict[str, str]:
+        """Liveness: the process serves. No dependency is checked, so a Redis outage never restarts it."""
+        return {"status": "ok"}
+
+    redis_probe = RedisProbe(store.redis)
+
+    @app.get("/readyz", responses={503: {"description": "Redis is unreachable"}})
+    def readyz(response: Response) -> dict[str, str]:
+        """Readiness: Redis answers a PING within a few seconds (one try, not the store's retries)."""
+        problem = redis_probe.problem()
+        if problem is not None:
+            response.status_code = 503
+            return {"status": "unavailable", "redis": problem}
         return {"status": "ok"}
 
     @app.get("/metrics")
