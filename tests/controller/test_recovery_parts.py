@@ -170,3 +170,16 @@ def test_every_controller_option_is_a_flag_with_the_settings_default_and_help() 
     assert (defaults.num_scorers, defaults.deadlines.generate_seconds, defaults.backoff.max_seconds) == (
         ControllerSettings.default("num_scorers"), ControllerSettings.default("generate_deadline_seconds"),
         ControllerSettings.default("retry_max_seconds"))
+
+
+def test_the_redis_url_may_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """EVERSTEP_REDIS_URL (the chart's Secret) is --redis-url's default: a password in it never reaches the process's
+    arguments; the flag still wins, and without either the flag is required."""
+    from everstep_controller.__main__ import build_parser
+
+    monkeypatch.setenv("EVERSTEP_REDIS_URL", "redis://:secret@redis:6379/0")
+    assert build_parser().parse_args(["--reward", "r:1"]).redis_url == "redis://:secret@redis:6379/0"
+    assert build_parser().parse_args(["--reward", "r:1", "--redis-url", "redis://x:1/0"]).redis_url == "redis://x:1/0"
+    monkeypatch.delenv("EVERSTEP_REDIS_URL")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--reward", "r:1"])

@@ -69,7 +69,9 @@ class ControllerSettings:
     host: str = _option("127.0.0.1", help="REST address to listen on")
     port: int = _option(8000, help="REST port")
     grpc_port: int = _option(0, help="unused: the controller serves REST only")
-    redis_url: str = _option(help="redis://host:port/db holding all job state")
+    redis_url: str = _option(env="EVERSTEP_REDIS_URL",
+                             help="redis://host:port/db holding all job state (a password in it: prefer the "
+                                  "environment variable, which no process listing shows)")
     reward: str = _option(help="reward service gRPC address host:port (a shared pool)")
     launcher: str | None = _option(
         None, choices=("local", "kubernetes", "shared"),
