@@ -54,8 +54,10 @@ class _Running:
 class JobManager:
     def __init__(self, store: JobStore, launcher: Launcher, reward_address: str, data_dir: Path, *,
                  max_jobs: int | None = None, lease_seconds: float = 30.0, poll_seconds: float = 0.5,
-                 runner_settings: RunnerSettings | None = None, owner: str | None = None) -> None:
-        """max_jobs: jobs run at once (default: the launcher's limit, else 4)."""
+                 runner_settings: RunnerSettings | None = None, owner: str | None = None,
+                 finished_series_seconds: float = metrics.FINISHED_JOB_SERIES_SECONDS) -> None:
+        """max_jobs: jobs run at once (default: the launcher's limit, else 4); finished_series_seconds: how long
+        a job's Prometheus series stay after it ended here (`metrics.PER_JOB`)."""
         self.store, self.launcher, self.reward_address, self.data_dir = store, launcher, reward_address, data_dir
         self.progress = ProgressStore(store)
         self.queue = WorkStream(store.redis, JOB_QUEUE, CONTROLLER_GROUP)
@@ -64,6 +66,7 @@ class JobManager:
         self.lease_ms = int(lease_seconds * 1000)
         self.poll_seconds = poll_seconds
         self.runner_settings = runner_settings or RunnerSettings()
+        self.finished_series_seconds = finished_series_seconds
         self.owner = owner or controller_id()
         self.running: dict[str, _Running] = {}
         self._lock = threading.Lock()
@@ -128,6 +131,7 @@ class JobManager:
 
     def _tick(self) -> None:
         self._reap()
+        metrics.remove_due_job_series()
         self._renew_leases()
         free = self.max_jobs - len(self.running)
         if free > 0:
@@ -163,6 +167,7 @@ class JobManager:
             return
         resumed = record.state in (JobState.RUNNING, JobState.PAUSED)
         self.store.claim(job_id, self.owner)
+        metrics.keep_job_series(job_id)  # a job this controller left (Redis gone) and takes again
         runner = JobRunner(job_id, record.spec, self.store, self.progress, self.launcher, self.reward_address,
                            self.data_dir, owner=self.owner, resumed=resumed, settings=self.runner_settings)
         job = _Running(entry.id, runner)
@@ -181,8 +186,10 @@ class JobManager:
             with self._lock:
                 del self.running[job_id]
             if job.outcome is not None and job.outcome.finished:
+                metrics.remove_job_series_later(job_id, self.finished_series_seconds)
                 self._settle(job_id, job.entry_id)
-            else:
+            else:  # another controller runs it (or will): its series are that controller's
+                metrics.remove_job_series(job_id)
                 log.info("job %s left to the next controller (%s)", job_id,
                          job.outcome.reason if job.outcome else "runner crashed")
 

@@ -1,8 +1,20 @@
-"""Prometheus metrics of the controller (names: everstep_controller_<what>_<unit>)."""
+"""Prometheus metrics of the controller (names: everstep_controller_<what>_<unit>).
+
+The series labelled by `job_id` (`PER_JOB`) live as long as the job runs here: the manager removes
+them `FINISHED_JOB_SERIES_SECONDS` after the job ended (SUCCEEDED, FAILED, CANCELLED; so that
+Prometheus scrapes the final values, the last evaluation included), and at once when the runner
+stopped without ending the job (another controller took it over, Redis gone, a shutdown): a
+controller that no longer runs a job exports none of its series. A PAUSED job keeps them.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
+
 from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
 
 from everstep_controller.store.step_metrics import StepMetrics
 
@@ -83,3 +95,49 @@ def observe_iteration(job_id: str, record: StepMetrics, retention_ages: list[int
     # one observation per token would be costly at scale; the histogram takes a sample
     for versions_behind in staleness[:: max(1, len(staleness) // 1000)]:
         STALENESS.observe(versions_behind)
+
+
+# every metric labelled by job_id, found rather than listed so that a new one cannot be forgotten
+PER_JOB: tuple[MetricWrapperBase, ...] = tuple(
+    m for m in list(globals().values()) if isinstance(m, MetricWrapperBase) and "job_id" in m._labelnames)
+# how long a finished job's series stay (several scrape intervals: its final values are scraped)
+FINISHED_JOB_SERIES_SECONDS = 300.0
+
+_removal_due: dict[str, float] = {}  # job id -> time.monotonic() at which its series go
+_removal_lock = threading.Lock()
+
+
+def remove_job_series(job_id: str) -> None:
+    """Removes every series of `PER_JOB` labelled with this job id (each label combination it used)."""
+    with _removal_lock:
+        _removal_due.pop(job_id, None)
+    for metric in PER_JOB:
+        names = metric._labelnames
+        keys = {tuple(sample.labels[name] for name in names)
+                for family in metric.collect() for sample in family.samples
+                if sample.labels.get("job_id") == job_id}
+        for key in keys:
+            with contextlib.suppress(KeyError):  # removed meanwhile
+                metric.remove(*key)
+
+
+def remove_job_series_later(job_id: str, after_seconds: float, now: float | None = None) -> None:
+    """Schedules `remove_job_series` (done by `remove_due_job_series`)."""
+    with _removal_lock:
+        _removal_due[job_id] = (time.monotonic() if now is None else now) + after_seconds
+
+
+def keep_job_series(job_id: str) -> None:
+    """The job runs here again: its series are no longer due for removal."""
+    with _removal_lock:
+        _removal_due.pop(job_id, None)
+
+
+def remove_due_job_series(now: float | None = None) -> list[str]:
+    """Removes the series of the jobs whose removal is due; returns those jobs' ids."""
+    now = time.monotonic() if now is None else now
+    with _removal_lock:
+        due = [job_id for job_id, at in _removal_due.items() if at <= now]
+    for job_id in due:
+        remove_job_series(job_id)
+    return due
