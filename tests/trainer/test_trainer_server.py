@@ -119,3 +119,46 @@ def test_trainer_service_end_to_end(service_process, tiny_model_dir: Path, tmp_p
             assert f'\neverstep_trainer_{name}_by_staleness{{tokens="{tokens}"}} ' in metrics, (name, tokens)
     assert '\neverstep_trainer_weight_push_bytes_total{transport="' in metrics
     assert f"everstep_trainer_learning_rate {1e-3}" in metrics
+
+
+@pytest.mark.slow
+def test_sigterm_mid_train_step_stops_the_trainer_within_the_grace_period(service_process,
+                                                                         tiny_model_dir: Path) -> None:
+    """Kubernetes sends SIGKILL after terminationGracePeriodSeconds (30 s by default): a trainer in the middle of a
+    long train step must not wait for it. The step is lost (the controller resumes from the last checkpoint); the
+    process leaves within STOP_GRACE_SECONDS and a little."""
+    import signal
+    import threading
+    import time
+
+    from everstep_trainer.server import STOP_GRACE_SECONDS
+
+    trainer = service_process("trainer")
+    long_step = trainer_pb2.TrainStepRequest(samples=[
+        trainer_pb2.TrainSample(prompt_ids=[1, 11, 4, 12], output_ids=[13 + i % 20] * 400,
+                                rollout_logprobs=[-3.8] * 400, output_versions=[0] * 400, advantage=(-1.0) ** i)
+        for i in range(64)])
+    with grpc.insecure_channel(trainer.grpc_address) as channel:
+        stub = trainer_pb2_grpc.TrainerStub(channel)
+        config = trainer_pb2.TrainerConfig(micro_batch_tokens=404, ppo_epochs=50)  # many micro-batches: minutes
+        stub.Load(trainer_pb2.TrainerLoadRequest(model_path=str(tiny_model_dir), config=config), timeout=120)
+        outcome: list[object] = []
+
+        def call() -> None:
+            try:
+                outcome.append(stub.TrainStep(long_step, timeout=600))
+            except grpc.RpcError as e:
+                outcome.append(e)
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        time.sleep(3.0)  # the step is under way
+        assert not outcome, "the step must still be running when the signal comes"
+        signaled = time.monotonic()
+        trainer.process.send_signal(signal.SIGTERM)
+        trainer.process.wait(timeout=STOP_GRACE_SECONDS + 10)
+        stopped = time.monotonic() - signaled
+        caller.join(timeout=30)
+    assert stopped < STOP_GRACE_SECONDS + 5, f"the trainer took {stopped:.1f} s to stop"
+    assert len(outcome) == 1 and isinstance(outcome[0], grpc.RpcError), "the interrupted step is not reported done"
+    assert "exiting without it" in trainer.log()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -76,10 +77,18 @@ class TrainerService(trainer_pb2_grpc.TrainerServicer):
         self._pusher = pusher or WeightPusher()
         self._sample_log = sample_log
 
-    def close(self) -> None:
-        """Release what the weight pusher keeps between pushes (shared memory, broadcast groups)."""
-        with self._lock:
+    def close(self, timeout_seconds: float | None = None) -> bool:
+        """Release what the weight pusher keeps between pushes (shared memory, broadcast groups), once the call
+        in flight (a train step, a push) has ended; with `timeout_seconds`, at the latest then. Returns whether
+        the call in flight had ended (False: the pusher was closed under it, which fails a push in flight; the
+        engines keep their weights)."""
+        ended = self._lock.acquire(timeout=-1 if timeout_seconds is None else max(0.0, timeout_seconds))
+        try:
             self._pusher.close()
+        finally:
+            if ended:
+                self._lock.release()
+        return ended
 
     def _require_trainer(self, context: grpc.ServicerContext) -> PolicyTrainer:
         if self._runner.trainer is None:
@@ -193,6 +202,11 @@ class TrainerService(trainer_pb2_grpc.TrainerServicer):
                                                       train_step=trainer.num_train_steps)
 
 
+STOP_GRACE_SECONDS = 5.0
+"""After SIGTERM/SIGINT: how long the call in flight may take before the trainer exits without it (well within
+Kubernetes' default 30 s termination grace period)."""
+
+
 def _serve_grpc(runner: CommandRunner, *, host: str, port: int, grpc_port: int, max_workers: int,
                 weight_transport: str, weight_group_host: str, sample_log: str = "") -> None:
     """Prometheus on `port`, gRPC (Trainer + health) on `grpc_port`, until SIGTERM/SIGINT.
@@ -229,9 +243,17 @@ def _serve_grpc(runner: CommandRunner, *, host: str, port: int, grpc_port: int, 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     stopping.wait()
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
     health_servicer.enter_graceful_shutdown()
-    server.stop(grace=5).wait()
-    service.close()
+    server.stop(grace=STOP_GRACE_SECONDS).wait(STOP_GRACE_SECONDS + 1)
+    if not service.close(timeout_seconds=deadline - time.monotonic()):
+        # A train step (minutes on a real model) or a push still runs on a gRPC thread, and Python would wait for
+        # it at exit: past Kubernetes' grace period, SIGKILL. Its step is lost either way (the controller resumes
+        # from the last checkpoint), so leave now.
+        log.warning("a train step or weight push was still running %.0f s after the signal; exiting without it",
+                    STOP_GRACE_SECONDS)
+        logging.shutdown()
+        os._exit(0)
     log.info("trainer stopped")
 
 
