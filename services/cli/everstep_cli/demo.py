@@ -80,7 +80,7 @@ def build_demo_model(out: Path, options: list[str] | None = None) -> None:
     leaves no half folder."""
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    print(f"building the demo model in {out} (8 to 12 minutes on 2 cores, the MoE one about 25)", file=sys.stderr)
+    print(f"building the demo model in {out} (8 to 12 minutes on 2 cores, the MoE one 15 to 20)", file=sys.stderr)
     subprocess.run([sys.executable, "-m", "everstep_trainer.demo", "--out", str(partial), *(options or [])],
                    check=True)
     shutil.rmtree(out, ignore_errors=True)
