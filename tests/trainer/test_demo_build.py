@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from everstep.model_manifest import MANIFEST_NAME, read_manifest, verify_manifest
-from everstep_trainer.demo.build import BuildConfig
+from everstep_trainer.demo.build import BuildConfig, MoEShape, moe_build_config
 from everstep_trainer.demo.sft import SFTConfig, train_supervised, warm_start_directory
 from everstep_trainer.demo.task import TaskConfig, generate_problems, solution_text
 
@@ -111,3 +111,69 @@ def test_sft_config_names_the_bad_field():
         SFTConfig(batch_size=0)
     with pytest.raises(ValueError, match="max_seconds"):
         SFTConfig(max_seconds=0)
+
+
+@pytest.mark.slow
+def test_quick_moe_build_is_a_qwen3_moe_the_native_engine_runs(tmp_path):
+    """`--architecture qwen3_moe` at a tiny size: the same task and recipe on a Qwen3-MoE (8 experts, top-2),
+    saved in bfloat16, recorded in build.json, loaded by transformers and run by the native rollout engine."""
+    from everstep_rollout.config import EngineConfig
+    from everstep_rollout.engine import Engine
+    from everstep_rollout.executor.native import LlamaExecutor
+    from everstep_rollout.sequence import GenerationRequest, SamplingOptions
+
+    out = tmp_path / "demo-moe"
+    done = subprocess.run([sys.executable, "-m", "everstep_trainer.demo", "--out", str(out), "--quick",
+                           "--architecture", "qwen3_moe", "--max-ops", "6", "--moe-intermediate-size", "24"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    manifest = verify_manifest(out)
+    assert manifest.command.endswith("--architecture qwen3_moe --max-ops 6 --moe-intermediate-size 24")
+    shape = manifest.settings["model"]
+    assert shape["architecture"] == "qwen3_moe" and shape["moe_intermediate_size"] == 24
+    assert (shape["num_experts"], shape["num_experts_per_tok"], shape["dtype"]) == (8, 2, "bfloat16")
+    assert manifest.settings["task"] == asdict(TaskConfig(max_ops=6))
+
+    model = AutoModelForCausalLM.from_pretrained(out)
+    config = model.config
+    assert config.model_type == "qwen3_moe" and type(model).__name__ == "Qwen3MoeForCausalLM"
+    assert (config.num_experts, config.num_experts_per_tok, config.norm_topk_prob) == (8, 2, True)
+    assert config.mlp_only_layers == [] and config.moe_intermediate_size == 24
+    assert config.tie_word_embeddings and config.dtype == torch.bfloat16
+    from safetensors import safe_open
+    with safe_open(out / "model.safetensors", "pt") as weights:
+        assert {weights.get_slice(k).get_dtype() for k in weights.keys()} == {"BF16"}  # noqa: SIM118
+
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    prompt = json.loads((out / "eval.jsonl").read_text().splitlines()[0])["prompt"]
+    prompt_ids = tokenizer(prompt).input_ids
+    engine = Engine(out, EngineConfig(max_running=2, seed=0))
+    assert isinstance(engine.executor, LlamaExecutor) and engine.executor.model_type == "qwen3_moe"
+    engine.add([GenerationRequest(id="a", prompt_ids=prompt_ids,
+                                  sampling=SamplingOptions(temperature=0.0, max_new_tokens=8))])
+    results = []
+    while engine.has_work:
+        results.extend(engine.step())
+    [result] = results
+    expected = model.float().generate(torch.tensor([prompt_ids]), max_new_tokens=len(result.output_ids),
+                                      do_sample=False, eos_token_id=None)[0, len(prompt_ids):].tolist()
+    assert result.output_ids == expected
+
+
+def test_moe_shape_names_the_bad_field():
+    with pytest.raises(ValueError, match="num_experts_per_tok"):
+        MoEShape(num_experts=2, num_experts_per_tok=3)
+    with pytest.raises(ValueError, match="dtype"):
+        MoEShape(dtype="float16")
+    with pytest.raises(ValueError, match="moe_intermediate_size"):
+        MoEShape(moe_intermediate_size=0)
+    assert asdict(moe_build_config().model)["architecture"] == "qwen3_moe"
+    assert "architecture" not in asdict(BuildConfig().model)  # the dense build's settings keep their keys
+
+
+def test_moe_option_needs_the_moe_architecture(tmp_path):
+    out = tmp_path / "demo"
+    done = subprocess.run([sys.executable, "-m", "everstep_trainer.demo", "--out", str(out), "--quick",
+                           "--moe-intermediate-size", "24"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "moe_intermediate_size" in done.stderr
+    assert not out.exists()

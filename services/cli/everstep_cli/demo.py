@@ -1,8 +1,9 @@
 """`everstep demo`: the main job in one command.
 
 Checks the demo model the spec names (examples/demo-model, shipped with the repository: its
-build.json records the build and every file's sha256), or with `rebuild` builds a fresh one into
-outputs/demo-model first (in a subprocess: the trainer package owns the build). Then brings the
+build.json records the build and every file's sha256; examples/demo-moe-model for the MoE demo), or with
+`rebuild` builds a fresh one into outputs/<its folder name> first, with the build options its build.json
+records (in a subprocess: the trainer package owns the build). Then brings the
 local stack up, submits the demo spec over REST, follows it, writes a plot, the per-step metrics
 and a summary into the output folder, and brings the stack down.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 import shutil
 import subprocess
 import sys
@@ -31,7 +33,26 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 REBUILD_DIR = Path("outputs/demo-model")
-"""Where `everstep demo --rebuild` builds the demo model (relative to the working directory, like --out)."""
+"""Where `everstep demo --rebuild` builds the demo model (relative to the working directory, like --out); a
+spec whose model folder has another name (demo-moe-model) is rebuilt into outputs/ under that name."""
+
+BUILD_MODULE = ("python", "-m", "everstep_trainer.demo")
+
+
+def rebuild_options(model_path: Path) -> list[str]:
+    """The build options (all but ``--out``) of the command in ``model_path``'s build.json; none where it
+    has no build.json or another command made it: the build's defaults, the shipped dense model's settings."""
+    manifest = read_manifest(model_path)
+    words = shlex.split(manifest.command) if manifest is not None else []
+    if tuple(words[:3]) != BUILD_MODULE:
+        return []
+    options, rest = [], iter(words[3:])
+    for word in rest:
+        if word == "--out":
+            next(rest, None)
+        elif not word.startswith("--out="):
+            options.append(word)
+    return options
 
 
 def ensure_demo_model(model_path: Path) -> None:
@@ -53,13 +74,15 @@ def ensure_demo_model(model_path: Path) -> None:
     build_demo_model(model_path)
 
 
-def build_demo_model(out: Path) -> None:
-    """Build the demo model into ``out`` (replacing what is there) with the build's defaults: the
-    settings of the shipped model. Built beside it first, so an interrupted build leaves no half folder."""
+def build_demo_model(out: Path, options: list[str] | None = None) -> None:
+    """Build the demo model into ``out`` (replacing what is there) with the build's defaults (the settings
+    of the shipped model) and ``options`` (`rebuild_options`). Built beside it first, so an interrupted build
+    leaves no half folder."""
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    print(f"building the demo model in {out} (8 to 12 minutes on 2 cores)", file=sys.stderr)
-    subprocess.run([sys.executable, "-m", "everstep_trainer.demo", "--out", str(partial)], check=True)
+    print(f"building the demo model in {out} (8 to 12 minutes on 2 cores, the MoE one 15 to 20)", file=sys.stderr)
+    subprocess.run([sys.executable, "-m", "everstep_trainer.demo", "--out", str(partial), *(options or [])],
+                   check=True)
     shutil.rmtree(out, ignore_errors=True)
     partial.rename(out)
 
@@ -81,8 +104,10 @@ def run_demo(spec_path: Path, out: Path, *, port: int = 0, rebuild: bool = False
     started = time.monotonic()
     spec = load_job_file(spec_path)
     if rebuild:
-        build_demo_model(REBUILD_DIR)
-        spec = use_demo_model(spec, REBUILD_DIR)
+        shipped = Path(spec["model_path"])
+        target = REBUILD_DIR.with_name(shipped.name)
+        build_demo_model(target, rebuild_options(shipped))
+        spec = use_demo_model(spec, target)
     model_path = Path(spec["model_path"])
     ensure_demo_model(model_path)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,8 @@
-"""The demo: a tiny Llama warm-started on a synthetic arithmetic task with verifiable answers.
+"""The demo: a tiny Llama (or Qwen3-MoE) warm-started on a synthetic arithmetic task with verifiable answers.
 
-`python -m everstep_trainer.demo --out DIR` builds it; see `build.py` for what DIR holds.
+`python -m everstep_trainer.demo --out DIR [--architecture qwen3_moe]` builds it; see `build.py` for what DIR holds.
 """
+
+ARCHITECTURES = ("llama", "qwen3_moe")
+"""What `python -m everstep_trainer.demo --architecture` builds: the dense Llama of examples/demo-model, or
+the Qwen3-MoE of examples/demo-moe-model."""

@@ -1,4 +1,5 @@
-"""`python -m everstep_trainer.demo --out DIR [--seed S] [--quick]`: build the demo model directory.
+"""`python -m everstep_trainer.demo --out DIR [--architecture llama|qwen3_moe] [--seed S] [--quick]`: build the
+demo model directory (llama: examples/demo-model; qwen3_moe: examples/demo-moe-model, 8 experts, top-2).
 
 Writes build.json last (this command, the settings, the versions, every file's sha256) and prints
 warm_start.json's summary as one JSON line at the end.
@@ -15,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from everstep_trainer.demo import ARCHITECTURES
+
 if TYPE_CHECKING:
     from everstep_trainer.demo.build import BuildConfig
 
@@ -23,7 +26,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m everstep_trainer.demo", description=__doc__)
     parser.add_argument("--out", type=Path, required=True, help="directory to write (created if missing)")
     parser.add_argument("--seed", type=int, default=0, help="seed for data, weights and warm start")
+    parser.add_argument("--architecture", choices=ARCHITECTURES, default="llama",
+                        help="llama: the dense demo model; qwen3_moe: the mixture-of-experts one (default: llama)")
     parser.add_argument("--quick", action="store_true", help="tiny and fast, for tests (no accuracy target)")
+    parser.add_argument("--moe-intermediate-size", type=int, default=None,
+                        help="qwen3_moe: width of each expert's MLP (default: the build's)")
     parser.add_argument("--no-eval", action="store_true", help="skip scoring the warm start")
     parser.add_argument("--sft-steps", type=int, default=None,
                         help="warm-start optimizer steps (default: the build's; fewer is faster and weaker)")
@@ -36,12 +43,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--direct-answer-probability", type=float, default=None,
                         help="the terse phase's chance of a bare boxed answer (0: no terse phase)")
     parser.add_argument("--label-smoothing", type=float, default=None, help="warm-start label smoothing")
+    parser.add_argument("--terse-sft-steps", type=int, default=None,
+                        help="optimizer steps of the terse phase (default: the build's; more: a lower base accuracy)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    from everstep_trainer.demo.build import BuildConfig, build_demo, quick_build_config, write_build_manifest
+    from everstep_trainer.demo.build import (
+        BuildConfig,
+        build_demo,
+        moe_build_config,
+        quick_build_config,
+        quick_moe_shape,
+        write_build_manifest,
+    )
 
-    config = quick_build_config(args.seed) if args.quick else BuildConfig(seed=args.seed)
+    moe = args.architecture == "qwen3_moe"
+    if args.quick:
+        config = quick_build_config(args.seed)
+        if moe:
+            config.model = quick_moe_shape()
+    else:
+        config = moe_build_config(args.seed) if moe else BuildConfig(seed=args.seed)
     try:
         _apply_arguments(config, args)
     except ValueError as error:
@@ -64,6 +86,12 @@ def _apply_arguments(config: BuildConfig, args: argparse.Namespace) -> None:
         config.terse_sft = dataclasses.replace(config.terse_sft, batch_size=args.batch_size)
     if args.max_ops is not None:
         config.task = dataclasses.replace(config.task, max_ops=args.max_ops)
+    if args.terse_sft_steps is not None:
+        config.terse_sft = dataclasses.replace(config.terse_sft, max_steps=args.terse_sft_steps)
+    if args.moe_intermediate_size is not None:
+        if args.architecture != "qwen3_moe":
+            raise ValueError("--moe-intermediate-size (model.moe_intermediate_size) needs --architecture qwen3_moe")
+        config.model = dataclasses.replace(config.model, moe_intermediate_size=args.moe_intermediate_size)
     if args.label_smoothing is not None:
         config.sft = dataclasses.replace(config.sft, label_smoothing=args.label_smoothing)
     if args.slip_probability is not None:

@@ -1,4 +1,4 @@
-"""Build the demo model: tokenizer, a small Llama, a supervised warm start, datasets and its scores.
+"""Build the demo model: tokenizer, a small Llama (or Qwen3-MoE), a supervised warm start, datasets and its scores.
 
 Output directory (Hugging Face format plus the task's data)::
 
@@ -28,15 +28,17 @@ from pathlib import Path
 
 import torch
 import transformers
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from everstep.model_manifest import ModelManifest, write_manifest
+from everstep_trainer.demo import ARCHITECTURES
 from everstep_trainer.demo.evaluation import evaluate
 from everstep_trainer.demo.sft import SFTConfig, train_supervised
 from everstep_trainer.demo.task import TaskConfig, solution_text, split_train_eval, write_problems
 from everstep_trainer.demo.tokenizer import save_tokenizer
 
-__all__ = ["BuildConfig", "ModelShape", "build_demo", "quick_build_config", "write_build_manifest"]
+__all__ = ["ARCHITECTURES", "BuildConfig", "ModelShape", "MoEShape", "build_demo", "moe_build_config",
+           "quick_build_config", "write_build_manifest"]
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +62,42 @@ class ModelShape:
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
-            if value <= 0:
+            if isinstance(value, int) and value <= 0:
                 raise ValueError(f"ModelShape.{name} must be > 0")
         if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
             raise ValueError("ModelShape: hidden_size % num_heads and num_heads % num_kv_heads must be 0")
+
+
+@dataclass(kw_only=True)
+class MoEShape(ModelShape):
+    """Qwen3-MoE dimensions: every layer sparse, ``num_experts`` SiLU-gated experts of which the router picks
+    ``num_experts_per_tok`` per token (weights renormalized over those: ``norm_topk_prob``), per-head q/k
+    RMSNorm. A separate class, so the dense build's settings (and the shipped build.json) keep their keys.
+
+    The defaults (about 2.2M parameters, 8 experts, top-2) activate about as many MLP weights per token
+    as the dense demo model's MLP; the weights are saved in ``dtype`` (bfloat16 keeps model.safetensors
+    under 5 MB; the trainer and the rollout engine load them as float32)."""
+
+    architecture: str = "qwen3_moe"
+    """Hugging Face model_type (the only sparse one the builder makes)."""
+    num_experts: int = 8
+    """Routed experts per layer."""
+    num_experts_per_tok: int = 2
+    """Experts each token is routed to (top-k)."""
+    moe_intermediate_size: int = 160
+    """Width of each expert's MLP."""
+    dtype: str = "bfloat16"
+    """Dtype of the saved weights: float32 or bfloat16 (trained in float32 either way, and scored after the
+    cast, so warm_start.json scores the weights shipped)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.architecture != "qwen3_moe":
+            raise ValueError(f"MoEShape.architecture must be 'qwen3_moe', got {self.architecture!r}")
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError("MoEShape.num_experts_per_tok must be <= num_experts")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"MoEShape.dtype must be float32 or bfloat16, got {self.dtype!r}")
 
 
 @dataclass(kw_only=True)
@@ -76,7 +110,7 @@ class BuildConfig:
     task: TaskConfig = field(default_factory=TaskConfig)
     """The arithmetic chains."""
     model: ModelShape = field(default_factory=ModelShape)
-    """Model dimensions."""
+    """Model dimensions (a `MoEShape` builds a Qwen3-MoE)."""
     sft: SFTConfig = field(default_factory=lambda: SFTConfig(
         max_steps=1200, batch_size=64, learning_rate=3e-3, label_smoothing=0.05))
     """The warm start's first phase, on worked solutions (a step budget, so the result does not depend
@@ -130,6 +164,33 @@ def quick_build_config(seed: int = 0) -> BuildConfig:
     )
 
 
+def moe_build_config(seed: int = 0) -> BuildConfig:
+    """The settings of examples/demo-moe-model (`--architecture qwen3_moe`): the dense build's task, data and
+    warm-start recipe on a `MoEShape`."""
+    return BuildConfig(seed=seed, model=MoEShape())
+
+
+def quick_moe_shape() -> MoEShape:
+    """A tiny Qwen3-MoE for `--quick --architecture qwen3_moe` (tests)."""
+    return MoEShape(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
+                    num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16)
+
+
+def _model(tokenizer, shape: ModelShape) -> PreTrainedModel:
+    if isinstance(shape, MoEShape):
+        return Qwen3MoeForCausalLM(Qwen3MoeConfig(
+            vocab_size=len(tokenizer), hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
+            num_hidden_layers=shape.num_layers, num_attention_heads=shape.num_heads,
+            num_key_value_heads=shape.num_kv_heads, head_dim=shape.hidden_size // shape.num_heads,
+            max_position_embeddings=shape.max_position_embeddings, num_experts=shape.num_experts,
+            num_experts_per_tok=shape.num_experts_per_tok, moe_intermediate_size=shape.moe_intermediate_size,
+            norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], output_router_logits=False,
+            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True,
+        ))
+    return LlamaForCausalLM(_llama_config(tokenizer, shape))
+
+
 def _llama_config(tokenizer, shape: ModelShape) -> LlamaConfig:
     return LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
@@ -151,7 +212,7 @@ def build_demo(out: Path, config: BuildConfig) -> dict:
     tokenizer = save_tokenizer(config.task.words(), out)
 
     torch.manual_seed(config.seed)
-    model = LlamaForCausalLM(_llama_config(tokenizer, config.model))
+    model = _model(tokenizer, config.model)
     num_parameters = sum(p.numel() for p in model.parameters())
     log.info("demo model: %d parameters, vocabulary %d", num_parameters, len(tokenizer))
     teacher = random.Random(config.seed + 2)
@@ -168,7 +229,11 @@ def build_demo(out: Path, config: BuildConfig) -> dict:
     model.generation_config.temperature = 1.0
     model.generation_config.top_k = 0
     model.generation_config.top_p = 1.0
+    if isinstance(config.model, MoEShape) and config.model.dtype != "float32":
+        model.to(getattr(torch, config.model.dtype))
+        model.config.dtype = config.model.dtype
     model.save_pretrained(out)
+    model.float()  # scored as the trainer and the engine load it: the saved weights, in float32
 
     summary: dict = {
         "num_parameters": num_parameters,
