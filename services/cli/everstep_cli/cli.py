@@ -28,9 +28,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default="outputs/demo", help="folder for the plot, metrics and summary")
     demo.add_argument("--port", type=int, default=0, help="controller port (0: a free one)")
     demo.add_argument("--rebuild", action="store_true",
-                      help="first build a fresh demo model into outputs/demo-model with the shipped one's settings "
-                           "(python -m everstep_trainer.demo; 8 to 12 minutes on 2 cores) and run the job on it "
-                           "and its train.jsonl/eval.jsonl")
+                      help="first build a fresh demo model into outputs/<the spec model's folder name> with the "
+                           "build options recorded in that model's build.json (python -m everstep_trainer.demo: "
+                           "the dense demo model in 8 to 12 minutes on 2 cores, the MoE one in 15 to 20) and run "
+                           "the job on it and its train.jsonl/eval.jsonl")
 
     up = sub.add_parser("up", help="start Redis and every service in the background")
     up.add_argument("--port", type=int, default=8000, help="controller REST port")
