@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the sandbox service runs programs with: bubblewrap (isolation), the toolchains of its
 # languages, the runtime libraries graders import (numpy, pandas, scipy, sympy, networkx,
-# sortedcontainers, requests, lodash, javatuples, Test::Deep, Data::Compare) and ipykernel
-# (POST /run_jupyter), from Debian packages and npm only. With --all (the image) also the heavy
+# sortedcontainers, requests, lodash, javatuples, Test::Deep, Data::Compare, Go's testify) and
+# ipykernel with matplotlib (POST /run_jupyter, whose plots come back as image/png), from Debian packages and npm only. With --all (the image) also the heavy
 # toolchains of csharp (Mono), racket and kotlin_script, which `make test` leaves out to stay
 # within its 15 minutes (about 115 s of installs and 700 MB; see docs/sandbox.md). Idempotent and
 # fast when everything is there: it installs only the packages whose command, file or package is
@@ -53,7 +53,7 @@ fi
 LIBRARY_PACKAGES=(
     python3-numpy python3-pandas python3-scipy python3-sympy python3-networkx python3-sortedcontainers
     python3-requests python3-pytest python3-ipykernel node-lodash libjavatuples-java junit5
-    libtest-deep-perl libdata-compare-perl
+    libtest-deep-perl libdata-compare-perl golang-github-stretchr-testify-dev python3-matplotlib
 )
 
 # npm packages (global), installed in the background while apt-get runs.
