@@ -19,8 +19,9 @@ import re
 import shutil
 from dataclasses import dataclass, field
 
-__all__ = ["GO_ENV", "GO_LIBRARIES", "JAVATUPLES_JAR", "JAVA_PUBLIC_CLASS", "JVM_OPTIONS", "NODE_LIBRARIES",
-           "SANDBOX_PATH", "TYPESCRIPT_MODULE", "Language", "ProgramFiles", "definitions", "existing", "tool_exists"]
+__all__ = ["GO_CACHE_SEED", "GO_ENV", "GO_LIBRARIES", "JAVATUPLES_JAR", "JAVA_PUBLIC_CLASS", "JVM_OPTIONS",
+           "NODE_LIBRARIES", "SANDBOX_PATH", "TYPESCRIPT_MODULE", "Language", "ProgramFiles", "definitions", "existing",
+           "tool_exists"]
 
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 JAVA_PUBLIC_CLASS = re.compile(r"^\s*public\s+(?:final\s+|abstract\s+)*class\s+([A-Za-z_$][\w$]*)", re.MULTILINE)
@@ -41,7 +42,11 @@ GO_ENV = {"GOCACHE": "/tmp/go-build", "GOPATH": f"/tmp/go:{GO_LIBRARIES}", "GO11
 """Environment of the `go` commands: caches in the slot's tmp dir, no modules, no network, no cgo. GOPATH
 mode finds `github.com/stretchr/testify/assert` (and `require`) in Debian's tree, offline; a first
 import of testify compiles it (and net/http, which CGO_ENABLED=0 rebuilds) into the empty cache: some
-seconds of the run's time."""
+seconds of the run's time, which `GO_CACHE_SEED` saves `go_test`."""
+GO_CACHE_SEED = "/usr/local/lib/everstep-sandbox/go-build"
+"""A Go build cache holding testify (assert, require) and the `testing` packages, compiled and vetted
+with `GO_ENV` by scripts/install-sandbox-toolchains.sh: `go_test` copies it into its empty GOCACHE (24 MB,
+tens of ms) when it exists. A testify test then takes ~2 s, not ~15 s."""
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ import json
 import re
 
 from everstep_sandbox.languages.base import (
+    GO_CACHE_SEED,
     GO_ENV,
     JAVA_PUBLIC_CLASS,
     JAVATUPLES_JAR,
@@ -64,7 +65,9 @@ def sandboxfusion_definitions(python_executable: str) -> list[Language]:
                            "--scan-class-path"),
                  required_tools=("java", "javac", "bash", JUNIT_CONSOLE), limit_address_space=False),
         Language(name="go_test", source_file="solution_test.go",
-                 run_argv=("go", "test", "-count=1", "solution_test.go"), required_tools=("go",),
+                 run_argv=("bash", "-c", f"[ -e {GO_ENV['GOCACHE']} ] || cp -r {GO_CACHE_SEED} {GO_ENV['GOCACHE']} "
+                                         "2>/dev/null; exec go test -count=1 solution_test.go"),
+                 required_tools=("go", "bash"),
                  limit_address_space=False, env=dict(GO_ENV)),
         Language(name="jest", source_file="solution.test.ts",
                  run_argv=("bash", "-c", f"node {{runtime}}/ts_transpile.js {TYPESCRIPT_MODULE} solution.test.ts "
