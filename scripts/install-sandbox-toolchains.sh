@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs what the sandbox service runs programs with: bubblewrap (isolation), the toolchains of its
 # languages, the runtime libraries graders import (numpy, pandas, scipy, sympy, networkx,
-# sortedcontainers, requests, lodash, javatuples, Test::Deep, Data::Compare) and ipykernel
-# (POST /run_jupyter), from Debian packages and npm only. With --all (the image) also the heavy
-# toolchains of csharp (Mono), racket and kotlin_script, which `make test` leaves out to stay
+# sortedcontainers, requests, lodash, javatuples, Test::Deep, Data::Compare, Go's testify) and
+# ipykernel with matplotlib (POST /run_jupyter, whose plots come back as image/png), from Debian
+# packages and npm only, and go_test's build-cache seed (testify precompiled). With --all (the image)
+# also the heavy toolchains of csharp (Mono), racket and kotlin_script, which `make test` leaves out to stay
 # within its 15 minutes (about 115 s of installs and 700 MB; see docs/sandbox.md). Idempotent and
 # fast when everything is there: it installs only the packages whose command, file or package is
 # missing, and runs `apt-get update` only then. The npm installs run while apt works.
@@ -53,7 +54,7 @@ fi
 LIBRARY_PACKAGES=(
     python3-numpy python3-pandas python3-scipy python3-sympy python3-networkx python3-sortedcontainers
     python3-requests python3-pytest python3-ipykernel node-lodash libjavatuples-java junit5
-    libtest-deep-perl libdata-compare-perl
+    libtest-deep-perl libdata-compare-perl golang-github-stretchr-testify-dev python3-matplotlib
 )
 
 # npm packages (global), installed in the background while apt-get runs.
@@ -109,6 +110,29 @@ start_npm_install jest@29 jest
 for pid in "${npm_pids[@]}"; do
     wait "$pid"
 done
+
+# go_test's build-cache seed (GO_CACHE_SEED in services/sandbox/everstep_sandbox/languages/base.py): testify
+# and `testing` compiled and vetted with the sandbox's Go environment (GO_ENV there), so that a test importing
+# testify does not spend ~15 s of its run compiling it (and net/http) into its empty cache. Built again
+# when the Go version changes.
+GO_CACHE_SEED=/usr/local/lib/everstep-sandbox/go-build
+go_stamp="$GO_CACHE_SEED/everstep-$(go version | tr -c 'A-Za-z0-9.\n' _)"
+if [[ ! -f $go_stamp ]]; then
+    echo "install-sandbox-toolchains: building go_test's build-cache seed" >&2
+    seed_dir=$(mktemp -d)
+    printf '%s\n' 'package main' 'import (' '"testing"' '"github.com/stretchr/testify/assert"' \
+        '"github.com/stretchr/testify/require"' ')' \
+        'func TestSeed(t *testing.T) { require.NotNil(t, t); assert.Equal(t, 2, 1+1) }' > "$seed_dir/seed_test.go"
+    (cd "$seed_dir" && env -i PATH="$PATH" HOME="$seed_dir" GOCACHE="$seed_dir/go-build" \
+        GOPATH=/tmp/go:/usr/share/gocode GO111MODULE=off CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-buildvcs=false \
+        go test -count=1 seed_test.go >/dev/null)
+    touch "$seed_dir/go-build/$(basename "$go_stamp")"
+    chmod -R a+rX "$seed_dir/go-build"
+    $SUDO mkdir -p "$(dirname "$GO_CACHE_SEED")"
+    $SUDO rm -rf "$GO_CACHE_SEED"
+    $SUDO cp -r "$seed_dir/go-build" "$GO_CACHE_SEED"
+    rm -rf "$seed_dir"
+fi
 
 for command in "${!DEBIAN_PACKAGE[@]}" tsc; do
     command -v "$command" >/dev/null 2>&1 || { echo "install-sandbox-toolchains: $command still missing" >&2; exit 1; }

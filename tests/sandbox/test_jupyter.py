@@ -82,3 +82,21 @@ def test_bad_requests_are_422(client: httpx.Client) -> None:
     assert client.post("/run_jupyter", json={"cells": ["1"], "kernel": "ruby"}).status_code == 422
     assert client.post("/run_jupyter", json={"cells": ["1"], "total_timeout": 10_000}).status_code == 422
     assert client.post("/run_jupyter", json={"cells": ["1"], "files": {"../x": "eA=="}}).status_code == 422
+
+
+MATPLOTLIB = "/usr/lib/python3/dist-packages/matplotlib/__init__.py"
+
+
+@pytest.mark.skipif(not tool_exists(MATPLOTLIB), reason="python3-matplotlib is not installed")
+def test_a_plot_comes_back_as_one_png_display(client: httpx.Client) -> None:
+    # the inline backend, as in a notebook: no plt.show() needed, one display per figure at the cell's end
+    cells = ["import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.title('squares');",
+             "fig, ax = plt.subplots()\nax.bar(['a', 'b'], [1, 2])\nplt.show()", "print(1)"]
+    body = run_jupyter(client, cells=cells)
+    assert body["status"] == "Success", body
+    for cell in body["cells"][:2]:
+        assert cell["error"] == [], cell
+        [display] = cell["display"]
+        assert base64.b64decode(display["image/png"]).startswith(b"\x89PNG\r\n\x1a\n")
+        assert display["text/plain"].startswith("<Figure size")
+    assert body["cells"][2] == {"stdout": "1\n", "stderr": "", "display": [], "error": []}

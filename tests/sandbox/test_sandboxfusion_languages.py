@@ -9,6 +9,8 @@ import os
 import pytest
 
 from everstep_sandbox.languages import available_languages
+from everstep_sandbox.languages.base import GO_CACHE_SEED
+from everstep_sandbox.languages.sandboxfusion import sandboxfusion_definitions
 from everstep_sandbox.process import CommandRunStatus, RunStatus
 from everstep_sandbox.runner import ProgramSpec, SandboxRunner
 
@@ -145,3 +147,75 @@ def test_runtime_libraries_of_sandboxfusions_image_are_there(runner: SandboxRunn
                                          run_timeout_seconds=60))
     assert result.status == RunStatus.SUCCESS, result
     assert result.run_result.stdout == expected
+
+
+TESTIFY = """package main
+import (
+\t"testing"
+\t"github.com/stretchr/testify/assert"
+\t"github.com/stretchr/testify/require"
+)
+func add(a, b int) int { return a + b }
+func TestAdd(t *testing.T) {
+\trequire.NotNil(t, add)
+\tassert.Equal(t, %d, add(2, 2), "two and two")
+}
+"""
+
+
+@pytest.mark.parametrize("expected, status", [(4, RunStatus.SUCCESS), (5, RunStatus.FAILED)])
+def test_go_test_imports_testify_offline(runner: SandboxRunner, expected: int, status: RunStatus) -> None:
+    _require("go_test")
+    if not os.path.isfile(f"{GO_CACHE_SEED}/trim.txt"):
+        pytest.fail(f"{GO_CACHE_SEED} missing: run scripts/install-sandbox-toolchains.sh")
+    # SandboxFusion's default run timeout: enough with testify precompiled in the seed (~0.5 s here), not
+    # without it (~15 s: testify and net/http compiled into the run's empty build cache)
+    result = runner.run_code(ProgramSpec(code=TESTIFY % expected, language="go_test", run_timeout_seconds=10))
+    assert result.status == status, result
+    output = result.run_result.stdout + result.run_result.stderr
+    if status == RunStatus.SUCCESS:
+        assert "ok" in output, result
+    else:
+        assert "Not equal" in output and "two and two" in output, result
+
+
+CSHARP_WITHOUT_USINGS = """class Program {
+  static void Main() {
+    var numbers = new List<int> { 3, 1, 2 };
+    Task.Delay(1).Wait();
+    Console.WriteLine(string.Join(",", numbers.OrderBy(n => n)) + " " + Path.GetExtension("a.txt"));
+    throw new InvalidOperationException("line 6");
+  }
+}
+"""
+
+
+def test_csharp_gets_dotnets_implicit_usings_on_its_first_line() -> None:
+    csharp = next(lang for lang in sandboxfusion_definitions("/usr/bin/python3") if lang.name == "csharp")
+    source = csharp.source_of(CSHARP_WITHOUT_USINGS)
+    assert source.count("\n") == CSHARP_WITHOUT_USINGS.count("\n")
+    assert source.startswith("using System; using System.IO; using System.Collections.Generic; using System.Linq; "
+                             "using System.Net.Http; using System.Threading; using System.Threading.Tasks; class")
+    # the code's own usings are not repeated
+    own = "using System;\nusing System.Linq ;\nclass P { static void Main() { Console.WriteLine(1); } }\n"
+    added = csharp.source_of(own).removesuffix(own)
+    assert "using System;" not in added and "using System.Linq;" not in added and "using System.IO;" in added
+    assert csharp.source_of("#define DEBUG\nclass P {}\n") == "#define DEBUG\nclass P {}\n"
+
+
+def test_csharp_without_using_system_compiles_and_runs(runner: SandboxRunner) -> None:
+    _require("csharp")
+    result = runner.run_code(ProgramSpec(code=CSHARP_WITHOUT_USINGS, language="csharp", compile_timeout_seconds=60,
+                                         run_timeout_seconds=60))
+    assert result.compile_result.status == CommandRunStatus.FINISHED and result.compile_result.return_code == 0, result
+    assert result.run_result.stdout == "1,2,3 .txt\n", result
+    assert "line 6" in result.run_result.stderr, result
+    # compile errors keep the code's line numbers
+    broken = "class P {\n  static void Main() {\n    int x = \"three\";\n    Console.WriteLine(x);\n  }\n}\n"
+    result = runner.run_code(ProgramSpec(code=broken, language="csharp", compile_timeout_seconds=60))
+    assert result.status == RunStatus.FAILED and "solution.cs(3," in result.compile_result.stdout + \
+        result.compile_result.stderr, result
+    own = ("using System;\nusing System.Linq;\n"
+           "class P { static void Main() { Console.WriteLine(new[] {2, 1}.Max()); } }\n")
+    result = runner.run_code(ProgramSpec(code=own, language="csharp", compile_timeout_seconds=60))
+    assert result.status == RunStatus.SUCCESS and result.run_result.stdout == "2\n", result

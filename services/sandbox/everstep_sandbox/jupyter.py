@@ -12,12 +12,16 @@ from dataclasses import dataclass, field
 from everstep_sandbox.languages import Language
 from everstep_sandbox.process import CommandResult, CommandRunStatus, RunStatus
 
-__all__ = ["IPYKERNEL", "JUPYTER_OUTPUT", "CellResult", "JupyterResult", "JupyterSpec", "driver_input",
-           "jupyter_language", "parse_output"]
+__all__ = ["IPYKERNEL", "JUPYTER_OUTPUT", "MATPLOTLIB_INLINE", "CellResult", "JupyterResult", "JupyterSpec",
+           "driver_input", "jupyter_language", "parse_output"]
 
 IPYKERNEL = "/usr/lib/python3/dist-packages/ipykernel/__init__.py"
 JUPYTER_INPUT = ".jupyter-input.json"
 JUPYTER_OUTPUT = ".jupyter-output.json"
+MATPLOTLIB_INLINE = "module://matplotlib_inline.backend_inline"
+"""The kernel's matplotlib backend, as in a notebook (`%matplotlib inline`): a cell's figures come back
+at its end as display data, `image/png` (base64) beside `text/plain`, as SandboxFusion's do. Set as
+MPLBACKEND, matplotlib is imported only by cells that use it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,7 +61,7 @@ def jupyter_language(python_executable: str) -> Language:
                     run_argv=(python_executable, "-Xfrozen_modules=off", "{runtime}/jupyter_driver.py",
                               JUPYTER_INPUT, JUPYTER_OUTPUT),
                     required_tools=(python_executable, IPYKERNEL),
-                    env={"PYDEVD_DISABLE_FILE_VALIDATION": "1", "MPLBACKEND": "Agg"})
+                    env={"PYDEVD_DISABLE_FILE_VALIDATION": "1", "MPLBACKEND": MATPLOTLIB_INLINE})
 
 
 def driver_input(spec: JupyterSpec) -> str:

@@ -7,7 +7,8 @@ and npm install here (scripts/install-sandbox-toolchains.sh):
   (npm's jest 29 on the TypeScript-transpiled `solution.test.ts`), `D_ut` (ldc's `-unittest`). A
   failing test exits non-zero: the request is `Failed`, with the framework's report in stdout or
   stderr;
-- languages: `csharp` (Mono's `mcs`, not SandboxFusion's dotnet), `scala` (Debian's 2.11,
+- languages: `csharp` (Mono's `mcs`, not SandboxFusion's dotnet; .NET 6's implicit usings prepended on
+  the first line), `scala` (Debian's 2.11,
   `object` named in the code as SandboxFusion looks it up), `kotlin_script` (`kotlinc -script`:
   Debian's Kotlin 1.3 has no `kotlin X.kts`), `R` (`Rscript`), `racket`, `verilog` (Icarus: `iverilog
   -g2012 -s tb`, then `vvp -n`, as SandboxFusion) and `sql` (the script run by `sqlite3 -bail` on
@@ -22,6 +23,7 @@ import json
 import re
 
 from everstep_sandbox.languages.base import (
+    GO_CACHE_SEED,
     GO_ENV,
     JAVA_PUBLIC_CLASS,
     JAVATUPLES_JAR,
@@ -32,8 +34,11 @@ from everstep_sandbox.languages.base import (
     existing,
 )
 
-__all__ = ["JEST_MODULE", "JUNIT_JARS", "sandboxfusion_definitions"]
+__all__ = ["CSHARP_IMPLICIT_USINGS", "JEST_MODULE", "JUNIT_JARS", "sandboxfusion_definitions"]
 
+CSHARP_IMPLICIT_USINGS = ("System", "System.IO", "System.Collections.Generic", "System.Linq", "System.Net.Http",
+                          "System.Threading", "System.Threading.Tasks")
+""".NET 6's implicit usings (SandboxFusion's dotnet projects have them): Mono's mcs gets them prepended."""
 JEST_MODULE = "/usr/lib/node_modules/jest"
 JUNIT_CONSOLE = "/usr/share/java/junit-platform-console-standalone.jar"
 JUNIT_JARS = (JUNIT_CONSOLE, JAVATUPLES_JAR)
@@ -60,7 +65,9 @@ def sandboxfusion_definitions(python_executable: str) -> list[Language]:
                            "--scan-class-path"),
                  required_tools=("java", "javac", "bash", JUNIT_CONSOLE), limit_address_space=False),
         Language(name="go_test", source_file="solution_test.go",
-                 run_argv=("go", "test", "-count=1", "solution_test.go"), required_tools=("go",),
+                 run_argv=("bash", "-c", f"[ -e {GO_ENV['GOCACHE']} ] || cp -r {GO_CACHE_SEED} {GO_ENV['GOCACHE']} "
+                                         "2>/dev/null; exec go test -count=1 solution_test.go"),
+                 required_tools=("go", "bash"),
                  limit_address_space=False, env=dict(GO_ENV)),
         Language(name="jest", source_file="solution.test.ts",
                  run_argv=("bash", "-c", f"node {{runtime}}/ts_transpile.js {TYPESCRIPT_MODULE} solution.test.ts "
@@ -74,7 +81,7 @@ def sandboxfusion_definitions(python_executable: str) -> list[Language]:
         Language(name="csharp", source_file="solution.cs",
                  compile_argv=("mcs", "-nologo", "-r:System.Numerics", "-out:solution.exe", "solution.cs"),
                  artifacts=("solution.exe",), run_argv=("mono", "solution.exe"), required_tools=("mcs", "mono"),
-                 limit_address_space=False),
+                 limit_address_space=False, implicit_usings=CSHARP_IMPLICIT_USINGS),
         Language(name="scala", source_file="solution.scala", main_pattern=_SCALA_OBJECT,
                  compile_argv=("scalac", "-d", ".", "solution.scala"), artifacts=("*.class",),
                  run_argv=("scala", "-nc", "-cp", ".", "{main_class}"), required_tools=("scalac", "scala"),
