@@ -175,6 +175,11 @@ def _generate(engine, prompts: list[tuple[str, str]], *, samples: int, temperatu
             sampling = SamplingOptions(temperature=temperature, max_new_tokens=max_new_tokens,
                                        seed=0 if seed is None else seed + index, return_routed_experts=routes)
             requests.append(GenerationRequest(id=f"{tag}-{index}", prompt_ids=prompt_ids, sampling=sampling))
+    return complete(engine, requests)
+
+
+def complete(engine, requests: list) -> list:
+    """Every request run to its end on the in-process `engine`; the results in the requests' order."""
     engine.add(requests)
     results = {}
     while engine.has_work:

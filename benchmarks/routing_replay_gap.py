@@ -23,6 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks.icepop_mismatch import complete
+
 ARMS = {"float32": ("float32", "none"), "bf16": ("bfloat16", "none"), "int8": ("float32", "int8"),
         "fp8": ("float32", "fp8"), "int4": ("float32", "int4")}
 """arm -> (engine dtype, engine weight quantization); the trainer is float32 throughout."""
@@ -70,12 +72,7 @@ def rollouts(model: Path, arm: str, args: argparse.Namespace, seed: int) -> list
             sampling = SamplingOptions(temperature=1.0, max_new_tokens=args.max_new_tokens,
                                        seed=seed * 10_000 + p * 100 + g + 1, return_routed_experts=True)
             requests.append(GenerationRequest(id=f"p{p}-{g}", prompt_ids=prompt, sampling=sampling))
-    engine.add(requests)
-    results = {}
-    while engine.has_work:
-        for result in engine.step():
-            results[result.id] = result
-    return [results[r.id] for r in requests]
+    return complete(engine, requests)
 
 
 def gap(model: Path, results: list, *, replay: bool, seed: int) -> dict[str, float]:
