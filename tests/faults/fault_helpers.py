@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import time
 from collections.abc import Callable
@@ -213,14 +214,22 @@ def freeze_while(process: ManagedProcess, wanted: Callable[[], bool], attempts: 
     """Stops `process` (SIGSTOP) at a moment `wanted()` holds, and leaves it stopped; the caller injects
     its fault and then resumes it with `thaw`. Lets a test hit a window of a few milliseconds.
     `settle_seconds`: how long the other processes go on before `wanted()` is asked (they finish what
-    the stopped one had already sent them)."""
+    the stopped one had already sent them).
+
+    Between tries the process runs for a varied time (5 to 200 ms), and is stopped at once if `wanted()`
+    holds while it runs: a fixed slice can lock onto the process's own rhythm (on a loaded machine a
+    stopped engine given 20 ms at a time emitted its results only in whole-step bursts, and the window
+    never came)."""
+    slices = random.Random(process.pid)
     for _ in range(attempts):
+        deadline = time.monotonic() + slices.uniform(0.005, 0.2)
+        while time.monotonic() < deadline and not wanted():
+            time.sleep(0.002)
         os.kill(process.pid, signal.SIGSTOP)
         time.sleep(settle_seconds)
         if wanted():
             return
         os.kill(process.pid, signal.SIGCONT)
-        time.sleep(0.02)
     pytest.fail(f"{process.name}: the wanted moment never came")
 
 
