@@ -52,6 +52,11 @@ log = logging.getLogger("benchmarks.rollout_throughput")
 DEFAULT_MODEL = Path("examples/demo-model")
 CHAT_PROMPTS = Path(__file__).resolve().parents[1] / "examples" / "data" / "arith-word-problems" / "train.parquet"
 DEFAULT_NUM_PROMPTS = {"raw": 256, "chat": 128}
+DEFAULT_BATCH_SIZE = 128
+QUICK_FRACTION = 4
+"""--quick is the default run scaled down by QUICK_FRACTION: the first quarter of the prompts, a quarter of the batch
+size and of max_running (so the same number of static batches, and the same refill pattern for our engine), the
+same max_new_tokens, repeats and sampling."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,10 +85,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompts", type=Path, default=None,
                    help="JSONL or Parquet with a 'prompt' field (text, or a list of chat messages); default "
                         "MODEL/train.jsonl, or for a chat model examples/data/arith-word-problems/train.parquet")
-    p.add_argument("--num-prompts", type=int, default=None, help="prompts of the workload (default 256; chat: 128)")
+    p.add_argument("--num-prompts", type=int, default=None,
+                   help="prompts of the workload (default 256; chat: 128; --quick: a quarter of that)")
     p.add_argument("--max-new-tokens", type=int, default=256, help="output tokens per sequence at most")
-    p.add_argument("--batch-size", type=int, default=128, help="transformers generate: prompts per static batch")
-    p.add_argument("--max-running", type=int, default=128, help="our engine: sequences decoded together")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help=f"transformers generate: prompts per static batch (default {DEFAULT_BATCH_SIZE}; "
+                        f"--quick: {DEFAULT_BATCH_SIZE // QUICK_FRACTION})")
+    p.add_argument("--max-running", type=int, default=None,
+                   help=f"our engine: sequences decoded together (default {DEFAULT_BATCH_SIZE}; --quick: "
+                        f"{DEFAULT_BATCH_SIZE // QUICK_FRACTION})")
+    p.add_argument("--quick", action="store_true",
+                   help=f"a shorter run whose ratio agrees with the full one: prompts, batch size and max_running "
+                        f"divided by {QUICK_FRACTION} (explicit --num-prompts/--batch-size/--max-running win)")
     p.add_argument("--repeats", type=int, default=3, help="runs of each system (alternating); medians reported")
     p.add_argument("--num-threads", type=int, default=0, help="torch CPU threads; 0: all cores but one")
     p.add_argument("--seed", type=int, default=0)
@@ -101,6 +114,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     return args
+
+
+def workload_size(args: argparse.Namespace, prompt_format: str) -> tuple[int, int, int]:
+    """(num_prompts, batch_size, max_running) of the run: the flags given, else the full or --quick defaults."""
+    scale = QUICK_FRACTION if args.quick else 1
+    return (args.num_prompts or DEFAULT_NUM_PROMPTS[prompt_format] // scale,
+            args.batch_size or DEFAULT_BATCH_SIZE // scale, args.max_running or DEFAULT_BATCH_SIZE // scale)
 
 
 def read_prompts(path: Path, num_prompts: int) -> list[str | list[dict]]:
@@ -182,8 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
     if not (args.model / "config.json").exists():
         print(f"no model at {args.model}: build the demo model first with "
-              f"`python -m everstep_trainer.demo --out {args.model}`, or pass --model", file=sys.stderr)
+              f"`python -m everstep_trainer.demo --out {args.model}`, or pass --model (examples/demo-moe-model; "
+              "outputs/smollm2-135m-instruct from `make real-model`; a random Qwen3 from "
+              "`python -m benchmarks.qwen3_dense_model`)", file=sys.stderr)
         return 2
+    started = time.perf_counter()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -194,20 +217,20 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     prompt_format = "chat" if tokenizer.chat_template else "raw"
-    num_prompts = args.num_prompts or DEFAULT_NUM_PROMPTS[prompt_format]
+    num_prompts, batch_size, max_running = workload_size(args, prompt_format)
     default_prompts = CHAT_PROMPTS if prompt_format == "chat" else args.model / "train.jsonl"
     prompts = read_prompts(args.prompts or default_prompts, num_prompts)
     prompt_ids = tokenize_prompts(tokenizer, prompts)
     longest_prompt = max(map(len, prompt_ids))
 
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
-    engines = {q: Engine(args.model, EngineConfig(max_running=args.max_running, max_seq_len=longest_prompt
+    engines = {q: Engine(args.model, EngineConfig(max_running=max_running, max_seq_len=longest_prompt
                                                   + args.max_new_tokens, seed=args.seed, quantization=q))
                for q in args.quantization}
     engine = engines[args.quantization[0]]
     eos_token_ids = engine.eos_token_ids
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_token_ids)
-    hf_kwargs = dict(batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, pad_token_id=pad_token_id,
+    hf_kwargs = dict(batch_size=batch_size, max_new_tokens=args.max_new_tokens, pad_token_id=pad_token_id,
                      eos_token_ids=eos_token_ids)
 
     log.info("warm-up")
@@ -241,8 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     for q, figures in quantized.items():
         print(f"everstep torch engine, quantization {q}: {figures['tokens_per_s']:.0f} tokens/s (median), "
               f"weights {figures['weight_bytes'] / 2**20:.2f} MiB", flush=True)
-    print(f"transformers generate (static batches of {args.batch_size}): {hf:.0f} tokens/s (median)")
-    print(f"everstep torch engine (max_running {args.max_running}): {ours:.0f} tokens/s (median)")
+    print(f"transformers generate (static batches of {batch_size}): {hf:.0f} tokens/s (median)")
+    print(f"everstep torch engine (max_running {max_running}): {ours:.0f} tokens/s (median)")
     report = {
         "ours_tokens_per_s": round(ours, 1), "hf_tokens_per_s": round(hf, 1),
         "ratio": round(ours / hf, 3) if hf > 0 else None,
@@ -250,9 +273,10 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_ratio": round(ours_cpu / hf_cpu, 3) if hf_cpu > 0 else None,
         "runs": [{**asdict(r), "tokens_per_s": round(r.tokens_per_s, 1)} for r in runs],
         "quantization": quantized,
+        "mode": "quick" if args.quick else "full", "seconds": round(time.perf_counter() - started, 1),
         "model": str(args.model), "prompt_format": prompt_format, "num_prompts": num_prompts,
         "max_new_tokens": args.max_new_tokens,
-        "batch_size": args.batch_size, "max_running": args.max_running, "repeats": args.repeats,
+        "batch_size": batch_size, "max_running": max_running, "repeats": args.repeats,
         "executor": type(engine.executor).__name__, "num_threads": torch.get_num_threads(),
         "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],

@@ -32,7 +32,7 @@ def test_tiny_run_reports_both_systems(tiny_model_dir: Path, tmp_path: Path) -> 
     assert [r["system"] for r in runs] == ["hf", "ours", "hf", "ours"]
     # Each run generated at least one token per prompt and at most max_new_tokens each.
     assert all(6 <= r["num_tokens"] <= 36 and r["seconds"] > 0 for r in runs)
-    assert report["num_prompts"] == 6 and report["executor"] == "LlamaExecutor"
+    assert report["num_prompts"] == 6 and report["executor"] == "LlamaExecutor" and report["mode"] == "full"
     assert any("tokens/s" in line for line in lines[:-1])
 
 
@@ -62,3 +62,59 @@ def test_missing_model_says_how_to_build_it(tmp_path: Path) -> None:
         cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
     )
     assert process.returncode == 2 and "everstep_trainer.demo" in process.stderr
+
+
+def test_quick_mode_scales_the_default_run_down_by_four() -> None:
+    code = """
+from benchmarks.rollout_throughput import parse_args, workload_size
+for argv, prompt_format in [([], "raw"), ([], "chat"), (["--quick"], "raw"), (["--quick"], "chat"),
+                            (["--quick", "--num-prompts", "8"], "chat"),
+                            (["--quick", "--batch-size", "4", "--max-running", "2"], "raw")]:
+    print(*workload_size(parse_args(argv), prompt_format))
+"""
+    process = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                             capture_output=True, text=True, timeout=60)
+    assert process.returncode == 0, process.stderr[-4000:]
+    assert process.stdout.split("\n")[:6] == [
+        "256 128 128", "128 128 128", "64 32 32", "32 32 32",
+        "8 32 32",  # explicit sizes win over the quick defaults
+        "64 4 2",
+    ]
+
+
+def test_quick_run_on_a_random_qwen3_dense_model(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The Qwen3 builder's model (one layer here), with another model's tokenizer, runs on the native executor."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    model_dir = tmp_path / "qwen3"
+    build = subprocess.run(
+        [sys.executable, "-m", "benchmarks.qwen3_dense_model", "--tokenizer", str(tiny_model_dir), "--out",
+         str(model_dir), "--num-layers", "1"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
+    )
+    assert build.returncode == 0, build.stderr[-4000:]
+    config = json.loads((model_dir / "config.json").read_text())
+    assert (config["model_type"], config["hidden_size"], config["head_dim"], config["num_key_value_heads"]) == (
+        "qwen3", 512, 128, 4)
+    assert config["vocab_size"] == json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"{i} + {i + 1} ="}) + "\n" for i in range(5)))
+    process = subprocess.run(
+        [sys.executable, "-m", "benchmarks.rollout_throughput", "--model", str(model_dir), "--prompts", str(prompts),
+         "--quick", "--num-prompts", "5", "--max-new-tokens", "4", "--repeats", "1", "--num-threads", "1"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
+    )
+    assert process.returncode == 0, process.stderr[-4000:]
+    report = json.loads(process.stdout.strip().splitlines()[-1])
+    assert report["mode"] == "quick" and report["seconds"] > 0
+    assert (report["num_prompts"], report["batch_size"], report["max_running"]) == (5, 32, 32)
+    assert report["executor"] == "LlamaExecutor" and report["num_threads"] == 1
+
+
+def test_qwen3_builder_names_a_directory_without_a_tokenizer(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    process = subprocess.run(
+        [sys.executable, "-m", "benchmarks.qwen3_dense_model", "--tokenizer", str(tmp_path), "--out",
+         str(tmp_path / "out")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert process.returncode == 2 and "--tokenizer" in process.stderr and "tokenizer_config.json" in process.stderr
