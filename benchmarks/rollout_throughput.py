@@ -69,6 +69,9 @@ class Run:
     seconds: float
     cpu_seconds: float
     """CPU time of this process during the run: far less sensitive to other processes' load than wall time."""
+    num_row_steps: int
+    """Sequence rows the decode steps computed: for transformers every row of a static batch at every step of
+    it (finished and padded rows too), for our engine the running sequences of every step."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -164,7 +167,7 @@ def run_hf(model, prompt_ids: list[list[int]], *, batch_size: int, max_new_token
     import torch
 
     torch.manual_seed(seed)
-    num_tokens = 0
+    num_tokens = num_row_steps = 0
     start, cpu_start = time.perf_counter(), time.process_time()
     with torch.inference_mode():
         for i in range(0, len(prompt_ids), batch_size):
@@ -178,8 +181,9 @@ def run_hf(model, prompt_ids: list[list[int]], *, batch_size: int, max_new_token
                 eos_token_id=sorted(eos_token_ids), use_cache=True,
             )
             num_tokens += sum(count_until_eos(row, eos_token_ids) for row in out[:, width:].tolist())
+            num_row_steps += out.shape[0] * (out.shape[1] - width)
     return Run(system="hf", quantization="none", num_tokens=num_tokens, seconds=time.perf_counter() - start,
-               cpu_seconds=time.process_time() - cpu_start)
+               cpu_seconds=time.process_time() - cpu_start, num_row_steps=num_row_steps)
 
 
 def run_ours(engine, prompt_ids: list[list[int]], *, max_new_tokens: int, tag: str) -> Run:
@@ -189,12 +193,13 @@ def run_ours(engine, prompt_ids: list[list[int]], *, max_new_tokens: int, tag: s
     sampling = SamplingOptions(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens)
     start, cpu_start = time.perf_counter(), time.process_time()
     engine.add(GenerationRequest(id=f"{tag}-{i}", prompt_ids=p, sampling=sampling) for i, p in enumerate(prompt_ids))
-    num_tokens = 0
+    num_tokens = num_row_steps = 0
     while engine.has_work:
         num_tokens += sum(len(r.output_ids) for r in engine.step())
+        num_row_steps += engine.last_step.num_decoded if engine.last_step else 0
     return Run(system="ours", quantization=engine.config.quantization.value, num_tokens=num_tokens,
                seconds=time.perf_counter() - start,
-               cpu_seconds=time.process_time() - cpu_start)
+               cpu_seconds=time.process_time() - cpu_start, num_row_steps=num_row_steps)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -271,6 +276,10 @@ def main(argv: list[str] | None = None) -> int:
         "ratio": round(ours / hf, 3) if hf > 0 else None,
         "ours_tokens_per_cpu_s": round(ours_cpu, 1), "hf_tokens_per_cpu_s": round(hf_cpu, 1),
         "cpu_ratio": round(ours_cpu / hf_cpu, 3) if hf_cpu > 0 else None,
+        # The share of transformers' decode rows that produced a counted token: 1 / it is the ratio that static
+        # batching alone explains; ratio / (1 / it) is what the engine's cost per row-step adds.
+        "hf_useful_row_fraction": round(median("num_tokens", "hf") / median("num_row_steps", "hf"), 3)
+        if median("num_row_steps", "hf") > 0 else None,
         "runs": [{**asdict(r), "tokens_per_s": round(r.tokens_per_s, 1)} for r in runs],
         "quantization": quantized,
         "mode": "quick" if args.quick else "full", "seconds": round(time.perf_counter() - started, 1),
