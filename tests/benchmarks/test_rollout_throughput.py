@@ -68,21 +68,19 @@ def test_missing_model_says_how_to_build_it(tmp_path: Path) -> None:
     assert process.returncode == 2 and "everstep_trainer.demo" in process.stderr
 
 
-def test_quick_mode_scales_the_default_run_down_by_four() -> None:
+def test_quick_mode_runs_the_same_workload_once() -> None:
     code = """
 from benchmarks.rollout_throughput import parse_args, workload_size
 for argv, prompt_format in [([], "raw"), ([], "chat"), (["--quick"], "raw"), (["--quick"], "chat"),
-                            (["--quick", "--num-prompts", "8"], "chat"),
-                            (["--quick", "--batch-size", "4", "--max-running", "2"], "raw")]:
+                            (["--quick", "--repeats", "2", "--num-prompts", "8"], "chat")]:
     print(*workload_size(parse_args(argv), prompt_format))
 """
     process = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                              capture_output=True, text=True, timeout=60)
     assert process.returncode == 0, process.stderr[-4000:]
-    assert process.stdout.split("\n")[:6] == [
-        "256 128 128", "128 128 128", "64 32 32", "32 32 32",
-        "8 32 32",  # explicit sizes win over the quick defaults
-        "64 4 2",
+    assert process.stdout.split("\n")[:5] == [
+        "256 128 128 3", "128 128 128 3", "256 128 128 1", "128 128 128 1",
+        "8 128 128 2",  # explicit settings win over the quick defaults
     ]
 
 
@@ -104,13 +102,15 @@ def test_quick_run_on_a_random_qwen3_dense_model(tiny_model_dir: Path, tmp_path:
     prompts.write_text("".join(json.dumps({"prompt": f"{i} + {i + 1} ="}) + "\n" for i in range(5)))
     process = subprocess.run(
         [sys.executable, "-m", "benchmarks.rollout_throughput", "--model", str(model_dir), "--prompts", str(prompts),
-         "--quick", "--num-prompts", "5", "--max-new-tokens", "4", "--repeats", "1", "--num-threads", "1"],
+         "--quick", "--num-prompts", "5", "--max-new-tokens", "4", "--batch-size", "4", "--max-running", "4",
+         "--num-threads", "1"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
     )
     assert process.returncode == 0, process.stderr[-4000:]
     report = json.loads(process.stdout.strip().splitlines()[-1])
     assert report["mode"] == "quick" and report["seconds"] > 0
-    assert (report["num_prompts"], report["batch_size"], report["max_running"]) == (5, 32, 32)
+    assert (report["num_prompts"], report["batch_size"], report["max_running"], report["repeats"]) == (5, 4, 4, 1)
+    assert [r["system"] for r in report["runs"]] == ["hf", "ours"]
     assert report["executor"] == "LlamaExecutor" and report["num_threads"] == 1
 
 
