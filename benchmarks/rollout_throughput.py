@@ -1,4 +1,4 @@
-"""Rollout throughput: `python -m benchmarks.rollout_throughput [--model DIR] [--num-prompts N] ...`.
+"""Rollout throughput: `python -m benchmarks.rollout_throughput [--model DIR] [--quick] [--num-prompts N] ...`.
 
 One model (the demo model shipped in `examples/demo-model`, built by `python -m everstep_trainer.demo`;
 its build.json records how), one workload: the first N prompts (default 256) of the demo task's train.jsonl,
@@ -27,6 +27,13 @@ stdout is one JSON object with ours_tokens_per_s, hf_tokens_per_s, ratio (of the
 the settings and the load average before and after. It also reports tokens per CPU second of this process
 (ours_tokens_per_cpu_s, hf_tokens_per_cpu_s, cpu_ratio): on a shared machine those vary far less with
 other processes' load than wall-clock figures do.
+
+`--quick` runs the same workload once on each side instead of `--repeats` (3) times: a third of the time, and the
+same ratio up to the noise of single runs (on a loaded machine read `cpu_ratio`); see QUICK_REPEATS for why it does
+not shrink the workload. The report also gives each run's decode row-steps and `hf_useful_row_fraction` (the part
+of transformers' rows that produced a counted token: 1 / it is what static batching alone explains). Issue 29's
+three models: `--model examples/demo-moe-model`, `--model outputs/smollm2-135m-instruct` and a random Qwen3 dense
+model built by `python -m benchmarks.qwen3_dense_model`; docs/benchmarks.md has their figures.
 
 `--quantization none,int8` (any of none, int8, int8-tensor, fp8, int4, comma-separated) runs our engine once per
 setting in every repeat (hf, ours-none, ours-int8, hf, ...), each engine built once; the report's
