@@ -6,11 +6,12 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import grpc
+import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from everstep.model_config import position_limit
@@ -32,7 +33,7 @@ from everstep_rollout.engine import (
 from everstep_rollout.model_files import read_config
 from everstep_rollout.proto_convert import request_from_proto, result_to_proto, sampling_from_proto
 from everstep_rollout.sequence import SequenceResult
-from everstep_rollout.weights import WeightGroupMember, WeightUpdate, receiver_info
+from everstep_rollout.weights import AdapterMerger, WeightGroupMember, WeightUpdate, receiver_info
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         self._lock = threading.Lock()
         self._loop: EngineLoop | None = None
         self._model_path = ""
+        self._adapters: AdapterMerger | None = None
         self._weight_group: WeightGroupMember | None = None
         self._receiver_info = receiver_info(engine_defaults.device)
 
@@ -88,6 +90,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         metrics.set_quantization(config.quantization.value)
         with self._lock:
             self._loop, self._model_path = loop, model_path
+            self._adapters = AdapterMerger(model_path, config.device)
         return engine
 
     def status(self) -> EngineStatus | None:
@@ -212,7 +215,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
                 try:
                     update.add(bucket)
                     if bucket.last:
-                        loop.update_weights(update.tensors, update.version)
+                        loop.update_weights(self._weights_of(update), update.version)
                 except ValueError as e:
                     context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"weight update rejected: {e}")
                 except RuntimeError as e:  # a broadcast that failed or timed out: the group is unusable
@@ -228,6 +231,15 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         finally:
             update.close()
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, "weight stream ended without a bucket with last=true")
+
+    def _weights_of(self, update: WeightUpdate) -> Mapping[str, torch.Tensor]:
+        """The full weights an update sets: its tensors, or an adapter's merge onto the kept base."""
+        adapters = self._adapters
+        assert adapters is not None, "an engine is loaded"
+        if update.lora is None:
+            adapters.full_update(update.tensors)
+            return update.tensors
+        return adapters.merged(update.tensors, update.lora)
 
     def JoinWeightGroup(self, request, context):
         old = self._weight_group

@@ -29,6 +29,7 @@ from everstep_trainer.policy_trainer import PolicyTrainer, TrainStats
 from everstep_trainer.rank_commands import CommandRunner, follow
 from everstep_trainer.sample_log import SampleLog
 from everstep_trainer.weight_push import GRPC_MAX_MESSAGE_BYTES, Transport, WeightPusher, WeightPushError
+from everstep_trainer.weight_push.base import lora_adapter_proto
 
 __all__ = ["TrainerService", "config_from_proto", "serve",
            "serve_distributed", "stats_to_proto"]
@@ -176,9 +177,10 @@ class TrainerService(trainer_pb2_grpc.TrainerServicer):
             start = time.perf_counter()
             weights = self._runner.gather_weights()
             try:
-                report = self._pusher.push(weights.items(), version=trainer.version,
+                report = self._pusher.push(weights.tensors.items(), version=trainer.version,
                                            endpoints=list(request.endpoints), setting=setting,
-                                           bucket_bytes=request.bucket_bytes or None)
+                                           bucket_bytes=request.bucket_bytes or None,
+                                           adapter=lora_adapter_proto(weights.adapter))
             except WeightPushError as e:
                 context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
             seconds = time.perf_counter() - start  # the gather (several ranks) counts as part of the push

@@ -4,7 +4,8 @@ What can be told before the job runs: the verifiers of `reward.verifiers` and th
 the reward service's (the shared table `everstep.verifiers.VERIFIER_PARAMS`; the values are the reward
 service's to check, at the first score), and from the files: the model's chat template against `prompt.format`
 and `prompt.system`, the model's position limit against `sampling.max_new_tokens` and its experts against
-`algorithm.routing_replay` (`model_limits`), and the
+`algorithm.routing_replay` (`model_limits`), its modules against `trainer.lora.target_modules`
+(`model_modules`), and the
 dataset's fields against `dataset.*_field` (`dataset_columns`), and that a glob pattern of
 `dataset.train_path`/`eval_path` whose folder exists matches a file. A file that does
 not exist or cannot be read at submission is not checked here: the job then fails when it loads its data,
@@ -24,6 +25,7 @@ from everstep_controller.data.dataset_columns import DatasetFieldError, check_da
 from everstep_controller.data.prompt_rendering import resolve_prompt_format
 from everstep_controller.spec.job_spec import JobSpec, PromptFormat
 from everstep_controller.spec.model_limits import check_routing_replay, max_prompt_tokens
+from everstep_controller.spec.model_modules import check_lora_targets
 
 __all__ = ["JobInputError", "check_job_input", "check_verifiers"]
 
@@ -46,6 +48,7 @@ def check_job_input(spec: JobSpec) -> None:
     _check_prompt_format(spec)
     _check_lengths(spec)
     _check_routing_replay(spec)
+    _check_lora_targets(spec)
     _check_dataset_fields(spec)
 
 
@@ -75,6 +78,13 @@ def _check_routing_replay(spec: JobSpec) -> None:
         check_routing_replay(spec)
     except ValueError as e:
         raise JobInputError(("algorithm", "routing_replay"), str(e)) from None
+
+
+def _check_lora_targets(spec: JobSpec) -> None:
+    try:
+        check_lora_targets(spec.model_path, spec.trainer.lora)
+    except ValueError as e:
+        raise JobInputError(("trainer", "lora", "target_modules"), str(e)) from None
 
 
 def _check_prompt_format(spec: JobSpec) -> None:
