@@ -84,6 +84,16 @@ def build_parser() -> argparse.ArgumentParser:
     imported.add_argument("--out", required=True, help="folder to write (new or empty)")
     imported.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                           help="dtype of the saved weights")
+    exported = model_sub.add_parser(
+        "export", help="a job's checkpoint as a directory transformers or peft load: the Hugging Face model, or "
+                       "with trainer.lora the PEFT adapter directory (--merge: the base with the adapters merged in); "
+                       "runs the trainer package's `everstep_trainer.model_export`")
+    exported.add_argument("job", help="job id")
+    exported.add_argument("--step", type=int, default=None, help="the checkpoint of this step (default: the latest)")
+    exported.add_argument("--out", required=True, help="folder to write (new or empty)")
+    exported.add_argument("--merge", action="store_true",
+                          help="LoRA: merge the adapters into the base model (a plain Hugging Face directory)")
+    _add_url(exported)
 
     serve = sub.add_parser("serve", help="run one service in the foreground (for containers)")
     serve.add_argument("service", choices=SERVICES)
@@ -91,6 +101,25 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=None, help="HTTP port (REST, metrics; the sandbox's API)")
     serve.add_argument("--grpc-port", type=int, default=None)
     return parser
+
+
+def checkpoint_path(job: dict, step: int | None) -> str:
+    """The folder of the job record's checkpoint of `step` (None: the latest); ValueError naming --step or the job
+    when there is none."""
+    checkpoints = sorted(job.get("checkpoints") or [], key=lambda c: c["step"])
+    if not checkpoints:
+        raise ValueError(f"job {job['id']} has no checkpoint yet (spec.checkpoint sets when it saves one)")
+    if step is None:
+        chosen = checkpoints[-1]
+    else:
+        found = [c for c in checkpoints if c["step"] == step]
+        if not found:
+            raise ValueError(f"--step: job {job['id']} has no checkpoint of step {step} "
+                             f"(it has steps {[c['step'] for c in checkpoints]})")
+        chosen = found[0]
+    if not Path(chosen["path"]).is_dir():
+        raise ValueError(f"the checkpoint of step {chosen['step']} is not on this machine: {chosen['path']}")
+    return str(chosen["path"])
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
@@ -124,7 +153,14 @@ def _dispatch(args: argparse.Namespace, extra: list[str]) -> None:
         import importlib.util
 
         if importlib.util.find_spec("everstep_trainer") is None:
-            raise RuntimeError("model import needs the trainer package: pip install -e services/trainer")
+            raise RuntimeError(f"model {args.model_command} needs the trainer package: "
+                               "pip install -e services/trainer")
+        if args.model_command == "export":
+            from everstep_cli.rest_client import ControllerClient
+
+            checkpoint = checkpoint_path(ControllerClient(args.url).job(args.job), args.step)
+            os.execv(sys.executable, [sys.executable, "-m", "everstep_trainer.model_export", checkpoint,
+                                      "--out", args.out, *(["--merge"] if args.merge else [])])
         os.execv(sys.executable, [sys.executable, "-m", "everstep_trainer.model_import", args.source,
                                   "--out", args.out, "--dtype", args.dtype])
     if args.command == "demo":

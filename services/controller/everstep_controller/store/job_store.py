@@ -85,7 +85,8 @@ class ResumeEvent(BaseModel):
 class CheckpointInfo(BaseModel):
     step: int = Field(description="Training steps completed when it was saved.")
     path: str = Field(description="Folder of the checkpoint: the policy's weights as a Hugging Face model "
-                                  "directory, with the trainer's state to resume from.")
+                                  "directory (with trainer.lora: a PEFT adapter directory naming its base), with the "
+                                  "trainer's state to resume from; `everstep model export` writes it out.")
     saved_at: float = Field(description="Unix time it was recorded.")
 
 
