@@ -152,7 +152,6 @@ def apply_cost(model_dir: Path, rank: int, decode_batch: int, repeats: int) -> d
     x W^T), medians over `repeats`."""
     import torch
 
-    from everstep.v1 import rollout_pb2 as rollout_messages
     from everstep_rollout.weights.lora import AdapterMerger, read_base_weights
 
     names = set(_linear_weight_names(model_dir))
@@ -164,12 +163,11 @@ def apply_cost(model_dir: Path, rank: int, decode_batch: int, repeats: int) -> d
         adapter[f"{module}.lora_A"] = torch.randn(rank, weight.shape[1], generator=generator) * 0.01
         adapter[f"{module}.lora_B"] = torch.randn(weight.shape[0], rank, generator=generator) * 0.01
     merger = AdapterMerger(model_dir)
-    lora = rollout_messages.LoraAdapter(rank=rank, alpha=2.0 * rank)
-    merger.merged(adapter, lora)  # reads and keeps the base once, as the engine does at its first adapter
+    merger.merged(adapter, rank=rank, alpha=2.0 * rank)  # reads and keeps the base, as an engine at its first adapter
     merge_seconds, dense_seconds, lowrank_seconds = [], [], []
     for _ in range(repeats):
         start = time.perf_counter()
-        merger.merged(adapter, lora)
+        merger.merged(adapter, rank=rank, alpha=2.0 * rank)
         merge_seconds.append(time.perf_counter() - start)
     with torch.inference_mode():
         inputs = {n: torch.randn(decode_batch, w.shape[1], generator=generator) for n, w in base.items()}

@@ -11,7 +11,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from everstep.v1 import rollout_pb2
 from everstep_rollout.config import EngineConfig
 from everstep_rollout.engine.torch_engine import Engine
 from everstep_rollout.sequence import GenerationRequest, SamplingOptions
@@ -73,12 +72,12 @@ def test_many_adapter_versions_each_equal_a_fresh_merge(tiny_model_dir: Path) ->
     base = load_file(str(tiny_model_dir / "model.safetensors"))
     engine = Engine(tiny_model_dir, EngineConfig(max_running=4))
     merger = AdapterMerger(tiny_model_dir)
-    lora = rollout_pb2.LoraAdapter(rank=RANK, alpha=ALPHA)
+    lora = {"rank": RANK, "alpha": ALPHA}
     base_logprobs = _engine_logprobs(engine, [[1, 5, 4, 7, 6]])[0][2]
     for version in range(1, 41):
         modules = MODULES if version % 7 else MODULES[:2]  # now and then a version adapts fewer modules
         adapter = _random_adapter(base, seed=version, modules=modules)
-        engine.update_weights(merger.merged(adapter, lora), version)
+        engine.update_weights(merger.merged(adapter, **lora), version)
         for module in MODULES:
             weight = engine.weights.named[f"{module}.weight"]
             expected = base[f"{module}.weight"]
@@ -94,31 +93,31 @@ def test_many_adapter_versions_each_equal_a_fresh_merge(tiny_model_dir: Path) ->
 def test_a_full_push_becomes_the_base_of_later_adapters(tiny_model_dir: Path) -> None:
     base = load_file(str(tiny_model_dir / "model.safetensors"))
     merger = AdapterMerger(tiny_model_dir)
-    lora = rollout_pb2.LoraAdapter(rank=RANK, alpha=ALPHA)
+    lora = {"rank": RANK, "alpha": ALPHA}
     adapter = _random_adapter(base, seed=1, modules=MODULES[:1])
-    merger.merged(adapter, lora)
+    merger.merged(adapter, **lora)
     name = f"{MODULES[0]}.weight"
     new_base = base[name] + 1.0
     merger.full_update({name: new_base})
-    merged = merger.merged(adapter, lora)[name]
+    merged = merger.merged(adapter, **lora)[name]
     a, b = adapter[f"{MODULES[0]}.lora_A"], adapter[f"{MODULES[0]}.lora_B"]
     torch.testing.assert_close(merged, new_base + 2.0 * b @ a)
     merger.full_update({f"{MODULES[1]}.weight": base[f"{MODULES[1]}.weight"]})
     with pytest.raises(ValueError, match="replaced by a full-weight push"):
-        merger.merged(_random_adapter(base, seed=2, modules=MODULES[1:2]), lora)
+        merger.merged(_random_adapter(base, seed=2, modules=MODULES[1:2]), **lora)
 
 
 def test_malformed_adapter_updates_are_refused_naming_the_tensor(tiny_model_dir: Path) -> None:
     base = load_file(str(tiny_model_dir / "model.safetensors"))
     merger = AdapterMerger(tiny_model_dir)
-    lora = rollout_pb2.LoraAdapter(rank=RANK, alpha=ALPHA)
+    lora = {"rank": RANK, "alpha": ALPHA}
     adapter = _random_adapter(base, seed=1, modules=MODULES[:1])
     with pytest.raises(ValueError, match=r"q_proj\.lora_B: missing"):
-        merger.merged({k: v for k, v in adapter.items() if k.endswith("lora_A")}, lora)
+        merger.merged({k: v for k, v in adapter.items() if k.endswith("lora_A")}, **lora)
     with pytest.raises(ValueError, match="do not have rank 8"):
-        merger.merged(adapter, rollout_pb2.LoraAdapter(rank=8, alpha=ALPHA))
+        merger.merged(adapter, rank=8, alpha=ALPHA)
     with pytest.raises(ValueError, match="only '<module>.lora_A'"):
-        merger.merged({**adapter, "model.norm.weight": base["model.norm.weight"]}, lora)
+        merger.merged({**adapter, "model.norm.weight": base["model.norm.weight"]}, **lora)
     with pytest.raises(ValueError, match="base weights not in"):
         merger.merged({"model.layers.9.x.lora_A": torch.zeros(RANK, 3),
-                       "model.layers.9.x.lora_B": torch.zeros(3, RANK)}, lora)
+                       "model.layers.9.x.lora_B": torch.zeros(3, RANK)}, **lora)

@@ -239,7 +239,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         if update.lora is None:
             adapters.full_update(update.tensors)
             return update.tensors
-        return adapters.merged(update.tensors, update.lora)
+        return adapters.merged(update.tensors, rank=update.lora.rank, alpha=update.lora.alpha)
 
     def JoinWeightGroup(self, request, context):
         old = self._weight_group

@@ -26,8 +26,6 @@ from pathlib import Path
 
 import torch
 
-from everstep.v1 import rollout_pb2
-
 __all__ = ["AdapterMerger", "read_base_weights"]
 
 _PARTS = ("lora_A", "lora_B")
@@ -62,17 +60,21 @@ class AdapterMerger:
         """Names a full push set that no adapter had touched (their base is no longer the model directory's)."""
         self._adapted: set[str] = set()
         """"M.weight" of the modules the engine holds merged now."""
+        self._merged: dict[str, torch.Tensor] = {}
+        """One output buffer per module, reused by every version (no allocation and page faults per push): what
+        `merged` returns is valid until the next call, which is how the engine uses it (copied in at once)."""
 
-    def merged(self, tensors: Mapping[str, torch.Tensor], adapter: rollout_pb2.LoraAdapter) -> dict[str, torch.Tensor]:
-        """The full weights an adapter update sets: "M.weight" of every module it names, and of every module the
-        previous adapter touched that this one does not (back to W_base). ValueError naming the tensor on a
-        malformed update (nothing kept)."""
-        if adapter.rank <= 0 or not adapter.alpha > 0:
-            raise ValueError(f"lora: rank must be >= 1 and alpha > 0 (got rank {adapter.rank}, alpha {adapter.alpha})")
-        pairs = self._pairs(tensors, adapter.rank)
+    def merged(self, tensors: Mapping[str, torch.Tensor], *, rank: int, alpha: float) -> dict[str, torch.Tensor]:
+        """The full weights an adapter update (rollout.proto LoraAdapter's rank and alpha) sets: "M.weight" of
+        every module it names, and of every module the previous adapter touched that this one does not (back to
+        W_base); valid until the next call. ValueError naming the tensor on a malformed update (nothing kept).
+        Takes plain numbers, not the proto, so that benchmarks/gpu_check runs it where there are no stubs."""
+        if rank <= 0 or not alpha > 0:
+            raise ValueError(f"lora: rank must be >= 1 and alpha > 0 (got rank {rank}, alpha {alpha})")
+        pairs = self._pairs(tensors, rank)
         wanted = {f"{module}.weight" for module in pairs}
         self._ensure_base(wanted | self._adapted)
-        scale = adapter.alpha / adapter.rank
+        scale = alpha / rank
         out: dict[str, torch.Tensor] = {}
         for module, (a, b) in pairs.items():
             base = self.base[f"{module}.weight"]
@@ -81,7 +83,10 @@ class AdapterMerger:
                                  f"{tuple(base.shape)}")
             a32 = a.to(self.device, torch.float32)
             b32 = b.to(self.device, torch.float32)
-            out[f"{module}.weight"] = torch.addmm(base, b32, a32, alpha=scale)
+            buffer = self._merged.get(module)
+            if buffer is None:
+                buffer = self._merged[module] = torch.empty_like(base)
+            out[f"{module}.weight"] = torch.addmm(base, b32, a32, alpha=scale, out=buffer)
         for name in self._adapted - wanted:
             out[name] = self.base[name]
         self._adapted = wanted
