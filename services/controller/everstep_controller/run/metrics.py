@@ -37,8 +37,12 @@ REWARD_MEAN = Gauge("everstep_controller_reward_mean", "Mean reward of the sampl
                     ["job_id"])
 EVAL_ACCURACY = Gauge("everstep_controller_eval_accuracy_ratio", "Held-out accuracy (avg@k or greedy).",
                       ["job_id", "kind"])
-TOKENS_PER_SECOND = Gauge("everstep_controller_rollout_tokens_per_second",
-                          "Tokens generated per second of rollout phase, latest step.", ["job_id"])
+# the job's rollout throughput is rate(_rollout_tokens_total) / rate(_rollout_seconds_total): counters, not a
+# gauge of the latest step's quotient (which a scrape between two steps would miss)
+ROLLOUT_TOKENS = Counter("everstep_controller_rollout_tokens_total",
+                         "Output tokens generated in the job's rollout phases.", ["job_id"])
+ROLLOUT_SECONDS = Counter("everstep_controller_rollout_seconds_total",
+                          "Wall seconds of the job's rollout phases.", ["job_id"])
 ITERATION_SECONDS = Histogram("everstep_controller_iteration_seconds", "Wall time of one C3PO++ iteration.",
                               buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800))
 PHASE_SECONDS = Histogram("everstep_controller_phase_seconds", "Time per iteration phase.", ["phase"],
@@ -77,7 +81,8 @@ def observe_iteration(job_id: str, record: StepMetrics, retention_ages: list[int
     STEP.labels(job_id=job_id).set(record.step)
     POLICY_VERSION.labels(job_id=job_id).set(record.policy_version)
     REWARD_MEAN.labels(job_id=job_id).set(record.reward_mean)
-    TOKENS_PER_SECOND.labels(job_id=job_id).set(record.tokens_per_s)
+    ROLLOUT_TOKENS.labels(job_id=job_id).inc(record.generated_tokens)
+    ROLLOUT_SECONDS.labels(job_id=job_id).inc(record.rollout_seconds)
     PARTIAL_BUFFER.labels(job_id=job_id).set(record.partial_buffer_size)
     ITERATION_SECONDS.observe(record.iteration_seconds)
     for phase, seconds in (("rollout", record.rollout_seconds), ("reward", record.reward_seconds),
