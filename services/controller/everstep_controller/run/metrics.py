@@ -72,8 +72,8 @@ QUEUE_DEPTH = Gauge("everstep_controller_queue_depth_entries",
                     ["queue", "status"])
 TRACKER_FAILURES = Counter("everstep_controller_tracker_failures_total",
                            "Calls to an experiment tracker (the job's tracking section) that failed, by backend "
-                           "(tensorboard, wandb, mlflow) and operation (open, log_step, log_evaluation, close); "
-                           "the job goes on.", ["backend", "operation"])
+                           "(tensorboard, wandb, mlflow) and operation (open, log_step, log_evaluation, rewind, "
+                           "close); the job goes on.", ["backend", "operation"])
 STALENESS = Histogram("everstep_controller_staleness_versions", "Policy versions behind, per trained token.",
                       buckets=(0, 1, 2, 3, 4, 8, 16))
 

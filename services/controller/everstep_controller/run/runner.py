@@ -251,6 +251,7 @@ class JobRunner:
         self.state = self.recovery.continue_from(self.workers, self.rows_by_index, trainer_kept=trainer_kept,
                                                  reason=reason)
         self.next_step = self.state.step
+        self.trackers.continue_after(self.state.step)  # back to a checkpoint: the steps redone are logged again
         self._start_scorers()
 
     def _start_scorers(self) -> None:

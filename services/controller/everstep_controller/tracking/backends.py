@@ -37,6 +37,9 @@ class RunIdentity:
 class Tracker(Protocol):
     def log(self, step: int, values: dict[str, float]) -> None: ...
 
+    def rewind(self, step: int) -> None:
+        """The job went back to `step` (a checkpoint, after a worker failed): the later steps are logged again."""
+
     def close(self, state: JobState | None) -> None:
         """state: the job's terminal state, or None when this runner stopped without ending the job."""
 
@@ -51,19 +54,29 @@ class TensorBoardTracker:
     purge marker at the step it continues from, so TensorBoard drops any value logged past it before."""
 
     def __init__(self, settings: TensorBoardTracking, run: RunIdentity) -> None:
-        from tensorboardX import SummaryWriter
-
-        purge_step = None if run.resumed_after_step is None else run.resumed_after_step + 1
-        self.writer = SummaryWriter(logdir=settings.log_dir, purge_step=purge_step, flush_secs=30)
+        self.log_dir = settings.log_dir
+        self.writer = self._writer(None if run.resumed_after_step is None else run.resumed_after_step + 1)
         if run.resumed_after_step is None:
             text = json.dumps(run.spec, indent=2)
             self.writer.add_text("job_spec", f"job {run.job_id} ({run.run_name})\n\n```json\n{text}\n```", 0)
             self.writer.flush()
 
+    def _writer(self, purge_step: int | None):  # noqa: ANN202 (tensorboardX is imported here only)
+        from tensorboardX import SummaryWriter
+
+        # tensorboardX names a file by the second and the host only, and opens it with "wb": a second writer in
+        # the same second would erase the first's file. The nanosecond suffix keeps each file, in order.
+        return SummaryWriter(logdir=self.log_dir, purge_step=purge_step, flush_secs=30,
+                             filename_suffix=f".{time.time_ns()}")
+
     def log(self, step: int, values: dict[str, float]) -> None:
         for name, value in values.items():
             self.writer.add_scalar(name, value, global_step=step)
         self.writer.flush()
+
+    def rewind(self, step: int) -> None:
+        self.writer.close()
+        self.writer = self._writer(step + 1)  # a new event file whose purge marker drops the steps redone
 
     def close(self, state: JobState | None) -> None:
         self.writer.close()
@@ -84,6 +97,9 @@ class WandbTracker:
 
     def log(self, step: int, values: dict[str, float]) -> None:
         self.run.log(values, step=step)
+
+    def rewind(self, step: int) -> None:
+        pass  # W&B's steps only increase: it drops (and warns of) values logged below its last step
 
     def close(self, state: JobState | None) -> None:
         self.run.summary["everstep_state"] = state.value if state is not None else "RUNNING"
@@ -140,6 +156,9 @@ class MlflowTracker:
         now_ms = int(time.time() * 1000)
         self.client.log_batch(self.run_id,
                               metrics=[Metric(name, value, now_ms, step) for name, value in values.items()])
+
+    def rewind(self, step: int) -> None:
+        pass  # a step logged again is a second value at that step in the metric's history
 
     def close(self, state: JobState | None) -> None:
         if state is not None:  # else the run stays RUNNING for the controller that continues the job

@@ -50,10 +50,12 @@ class Trackers:
         """on_failure(backend, operation): called for each failed call, after it is logged."""
         self.job_id, self.spec, self.on_failure = job_id, spec, on_failure
         self._open: dict[str, Tracker] = {}
+        self._last_step = 0  # the latest step logged (by this runner, or committed before it started)
         self._lock = threading.Lock()
 
     def open(self, *, resumed_after_step: int | None) -> None:
         """Starts (or resumes) a run in each backend the spec names."""
+        self._last_step = max(self._last_step, resumed_after_step or 0)
         run = RunIdentity(job_id=self.job_id, run_name=f"{self.spec.name}-{self.job_id}",
                           spec=self.spec.model_dump(mode="json"), resumed_after_step=resumed_after_step)
         for backend, make in _BACKENDS.items():
@@ -70,7 +72,16 @@ class Trackers:
             log.info("job %s: tracking to %s", self.job_id, backend)
 
     def log_step(self, row: StepMetrics) -> None:
+        self._last_step = max(self._last_step, row.step)
         self._each("log_step", lambda tracker: tracker.log(row.step, step_values(row)))
+
+    def continue_after(self, step: int) -> None:
+        """The job continues after `step`; when that is before a step already logged (the job went back to a
+        checkpoint), each backend is told (`Tracker.rewind`)."""
+        if step < self._last_step:
+            log.info("job %s: tracking goes back from step %d to %d", self.job_id, self._last_step, step)
+            self._each("rewind", lambda tracker: tracker.rewind(step))
+            self._last_step = step
 
     def log_evaluation(self, evaluation: Evaluation) -> None:
         self._each("log_evaluation", lambda tracker: tracker.log(evaluation.step, evaluation_values(evaluation)))
