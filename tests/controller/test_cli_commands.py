@@ -206,5 +206,7 @@ def test_override_paths_are_relative_to_the_current_directory(tmp_path: Path, jo
     assert spec["dataset"]["train_path"] == [str(here / "a.jsonl"), str(here / "shards/*.parquet")]
     assert spec["reward"]["verifiers"] == [{"name": "math", "weight": 2}]
     assert load_job_file(job_file)["dataset"]["train_path"] == "/data/train.jsonl"
+    assert load_job_file(job_file, ["tracking.tensorboard.log_dir=runs/tb"])["tracking"]["tensorboard"] == {
+        "log_dir": str(here / "runs/tb")}
     with pytest.raises(SpecOverrideError, match=r"reward.verifiers.0.weight: .*reward.verifiers has no fields"):
         load_job_file(job_file, ["reward.verifiers.0.weight=2"])
