@@ -109,6 +109,7 @@ def count_tracker_failure(backend: str, operation: str) -> None:
 # every metric labelled by job_id, found rather than listed so that a new one cannot be forgotten
 PER_JOB: tuple[MetricWrapperBase, ...] = tuple(
     m for m in list(globals().values()) if isinstance(m, MetricWrapperBase) and "job_id" in m._labelnames)
+
 _removal_due: dict[str, float] = {}  # job id -> time.monotonic() at which its series go
 _removal_lock = threading.Lock()
 
