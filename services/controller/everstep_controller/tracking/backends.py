@@ -84,7 +84,7 @@ class TensorBoardTracker:
 
 class WandbTracker:
     """A W&B run with id `everstep-<job id>`, resumed (`resume="allow"`) after a restart. Offline, a resumed job
-    writes a second run folder with the same id under WANDB_DIR; `wandb sync` merges them into one run."""
+    writes a second run folder with the same run id under WANDB_DIR (`wandb sync` uploads both to that run)."""
 
     def __init__(self, settings: WandbTracking, run: RunIdentity) -> None:
         import wandb
