@@ -178,3 +178,16 @@ def test_a_paused_job_keeps_its_series_until_it_is_cancelled(manager: JobManager
         manager._tick()
         assert time.monotonic() < deadline
     assert _series_of(job_id) == []
+
+
+def test_the_retention_of_a_finished_jobs_series_is_a_controller_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    from everstep_controller.__main__ import parse_args
+    from everstep_controller.settings import ControllerSettings
+
+    base = ["--redis-url", "redis://x", "--reward", "r:1"]
+    assert parse_args(base).finished_job_series_seconds == 300.0
+    assert parse_args([*base, "--finished-job-series-seconds", "12.5"]).finished_job_series_seconds == 12.5
+    with pytest.raises(SystemExit):
+        parse_args([*base, "--finished-job-series-seconds", "-1"])
+    assert "--finished-job-series-seconds must be >= 0" in capsys.readouterr().err
+    assert ControllerSettings.default("finished_job_series_seconds") == 300.0

@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> None:
     store.redis.ping()
     launcher = build_launcher(args)
     manager = JobManager(store, launcher, args.reward, Path(args.data_dir), max_jobs=args.max_jobs,
-                         lease_seconds=args.lease_seconds, runner_settings=settings)
+                         lease_seconds=args.lease_seconds, runner_settings=settings,
+                         finished_series_seconds=args.finished_job_series_seconds)
     manager.start()
     # uvicorn serves until SIGTERM/SIGINT, then raises the signal again under the handler it found: with
     # Python's default for SIGTERM the process would die there, before the clean-up below

@@ -26,6 +26,7 @@ from everstep_controller.launchers import Launcher, Workers
 from everstep_controller.run import metrics
 from everstep_controller.run.runner import JobRunner, RunOutcome
 from everstep_controller.run.runner_settings import RunnerSettings
+from everstep_controller.settings import ControllerSettings
 from everstep_controller.spec.job_spec import JobSpec
 from everstep_controller.store.job_store import PREFIX, TERMINAL_STATES, Action, JobRecord, JobState, JobStore
 from everstep_controller.store.progress_store import ProgressStore
@@ -55,7 +56,7 @@ class JobManager:
     def __init__(self, store: JobStore, launcher: Launcher, reward_address: str, data_dir: Path, *,
                  max_jobs: int | None = None, lease_seconds: float = 30.0, poll_seconds: float = 0.5,
                  runner_settings: RunnerSettings | None = None, owner: str | None = None,
-                 finished_series_seconds: float = metrics.FINISHED_JOB_SERIES_SECONDS) -> None:
+                 finished_series_seconds: float = ControllerSettings.default("finished_job_series_seconds")) -> None:
         """max_jobs: jobs run at once (default: the launcher's limit, else 4); finished_series_seconds: how long
         a job's Prometheus series stay after it ended here (`metrics.PER_JOB`)."""
         self.store, self.launcher, self.reward_address, self.data_dir = store, launcher, reward_address, data_dir

@@ -1,10 +1,11 @@
 """Prometheus metrics of the controller (names: everstep_controller_<what>_<unit>).
 
 The series labelled by `job_id` (`PER_JOB`) live as long as the job runs here: the manager removes
-them `FINISHED_JOB_SERIES_SECONDS` after the job ended (SUCCEEDED, FAILED, CANCELLED; so that
-Prometheus scrapes the final values, the last evaluation included), and at once when the runner
-stopped without ending the job (another controller took it over, Redis gone, a shutdown): a
-controller that no longer runs a job exports none of its series. A PAUSED job keeps them.
+them `--finished-job-series-seconds` (`ControllerSettings.finished_job_series_seconds`, 300 s) after the
+job ended (SUCCEEDED, FAILED, CANCELLED; so that Prometheus scrapes the final values, the last evaluation
+included), and at once when the runner stopped without ending the job (another controller took it over,
+Redis gone, a shutdown): a controller that no longer runs a job exports none of its series. A PAUSED job
+keeps them.
 """
 
 from __future__ import annotations
@@ -73,6 +74,10 @@ QUEUE_DEPTH = Gauge("everstep_controller_queue_depth_entries",
                     "Entries of a work queue: undelivered, or delivered and pending acknowledgement. "
                     "queue=jobs: submitted jobs; queue=rollouts: finished rollouts awaiting scores.",
                     ["queue", "status"])
+TRACKER_FAILURES = Counter("everstep_controller_tracker_failures_total",
+                           "Calls to an experiment tracker (the job's tracking section) that failed, by backend "
+                           "(tensorboard, wandb, mlflow) and operation (open, log_step, log_evaluation, rewind, "
+                           "close); the job goes on.", ["backend", "operation"])
 STALENESS = Histogram("everstep_controller_staleness_versions", "Policy versions behind, per trained token.",
                       buckets=(0, 1, 2, 3, 4, 8, 16))
 
@@ -102,11 +107,13 @@ def observe_iteration(job_id: str, record: StepMetrics, retention_ages: list[int
         STALENESS.observe(versions_behind)
 
 
+def count_tracker_failure(backend: str, operation: str) -> None:
+    TRACKER_FAILURES.labels(backend=backend, operation=operation).inc()
+
+
 # every metric labelled by job_id, found rather than listed so that a new one cannot be forgotten
 PER_JOB: tuple[MetricWrapperBase, ...] = tuple(
     m for m in list(globals().values()) if isinstance(m, MetricWrapperBase) and "job_id" in m._labelnames)
-# how long a finished job's series stay (several scrape intervals: its final values are scraped)
-FINISHED_JOB_SERIES_SECONDS = 300.0
 
 _removal_due: dict[str, float] = {}  # job id -> time.monotonic() at which its series go
 _removal_lock = threading.Lock()
