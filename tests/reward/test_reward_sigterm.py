@@ -10,6 +10,7 @@ import time
 
 import grpc
 import httpx
+import pytest
 from test_code_sandbox import code_item, fenced
 
 from everstep.v1 import reward_pb2, reward_pb2_grpc
@@ -23,6 +24,7 @@ def _inflight(sandbox_url: str) -> float:
     return 0.0
 
 
+@pytest.mark.slow
 def test_sigterm_mid_scoring_stops_the_reward_service_within_its_bound(service_process) -> None:
     sandbox = service_process("sandbox", "--workers", "1")
     reward = service_process("reward", "--math-workers", "1", "--sandbox-endpoint", sandbox.grpc_address)

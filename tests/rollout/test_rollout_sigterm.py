@@ -8,12 +8,14 @@ import signal
 import time
 
 import grpc
+import pytest
 from test_rollout_server import LONG, Streamer, seqs, wait_until_decoding
 
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc
 from everstep_rollout.__main__ import SIGTERM_STOP_SECONDS
 
 
+@pytest.mark.slow
 def test_sigterm_mid_generate_stops_the_server_within_its_bound(service_process, tiny_model_dir) -> None:
     service = service_process("rollout", "--model", str(tiny_model_dir), "--max-running", "4")
     with grpc.insecure_channel(service.grpc_address) as channel:
