@@ -15,9 +15,10 @@ from pathlib import Path
 
 import httpx
 import pyseccomp
+import pytest
 
 from everstep_sandbox.isolation import RUNTIME_DIR
-from everstep_sandbox.seccomp import DENIED_SYSCALLS, build_filter, check_kernel_enforces
+from everstep_sandbox.seccomp import DENIED_SYSCALLS, SeccompUnavailable, build_filter, check_kernel_enforces
 
 NO_LIBSECCOMP = Path(__file__).parent / "stand_in_no_libseccomp"
 
@@ -99,6 +100,14 @@ def test_the_deny_list_names_real_syscalls() -> None:
 
 def test_the_kernel_check_passes_here() -> None:
     check_kernel_enforces(build_filter(), sys.executable, RUNTIME_DIR)
+
+
+def test_a_filter_the_kernel_refuses_is_reported() -> None:
+    """A program whose last instruction is not a return: the kernel's verifier refuses it (EINVAL), as it would
+    refuse any filter on a kernel without seccomp."""
+    refused = struct.pack("=HBBI", 0x20, 0, 0, 4)  # load the arch, then nothing
+    with pytest.raises(SeccompUnavailable, match="the kernel refused the seccomp filter"):
+        check_kernel_enforces(refused, sys.executable, RUNTIME_DIR)
 
 
 def _sandbox_command(port: int, grpc_port: int, *extra: str) -> list[str]:

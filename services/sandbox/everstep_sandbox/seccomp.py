@@ -53,18 +53,22 @@ def build_filter() -> bytes:
     except (ImportError, RuntimeError, OSError) as e:  # RuntimeError: pyseccomp found no libseccomp.so
         raise SeccompUnavailable(f"cannot load libseccomp through pyseccomp ({type(e).__name__}: {e}); install "
                                  "libseccomp2 (Debian) and the pyseccomp package") from e
-    syscall_filter = seccomp.SyscallFilter(seccomp.ALLOW)
-    # The only architecture of a new filter is the native one; any other ABI (x32, i386, AArch32) is "bad".
-    syscall_filter.set_attr(seccomp.Attr.ACT_BADARCH, seccomp.KILL_PROCESS)
-    for name in DENIED_SYSCALLS:
-        syscall_filter.add_rule(seccomp.ERRNO(errno.EPERM), name)
-    syscall_filter.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
-    for flag in _CLONE_NAMESPACE_FLAGS:  # rules of one syscall are OR'ed: any namespace flag is refused
-        syscall_filter.add_rule(seccomp.ERRNO(errno.EPERM), "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
-    with tempfile.TemporaryFile() as exported:
-        syscall_filter.export_bpf(exported)
-        exported.seek(0)
-        program = exported.read()
+    try:
+        syscall_filter = seccomp.SyscallFilter(seccomp.ALLOW)
+        # The only architecture of a new filter is the native one; any other ABI (x32, i386, AArch32) is "bad".
+        syscall_filter.set_attr(seccomp.Attr.ACT_BADARCH, seccomp.KILL_PROCESS)
+        for name in DENIED_SYSCALLS:
+            syscall_filter.add_rule(seccomp.ERRNO(errno.EPERM), name)
+        syscall_filter.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
+        for flag in _CLONE_NAMESPACE_FLAGS:  # rules of one syscall are OR'ed: any namespace flag is refused
+            syscall_filter.add_rule(seccomp.ERRNO(errno.EPERM), "clone",
+                                    seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
+        with tempfile.TemporaryFile() as exported:
+            syscall_filter.export_bpf(exported)
+            exported.seek(0)
+            program = exported.read()
+    except (OSError, ValueError) as e:  # e.g. a libseccomp older than 2.4 (no KILL_PROCESS)
+        raise SeccompUnavailable(f"libseccomp could not compile the filter ({type(e).__name__}: {e})") from e
     if not program or len(program) % 8:
         raise SeccompUnavailable(f"libseccomp exported a {len(program)}-byte program, not a BPF program")
     return program
