@@ -15,7 +15,7 @@ STOP_GRACE_SECONDS = 5.0
 """After SIGTERM/SIGINT: how long open Generate streams may go on before they are cancelled."""
 SIGTERM_STOP_SECONDS = 12.0
 """The most the server takes from SIGTERM to exit, mid-Generate included: the grace, then the engine's stop. The
-chart's terminationGracePeriodSeconds (30) is checked against it (tests/deploy); tests/rollout measures it."""
+chart's terminationGracePeriodSeconds (60) is checked against it (tests/deploy); tests/rollout measures it."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
