@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -18,7 +19,13 @@ import pyseccomp
 import pytest
 
 from everstep_sandbox.isolation import RUNTIME_DIR
-from everstep_sandbox.seccomp import DENIED_SYSCALLS, SeccompUnavailable, build_filter, check_kernel_enforces
+from everstep_sandbox.seccomp import (
+    DENIED_SYSCALLS,
+    SeccompUnavailable,
+    build_filter,
+    check_kernel_enforces,
+    describe_filter,
+)
 
 NO_LIBSECCOMP = Path(__file__).parent / "stand_in_no_libseccomp"
 
@@ -89,6 +96,31 @@ def test_a_foreign_abi_call_kills_the_process() -> None:
                             input=build_filter().hex() + "\n", capture_output=True, text=True, timeout=60)
     assert result.returncode == -signal.SIGSYS, (result.returncode, result.stdout, result.stderr)
     assert result.stdout.startswith("getpid "), result.stdout
+
+
+@pytest.mark.parametrize("arch", ["X86_64", "AARCH64", "RISCV64", "PPC64LE"])
+def test_the_same_policy_compiles_for_other_architectures(arch: str) -> None:
+    """What a Grace or Graviton node gets (aarch64): libseccomp's numbers for that architecture, the arch check
+    first; a syscall the architecture lacks (iopl, ioperm on aarch64) gets libseccomp's negative pseudo number,
+    which no call can carry."""
+    token = getattr(pyseccomp.Arch, arch)
+    program = build_filter(token)
+    first = [struct.unpack("=HBBI", program[i:i + 8]) for i in range(0, 16, 8)]
+    assert first[0] == (0x20, 0, 0, 4) and first[1][0] == 0x15 and first[1][3] == token, first
+    pfc = describe_filter(token)
+    assert f"if ($arch == {token})" in pfc and pfc.count("if ($arch ==") == 1, pfc[:400]
+    rules = {name: (int(number), action) for name, number, action in re.findall(
+        r'filter for syscall "(\w+)" \((\d+)\).*\n\s+if \(\$syscall == \d+\)\n\s+action (\S+);', pfc)}
+    for name in DENIED_SYSCALLS:
+        number = pyseccomp.resolve_syscall(token, name)
+        if number >= 0:
+            assert rules[name] == (number, f"ERRNO({errno.EPERM})"), (arch, name, rules.get(name))
+        else:  # a pseudo number, negative as the kernel's int: never a real call
+            assert name not in rules or rules[name][0] >= 2**31, (arch, name, rules[name])
+    assert rules["clone3"] == (435, f"ERRNO({errno.ENOSYS})"), rules["clone3"]
+    clone = pyseccomp.resolve_syscall(token, "clone")
+    assert f"$syscall == {clone})" in pfc and pfc.count("& 0x10000000") >= 1, pfc  # CLONE_NEWUSER, masked
+    assert pfc.split("# invalid architecture action")[1].split()[:2] == ["action", "KILL_PROCESS;"]
 
 
 def test_the_deny_list_names_real_syscalls() -> None:

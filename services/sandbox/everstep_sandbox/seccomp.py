@@ -22,7 +22,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-__all__ = ["DENIED_SYSCALLS", "SeccompUnavailable", "build_filter", "check_kernel_enforces"]
+__all__ = ["DENIED_SYSCALLS", "SeccompUnavailable", "build_filter", "check_kernel_enforces", "describe_filter"]
 
 DENIED_SYSCALLS: tuple[str, ...] = (
     "ptrace", "syslog", "vhangup", "pivot_root", "adjtimex", "chroot", "acct", "settimeofday", "mount",
@@ -44,10 +44,20 @@ class SeccompUnavailable(RuntimeError):
     """No seccomp filter can be had here: libseccomp is missing, or the kernel refuses the filter."""
 
 
-def build_filter() -> bytes:
-    """The filter for this machine's architecture as a classic BPF program (struct sock_filter[]).
+def build_filter(arch: int | None = None) -> bytes:
+    """The filter as a classic BPF program (struct sock_filter[]), for this machine's architecture or for `arch`
+    (a libseccomp/audit architecture token, e.g. `pyseccomp.Arch.AARCH64`: the same policy, other numbers).
 
-    Raises SeccompUnavailable when libseccomp cannot be loaded."""
+    Raises SeccompUnavailable when libseccomp cannot be loaded or cannot compile the filter."""
+    return _export(arch, "export_bpf")
+
+
+def describe_filter(arch: int | None = None) -> str:
+    """The same filter in libseccomp's pseudo filter code (PFC): readable, one test per architecture and syscall."""
+    return _export(arch, "export_pfc").decode()
+
+
+def _export(arch: int | None, how: str) -> bytes:
     try:
         import pyseccomp as seccomp
     except (ImportError, RuntimeError, OSError) as e:  # RuntimeError: pyseccomp found no libseccomp.so
@@ -55,8 +65,13 @@ def build_filter() -> bytes:
                                  "libseccomp2 (Debian) and the pyseccomp package") from e
     try:
         syscall_filter = seccomp.SyscallFilter(seccomp.ALLOW)
-        # The only architecture of a new filter is the native one; any other ABI (x32, i386, AArch32) is "bad".
+        if arch is not None and arch != seccomp.system_arch():
+            syscall_filter.add_arch(arch)
+            syscall_filter.remove_arch(seccomp.Arch.NATIVE)
+        # The filter's one architecture is the only one allowed; any other ABI (x32, i386, AArch32) is "bad".
         syscall_filter.set_attr(seccomp.Attr.ACT_BADARCH, seccomp.KILL_PROCESS)
+        # Rules name syscalls; libseccomp gives each its number on the filter's architecture and leaves out
+        # those the architecture lacks.
         for name in DENIED_SYSCALLS:
             syscall_filter.add_rule(seccomp.ERRNO(errno.EPERM), name)
         syscall_filter.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
@@ -64,12 +79,12 @@ def build_filter() -> bytes:
             syscall_filter.add_rule(seccomp.ERRNO(errno.EPERM), "clone",
                                     seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
         with tempfile.TemporaryFile() as exported:
-            syscall_filter.export_bpf(exported)
+            getattr(syscall_filter, how)(exported)
             exported.seek(0)
             program = exported.read()
     except (OSError, ValueError) as e:  # e.g. a libseccomp older than 2.4 (no KILL_PROCESS)
         raise SeccompUnavailable(f"libseccomp could not compile the filter ({type(e).__name__}: {e})") from e
-    if not program or len(program) % 8:
+    if how == "export_bpf" and (not program or len(program) % 8):
         raise SeccompUnavailable(f"libseccomp exported a {len(program)}-byte program, not a BPF program")
     return program
 
