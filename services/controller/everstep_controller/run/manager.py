@@ -84,7 +84,16 @@ class JobManager:
 
     def stop(self, stop_workers: bool = True, timeout_seconds: float = 60.0) -> None:
         """Stops taking jobs and interrupts the running ones, which stay RUNNING in Redis for the
-        next controller to resume. With stop_workers, their dedicated workers are stopped too."""
+        next controller to resume. With stop_workers, their dedicated workers are stopped too.
+
+        Waits at most `timeout_seconds` in all for the job threads: one blocked in a long call (a train step of
+        minutes, a hung service) is left behind (a daemon thread, gone with the process) and its job is resumed
+        by the next controller, as after a crash."""
+        deadline = time.monotonic() + timeout_seconds
+
+        def remaining() -> float:
+            return max(0.0, deadline - time.monotonic())
+
         self._stop.set()
         with self._lock:
             running = list(self.running.values())
@@ -97,11 +106,16 @@ class JobManager:
                     self.launcher.stop(workers.record)
         for job in running:
             if job.thread is not None:
-                job.thread.join(timeout=timeout_seconds)
+                job.thread.join(timeout=remaining())
         if self._thread.is_alive():
-            self._thread.join(timeout=timeout_seconds)
+            self._thread.join(timeout=remaining())
         for thread in self._settling:
-            thread.join(timeout=timeout_seconds)
+            thread.join(timeout=remaining())
+        left = [t.name for t in [*(j.thread for j in running if j.thread), self._thread, *self._settling]
+                if t.is_alive()]
+        if left:
+            log.warning("stopping without %s, still busy %.0f s after the stop began (their jobs stay RUNNING for "
+                        "the next controller)", ", ".join(left), timeout_seconds)
         self.launcher.close()
 
     def submit(self, spec: JobSpec) -> JobRecord:
