@@ -22,6 +22,7 @@ from everstep.settings import (
 )
 from everstep.settings import Section as _Section
 from everstep.verifiers import VERIFIER_PARAMS
+from everstep_controller.spec.tracking_spec import TrackingSpec
 
 
 class DatasetFormat(StrEnum):
@@ -231,6 +232,7 @@ class JobSpec(_Section):
     evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
     steps: int = Field(default=20, ge=1, description="Training steps (one per scheduler iteration).")
     max_trained_samples: int = Field(
         default=0, ge=0,
