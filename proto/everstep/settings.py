@@ -201,8 +201,9 @@ ALL_LINEAR = "all-linear"
 
 
 class LoraSettings(Section):
-    """Low-rank adaptation (LoRA, with peft): W = W_base + (alpha / rank) * B @ A on the target modules; the base
-    weights stay frozen and only A and B (float32) are trained, checkpointed and pushed to the engines."""
+    """LoRA adapters (peft), W = W_base + (alpha / rank) * B @ A on the target modules; null: full fine-tuning.
+
+    The base weights stay frozen and only A and B (float32) are trained, checkpointed and pushed to the engines."""
 
     rank: int = Field(default=8, ge=1, le=1024, description="r: the adapters' rank.")
     alpha: float = Field(default=16.0, gt=0, allow_inf_nan=False,
