@@ -142,3 +142,19 @@ def test_export_of_a_full_checkpoint_is_its_hugging_face_files(tiny_model_dir: P
     not_a_checkpoint.mkdir()
     with pytest.raises(ValueError, match="^checkpoint: .* neither"):
         export_checkpoint(not_a_checkpoint, tmp_path / "other")
+
+
+def test_the_kl_reference_of_a_lora_policy_is_its_base_with_the_adapters_off(tiny_model_dir: Path) -> None:
+    """No second model: the reference log-probs are the base model's, which a separately loaded reference (the
+    full fine-tuning path) gives too."""
+    lora = PolicyTrainer(tiny_model_dir, _config(kl_coef=0.1))
+    assert lora.reference is None
+    batch = check_batches(51, num_steps=1)[0]
+    lora.train_step(batch)  # adapters away from 0: the policy now differs from its base
+    full = PolicyTrainer(tiny_model_dir, check_config(kl_coef=0.1))
+    from everstep_trainer.batching import pad_samples
+
+    padded = pad_samples(batch, pad_token_id=lora.pad_token_id, device=lora.device)
+    reference = lora._reference_logp(padded)
+    torch.testing.assert_close(reference, full._reference_logp(padded), atol=1e-5, rtol=0)
+    assert (lora._score(lora.model, padded) - reference).abs().max() > 1e-4

@@ -21,7 +21,8 @@ replay is on, whenever the samples carry routes.
 
 LoRA (`TrainerConfig.lora`, `everstep_trainer.lora`): the model is wrapped by peft, the base frozen (bfloat16 when
 `dtype` is bfloat16 on CUDA, else float32), the adapters float32 and the only parameters the optimizer, FSDP's
-gradient reduction and the checkpoints see; `weights_to_push` gives the adapters alone.
+gradient reduction and the checkpoints see; `weights_to_push` gives the adapters alone. The KL reference, when it
+is the base (as it is for a job), is the policy with its adapters disabled, not a second model.
 """
 
 from __future__ import annotations
@@ -218,7 +219,11 @@ class PolicyTrainer:
             base_dtype = torch.bfloat16 if config.dtype == "bfloat16" and self.device.type == "cuda" else torch.float32
             self.model = apply_lora(load_causal_lm(self.model_dir, device=self.device, dtype=base_dtype), config.lora)
         self.reference: torch.nn.Module | None = None
-        if config.kl_coef > 0:
+        # A LoRA policy whose KL reference is its own base scores the reference with its adapters off: no second
+        # copy of the model (`_reference_logp`).
+        self._reference_is_base = (config.lora is not None and config.kl_coef > 0
+                                   and self.reference_model_dir.resolve() == self.model_dir.resolve())
+        if config.kl_coef > 0 and not self._reference_is_base:
             self.reference = load_causal_lm(self.reference_model_dir, device=self.device)
             self.reference.requires_grad_(False)
         self.vocab_size = int(self.model.get_input_embeddings().num_embeddings)
@@ -362,7 +367,7 @@ class PolicyTrainer:
         start = self._now()
         counts = RouteCounts()
         old_logp = self._score(self.model, batch, counts)
-        reference_logp = self._score(self.reference, batch) if self.reference is not None else None
+        reference_logp = self._reference_logp(batch)
         logp_seconds = self._now() - start
         differing, routed, differing_stale, routed_stale = all_reduce_sum(list(counts.sums()), self.ranks,
                                                                            self.device)
@@ -477,6 +482,14 @@ class PolicyTrainer:
         if counts is not None:
             counts.stale = micro.flat_stale_routes(self.version, packed)
         return replay_routes(model, *flat, replay=self.replay, counts=counts)
+
+    def _reference_logp(self, batch: PaddedBatch) -> Tensor | None:
+        """[B, L] log-probs under the KL reference (None without one); a LoRA policy's base is the policy with its
+        adapters disabled."""
+        if self._reference_is_base:
+            with self.model.disable_adapter():
+                return self._score(self.model, batch)
+        return self._score(self.reference, batch) if self.reference is not None else None
 
     @torch.no_grad()
     def _score(self, model: torch.nn.Module, batch: PaddedBatch, counts: RouteCounts | None = None) -> Tensor:
