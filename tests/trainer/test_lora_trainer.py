@@ -158,3 +158,15 @@ def test_the_kl_reference_of_a_lora_policy_is_its_base_with_the_adapters_off(tin
     reference = lora._reference_logp(padded)
     torch.testing.assert_close(reference, full._reference_logp(padded), atol=1e-5, rtol=0)
     assert (lora._score(lora.model, padded) - reference).abs().max() > 1e-4
+
+
+def test_dropout_acts_in_the_loss_passes_only(tiny_model_dir: Path) -> None:
+    """lora.dropout drops adapter inputs in the forward/backward passes (the adapters then train differently), never
+    in the log-prob pass (whose statistics stay those of the undropped model) nor after the step."""
+    batch = check_batches(51, num_steps=1)[0]
+    plain, dropped = (PolicyTrainer(tiny_model_dir, _config(lora=LORA.model_copy(update={"dropout": p})))
+                      for p in (0.0, 0.5))
+    a, b = plain.train_step(batch)[1], dropped.train_step(batch)[1]
+    assert a.mismatch_kl == b.mismatch_kl  # theta_old's pass: no dropout
+    assert max_weight_difference(_adapters(plain), _adapters(dropped)) > 1e-4
+    assert not any(m.training for m in dropped.model.modules())  # back in eval mode after the step

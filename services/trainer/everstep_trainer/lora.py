@@ -81,6 +81,9 @@ def apply_lora(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Modul
         if param.requires_grad:
             param.data = param.data.float()  # peft autocasts float16/bfloat16 adapters; be sure of the rest
             assert ".lora_" in name, f"a trainable parameter that is no adapter: {name}"
+    # peft leaves the modules it adds in training mode: dropout would act in every pass, the log-prob ones too.
+    # The trainer runs in eval mode; `adapter_dropout` turns the adapters' dropout on in the loss passes only.
+    peft_model.eval()
     return peft_model
 
 
