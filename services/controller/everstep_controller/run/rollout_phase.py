@@ -21,6 +21,7 @@ from everstep.v1 import common_pb2
 from everstep_controller.algo.scheduler import GroupToStart
 from everstep_controller.algo.training_batch import has_signal
 from everstep_controller.data.dataset import PromptRow
+from everstep_controller.data.trajectories import new_sequence, num_model_tokens
 from everstep_controller.run.clients import GenerateStream
 from everstep_controller.run.run_state import RunState, SampleInFlight
 from everstep_controller.run.scoring import ScorerPool
@@ -79,7 +80,7 @@ class RolloutPhase:
                     partials.append(seq)
                     continue
                 finished.append(seq)
-                scheduler.on_finished(seq.id, len(seq.output_ids))
+                scheduler.on_finished(seq.id, num_model_tokens(seq))  # the budget counts the model's tokens
                 self.scorers.submit(seq.id, sample.row.index, seq)
                 if closing:
                     continue
@@ -129,6 +130,8 @@ class RolloutPhase:
             for sample_id in group.sample_ids:
                 self.state.samples[sample_id] = SampleInFlight(row, group.group_id)
                 seed = sample_seed(self.spec.seed, sample_id) if self.spec.deterministic else 0
-                sequences.append(common_pb2.Sequence(id=sample_id, prompt_ids=row.prompt_ids, seed=seed))
+                sequence = new_sequence(sample_id, row, self.spec.tools is not None)
+                sequence.seed = seed
+                sequences.append(sequence)
         stream.send(sequences, sampling)
         return {s.id: 0 for s in sequences}

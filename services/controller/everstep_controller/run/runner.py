@@ -89,6 +89,8 @@ class JobRunner:
         self.next_step = 0  # the last step whose rollout phase ran (committed or in flight)
         self.in_flight = StepsInFlight(job_id)  # with scheduler.overlap: steps training while the next decodes
         self.train_rows: list[PromptRow] = []
+        self.tools: common_pb2.ToolConfig | None = None
+        """The job's tool loop, sent with every Generate request (None: single turn)."""
         self.rows_by_index: dict[int, PromptRow] = {}
         self.eval_rows: list[PromptRow] = []
         self.unscorable: UnscorableRows | None = None
@@ -182,6 +184,7 @@ class JobRunner:
     def _load_data(self) -> None:
         data = load_job_data(self.spec)
         self.train_rows, self.eval_rows = data.train.rows, data.eval_rows
+        self.tools = data.tool_config(self.settings.sandbox)
         self.rows_by_index = {row.index: row for row in self.train_rows}
         if data.train.num_skipped:
             metrics.DATASET_ROWS_SKIPPED.inc(data.train.num_skipped)
@@ -355,7 +358,7 @@ class JobRunner:
         """Decode until the scheduler ends the iteration (RunnerInterrupted / JobCancelled when asked to)."""
         phase = RolloutPhase(self.spec, self.state, self.train_rows, self.scorers, self._stop_requested,
                              self.settings.scoring_timeout_seconds)
-        result = phase.run(self.workers.rollout.generate(), self._sampling(training=True))
+        result = phase.run(self.workers.rollout.generate(self.tools), self._sampling(training=True))
         if self.interrupt.is_set():
             raise RunnerInterrupted
         if self.store.requested(self.job_id) == Action.cancel:
@@ -385,7 +388,7 @@ class JobRunner:
             return
         evaluation = evaluate(self.workers.rollout, self.reward, self.eval_rows, self.spec.evaluation,
                               sampling=self._sampling(), greedy_sampling=self._sampling(greedy=True),
-                              make_item=self.make_item, step=step)
+                              make_item=self.make_item, step=step, tools=self.tools)
         history = dict(record.evaluation) if record else {}
         history[str(step)] = evaluation
         self.store.update(self.job_id, fence=self.owner, evaluation=history)

@@ -34,6 +34,10 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             nested.append((path, annotation))
             continue
+        optional = _optional_model(annotation)
+        if optional is not None:  # a section that is off unless given, e.g. tools
+            nested.append((path, optional))
+            continue
         description = (field.description or "").replace("|", "\\|")
         type_name = getattr(annotation, "__name__", str(annotation)).replace("|", "\\|")
         rows.append(f"| `{path}` | {type_name} | {_default(field)} | {description} |")
@@ -44,6 +48,15 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
         rows.append(f"| **`{path}`** | section | | {(sub.__doc__ or '').strip().partition(chr(10))[0]} |")
         rows.extend(_rows(sub, f"{path}."))
     return rows
+
+
+def _optional_model(annotation: Any) -> type[BaseModel] | None:
+    """M of `M | None` when M is a settings model."""
+    args = [a for a in get_args(annotation) if a is not type(None)]
+    if len(args) == 1 and len(get_args(annotation)) == 2 and isinstance(args[0], type) and issubclass(
+            args[0], BaseModel):
+        return args[0]
+    return None
 
 
 def _list_item_model(annotation: Any) -> type[BaseModel] | None:
