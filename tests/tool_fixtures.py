@@ -64,10 +64,11 @@ def python_call_text(code: str = "print(6*7)") -> str:
     return f'<tool_call>\n{json.dumps({"name": "python", "arguments": {"code": code}})}\n</tool_call>'
 
 
-def make_successor_model(out: Path, successor: dict[str, str], *, template: str = QWEN25_TEMPLATE,
-                         hidden: int = 64) -> Path:
+def make_successor_model(out: Path, successor: dict[str, str | dict[str, float]], *,
+                         template: str = QWEN25_TEMPLATE, hidden: int = 64) -> Path:
     """A Llama model directory whose greedy decoding maps word -> successor[word] (words not listed go to
-    <|endoftext|>), with a word-level tokenizer over WORDS and `template` as its chat template."""
+    <|endoftext|>), with a word-level tokenizer over WORDS and `template` as its chat template. A successor given as
+    {word: logit} branches: sampling picks among those words by their logits (the others get logit 0)."""
     import torch
     import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -95,7 +96,9 @@ def make_successor_model(out: Path, successor: dict[str, str], *, template: str 
         model.model.embed_tokens.weight.copy_(torch.eye(len(vocab), hidden))
         head = torch.zeros(len(vocab), hidden)
         for word, i in vocab.items():
-            head[vocab[successor.get(word, "<|endoftext|>")], i] = 20.0
+            after = successor.get(word, "<|endoftext|>")
+            for target, logit in ({after: 20.0} if isinstance(after, str) else after).items():
+                head[vocab[target], i] = logit
         model.lm_head.weight.copy_(head)
         model.model.norm.weight.fill_(1.0)
     model.save_pretrained(out)

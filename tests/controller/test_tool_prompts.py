@@ -8,20 +8,30 @@ import json
 from pathlib import Path
 
 import pytest
+import redis
+from fastapi.testclient import TestClient
+from step_rows import step_row
 from test_chat_template import SMOLLM2_TEMPLATE, _model_dir
 from tool_fixtures import QWEN25_TEMPLATE
 
 from everstep.tool_settings import ToolSettings
 from everstep.v1 import common_pb2, reward_pb2
+from everstep_cli.samples import format_samples
 from everstep_controller.algo.training_batch import build_batch
+from everstep_controller.api.app import create_app
 from everstep_controller.data.chat_template import ChatMessage
 from everstep_controller.data.dataset import PromptRow, load_tokenizer
 from everstep_controller.data.prompt_rendering import load_prompt_encoder
 from everstep_controller.data.reward_items import RewardItemBuilder
 from everstep_controller.data.submission_checks import JobInputError, check_job_input
 from everstep_controller.data.trajectories import new_sequence, num_model_tokens
+from everstep_controller.launchers.shared import SharedLauncher
+from everstep_controller.run.manager import JobManager
+from everstep_controller.run.trajectory_report import TrajectoryStats, render_sample
 from everstep_controller.spec.job_spec import JobSpec, VerifierWeight
-from everstep_controller.store.progress_store import ScoredSample
+from everstep_controller.store.job_store import JobStore
+from everstep_controller.store.progress_store import JobProgress, ProgressStore, ScoredSample
+from everstep_controller.store.step_samples import SampleSegment
 
 transformers = pytest.importorskip("transformers")
 
@@ -88,3 +98,58 @@ def test_a_trajectory_reaches_verifiers_budget_and_trainer_as_the_model_wrote_it
               "s2": ScoredSample.of(other, reward_pb2.ScoreResult(id="s2", reward=0.0))}
     batch = build_batch(["g"], Members(), scored, drop_zero_signal=True, normalize_std=True)
     assert list(batch.samples[0].output_tool_mask) == list(sequence.output_tool_mask)
+
+
+def _trajectory() -> tuple[PromptRow, common_pb2.Sequence]:
+    row = PromptRow(index=0, prompt="What is 6 * 7?", prompt_ids=(1,), answer="42")
+    sequence = new_sequence("s1", row, tools=True)
+    sequence.output_ids.extend([1, 2, 3, 4, 5])
+    sequence.output_tool_mask.extend([False, False, True, True, False])
+    sequence.finish_reason = common_pb2.FINISH_REASON_STOP
+    t = sequence.tool_trajectory
+    t.num_turns, t.num_tool_calls, t.final_text = 2, 2, "42"
+    t.calls.add(turn=1, name="python", arguments_json='{"code": "print(6*7)"}', reply="42\n", seconds=0.5)
+    t.calls.add(turn=1, name="", arguments_json="{oops", reply="error: not JSON", seconds=0.1,
+                error=common_pb2.TOOL_ERROR_KIND_MALFORMED)
+    return row, sequence
+
+
+def test_step_samples_and_tool_metrics_are_served_by_rest_and_shown_by_the_cli(redis_url: str,
+                                                                              tmp_path: Path) -> None:
+    row, sequence = _trajectory()
+    plain = common_pb2.Sequence(id="s2", prompt_ids=[1], output_ids=[7], finish_reason=common_pb2.FINISH_REASON_LENGTH)
+    stats = TrajectoryStats.of([sequence, plain])
+    assert (stats.turns_per_sample, stats.tool_use_rate, stats.num_tool_calls) == (1.0, 0.5, 2)
+    assert stats.tool_errors == {"malformed": 1} and stats.tool_seconds_mean == pytest.approx(0.3)
+    assert not TrajectoryStats.of([plain]).has_tools
+
+    words = {1: "<tool_call>", 2: "<|im_end|>", 3: "<tool_response>", 4: "42", 5: "done", 7: "hello"}
+    samples = [render_sample("s1", row, sequence, 1.0, lambda ids: " ".join(words[i] for i in ids)),
+               render_sample("s2", row, plain, None, lambda ids: " ".join(words[i] for i in ids))]
+    assert [(s.role, s.text) for s in samples[0].segments] == [
+        ("model", "<tool_call> <|im_end|>"), ("tool", "<tool_response> 42"), ("model", "done")]
+    assert samples[1].segments == [SampleSegment(role="model", text="hello")] and samples[1].num_turns == 1
+
+    store = JobStore(redis.Redis.from_url(redis_url))
+    manager = JobManager(store, SharedLauncher(rollout="127.0.0.1:1", trainer="127.0.0.1:1"), "127.0.0.1:1", tmp_path)
+    client = TestClient(create_app(manager, store))
+    job_id = store.create(JobSpec(model_path="/m", dataset={"train_path": "/d.jsonl"})).id
+    store.claim(job_id, "c")
+    row_metrics = step_row(1).model_copy(update={"turns_per_sample": 1.0, "num_tool_calls": 2,
+                                                 "tool_errors": {"malformed": 1}})
+    state = JobProgress(step=1, version=1, prompt_epoch=0, prompt_cursor=1, group_counter=1, scheduler={})
+    ProgressStore(store).commit_step(job_id, "c", progress=state, carried=[], closed_sample_ids=[],
+                                     metrics=row_metrics, record_changes={"step": 1, "metrics": row_metrics},
+                                     samples=samples)
+    served = client.get(f"/v1/jobs/{job_id}/samples", params={"step": 1}).json()
+    assert served == [s.model_dump(mode="json") for s in samples]
+    assert client.get(f"/v1/jobs/{job_id}/samples").json() == served  # the latest step
+    missing = client.get(f"/v1/jobs/{job_id}/samples", params={"step": 2})
+    assert missing.status_code == 404 and "no samples of step 2" in missing.json()["detail"]
+    assert client.get("/v1/jobs/nope/samples").status_code == 404
+    assert client.get(f"/v1/jobs/{job_id}/metrics").json()[0]["tool_errors"] == {"malformed": 1}
+
+    text = format_samples(served)
+    assert "== s1  reward 1.000  turns 2  tool calls 2  (stop)" in text
+    assert "tool:\n    <tool_response> 42" in text and "call (turn 1) ?({oops)  0.100s  error malformed" in text
+    assert "== s2  reward failed  turns 1  tool calls 0  (length)" in text

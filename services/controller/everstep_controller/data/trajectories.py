@@ -34,3 +34,4 @@ def final_answer(sequence: common_pb2.Sequence) -> str:
     if sequence.HasField("tool_trajectory"):
         return sequence.tool_trajectory.final_text
     return sequence.output_text
+

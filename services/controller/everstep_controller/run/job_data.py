@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tokenizers import Tokenizer
+
 from everstep import tool_settings
 from everstep.tool_calls import format_for_template
 from everstep.tool_settings import ToolSettings
@@ -25,6 +27,8 @@ __all__ = ["JobData", "load_job_data"]
 class JobData:
     train: LoadedDataset
     eval_rows: list[PromptRow]
+    tokenizer: Tokenizer | None = None
+    """The model's tokenizer (decodes the samples shown per step)."""
     tools: ToolSettings | None = None
     tool_call_format: str = ""
     """The format the job's chat template writes tool calls in (`everstep.tool_calls.FORMATS`)."""
@@ -47,7 +51,8 @@ def load_job_data(spec: JobSpec) -> JobData:
     if not Path(spec.model_path).is_dir():
         raise FileNotFoundError(f"model_path {spec.model_path!r} is not a directory")
     check_routing_replay(spec)  # as at submission: a model written after it must have experts to replay
-    encoder = load_prompt_encoder(spec.model_path, load_tokenizer(spec.model_path), spec.prompt, spec.tools)
+    tokenizer = load_tokenizer(spec.model_path)
+    encoder = load_prompt_encoder(spec.model_path, tokenizer, spec.prompt, spec.tools)
     call_format = ""
     if spec.tools is not None:
         assert encoder.template is not None  # load_prompt_encoder refuses tools without one
@@ -65,4 +70,4 @@ def load_job_data(spec: JobSpec) -> JobData:
         held_out = load_prompt_rows(d.eval_path, encoder, fields=fields, file_format=d.format.value,
                                     verifier_names=names, max_prompt_tokens=longest, setting="eval_path")
         eval_rows = held_out.rows[: spec.evaluation.num_prompts]
-    return JobData(train, eval_rows, spec.tools, call_format)
+    return JobData(train, eval_rows, tokenizer, spec.tools, call_format)
