@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from everstep.tool_error_kind import tool_error_kind_name
+from everstep.tool_error_kind import TOOL_ERROR_KIND_NAMES, tool_error_kind_name
 from everstep_rollout.engine.interface import StepStats
 from everstep_rollout.engine.loop import EngineStatus
 from everstep_rollout.sequence import FinishReason, SequenceResult
@@ -40,6 +40,8 @@ TOOL_CALLS = Counter(
     "everstep_rollout_tool_calls_total",
     "Tool calls of finished trajectories, by error kind (none: ran as asked; malformed, unknown_tool, bad_arguments, "
     "timeout, unavailable, limit, environment).", ["kind"])
+for _kind in TOOL_ERROR_KIND_NAMES:  # every kind exported from the start (dashboards rate() them)
+    TOOL_CALLS.labels(kind=_kind)
 TOOL_CALL_SECONDS = Histogram("everstep_rollout_tool_call_seconds", "From a tool call to its reply.",
                               buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0))
 TOOL_TURNS = Histogram("everstep_rollout_tool_turns", "Model turns per finished tool-using trajectory.",
