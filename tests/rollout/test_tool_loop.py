@@ -130,9 +130,12 @@ def test_python_tool_reply_is_appended_as_transformers_renders_the_conversation(
     assert engine.num_prefilled_total == 1 and engine.num_tool_evictions == 0
 
 
-def test_a_paused_sequence_keeps_its_kv_while_others_decode(tmp_path: Path, slow_calculator: str) -> None:
+@pytest.mark.parametrize("executor", ["native", "transformers"])
+def test_a_paused_sequence_keeps_its_kv_while_others_decode(tmp_path: Path, slow_calculator: str,
+                                                            executor: str) -> None:
     model = make_successor_model(tmp_path / "m", {**chain("go", *CALCULATE), **ANSWER, "S": "U", "U": "S"})
-    engine = Engine(model, EngineConfig(max_running=4))
+    engine = Engine(model, EngineConfig(max_running=4, executor=executor))
+    assert engine.executor_name == executor
     tools = calculator_tools(slow_calculator)
     engine.add([GenerationRequest(id="tool", prompt_ids=prompt(engine, "U", "go"), sampling=GREEDY, tools=tools),
                 GenerationRequest(id="plain", prompt_ids=prompt(engine, "U", "S"),
@@ -231,3 +234,30 @@ def test_a_long_tool_reply_is_cut_and_says_so(tmp_path: Path, calculator: str) -
     call, = run(engine)["a"].tool_trajectory.calls
     assert call.truncated and call.error == common_pb2.TOOL_ERROR_KIND_UNKNOWN_TOOL
     assert call.reply.startswith("error: unknown tool 'python'; the") and "[truncated: " in call.reply
+
+
+def test_the_example_environment_keeps_the_contract(calculator: str) -> None:
+    """examples/environments/calculator.py as docs/tools.md describes it: sessions, idempotent steps, done and
+    reward, close, 404 for an unknown session."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    def post(route: str, body: dict) -> dict:
+        request = urllib.request.Request(f"{calculator}/{route}", data=json.dumps(body).encode(), method="POST")
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+
+    session = post("reset", {"row": {"index": 0, "prompt": "6 * 7?", "answer": "42"}})["session"]
+    step = {"session": session, "call_index": 0, "name": "calculate", "arguments": {"expression": "6*7"}}
+    assert post("step", step) == {"observation": "42", "done": False, "reward": None}
+    # the same call_index again (a carried-over rollout) answers as before, whatever it asks now
+    assert post("step", {**step, "arguments": {"expression": "1+1"}})["observation"] == "42"
+    assert post("step", {**step, "call_index": 1, "arguments": {"expression": "2**"}})["observation"].startswith(
+        "error: ")
+    assert post("step", {"session": session, "call_index": 2, "name": "submit", "arguments": {"answer": "42"}}) == {
+        "observation": "correct", "done": True, "reward": 1.0}
+    assert post("close", {"session": session}) == {}
+    with pytest.raises(urllib.error.HTTPError) as gone:
+        post("step", {**step, "call_index": 3})
+    assert gone.value.code == 404
