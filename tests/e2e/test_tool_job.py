@@ -2,7 +2,8 @@
 prompt with the model's chat template (Qwen2.5's), the rollout engine pauses each trajectory at its tool call and
 runs the code in the sandbox service, the reward service's tool_use verifier scores the calls, the trainer trains
 on the model's tokens only, and the step's samples and tool metrics come back over REST and `everstep samples`.
-Both schedulers: sync, and C3PO++ with a budget small enough that trajectories carry over mid-way.
+Both schedulers: sync, and C3PO++ with a budget small enough that trajectories carry over mid-way (also with
+overlap and packed training batches).
 
 The model (tool_fixtures.make_successor_model) follows a word chain: after "assistant" (the end of the prompt and of
 every tool reply) it either calls python with print(6*7) or answers "done", about half and half."""
@@ -39,21 +40,25 @@ def test_tool_jobs_through_all_services(tmp_path: Path) -> None:
     assert up.returncode == 0, up.stderr
     try:
         api = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
-        for scheduler in ({"mode": "sync", "prompts_per_iteration": 2},
-                          {"mode": "c3po", "token_budget": 120, "pool_capacity": 16, "retention": 3}):
+        for scheduler, trainer in (
+                ({"mode": "sync", "prompts_per_iteration": 2}, {}),
+                ({"mode": "c3po", "token_budget": 120, "pool_capacity": 16, "retention": 3}, {}),
+                # the engine decodes under the weights it has while the trainer trains; packed micro-batches
+                ({"mode": "c3po", "token_budget": 120, "pool_capacity": 16, "retention": 3, "overlap": 1},
+                 {"packing": True})):
             spec = {
                 "name": f"tools-{scheduler['mode']}", "model_path": str(model), "dataset": {"train_path": str(data)},
                 "tools": {"environment": "python", "max_turns": 3, "tool_timeout_seconds": 30},
                 "reward": {"verifiers": [{"name": "tool_use", "params": {"min_calls": 1}}]},
                 "algorithm": {"group_size": 4},
                 "sampling": {"temperature": 1.0, "max_new_tokens": 80},
-                "scheduler": scheduler, "trainer": {"learning_rate": 1e-3}, "steps": 3, "seed": 1,
+                "scheduler": scheduler, "trainer": {"learning_rate": 1e-3, **trainer}, "steps": 3, "seed": 1,
             }
             job = run_job(api, spec, timeout_seconds=600)
             assert job["state"] == "SUCCEEDED", job["error"]
             history = api.get(f"/v1/jobs/{job['id']}/metrics").json()
             assert [m["step"] for m in history] == [1, 2, 3]
-            print(scheduler["mode"], json.dumps([{k: m[k] for k in (
+            print(scheduler, trainer, json.dumps([{k: m[k] for k in (
                 "step", "reward_mean", "num_samples_trained", "turns_per_sample", "tool_use_rate", "num_tool_calls",
                 "tool_seconds_mean", "partial_buffer_size")} for m in history]))
             for m in history:
