@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import threading
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -23,6 +25,10 @@ from everstep.tool_settings import ToolSettings
 from everstep.v1 import common_pb2, sandbox_pb2, sandbox_pb2_grpc
 
 __all__ = ["HttpEnvironment", "PythonSandbox", "ToolEnvironmentClient", "ToolOutcome"]
+
+log = logging.getLogger(__name__)
+_RETRY_PAUSES_SECONDS = (0.1, 0.3)
+"""Pauses before the python tool's second and third attempt when the sandbox is unavailable."""
 
 Kind = int  # common_pb2.ToolErrorKind
 
@@ -69,19 +75,29 @@ class PythonSandbox:
         timeout = self._settings.tool_timeout_seconds
         request = sandbox_pb2.RunCodeRequest(code=str(call.arguments.get("code", "")), language=self._settings.language,
                                              run_timeout=timeout, compile_timeout=timeout)
-        try:
-            # the sandbox's own limit is the run's; the call gets a little more for the round trip
-            response = self._sandbox().RunCode(request, timeout=timeout + 5.0)
-        except grpc.RpcError as e:
-            code = e.code() if isinstance(e, grpc.Call) else None
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                return ToolOutcome(reply=f"error: the tool did not answer within {timeout:g}s",
-                                   error=common_pb2.TOOL_ERROR_KIND_TIMEOUT)
-            return ToolOutcome(reply="error: the python tool is unavailable, try again later",
-                               error=common_pb2.TOOL_ERROR_KIND_UNAVAILABLE)
-        if response.status == "SandboxError":
-            return ToolOutcome(reply="error: the python tool is unavailable, try again later",
-                               error=common_pb2.TOOL_ERROR_KIND_UNAVAILABLE)
+        unavailable = ToolOutcome(reply="error: the python tool is unavailable, try again later",
+                                  error=common_pb2.TOOL_ERROR_KIND_UNAVAILABLE)
+        # A sandbox that is down or restarting is transient, as the reward service treats it: the call is tried
+        # again a few times while it has time left, and only then the model hears of it.
+        for attempt, pause_seconds in enumerate((*_RETRY_PAUSES_SECONDS, None)):
+            try:
+                # the sandbox's own limit is the run's; the call gets a little more for the round trip
+                response = self._sandbox().RunCode(request, timeout=timeout + 5.0)
+            except grpc.RpcError as e:
+                code = e.code() if isinstance(e, grpc.Call) else None
+                if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    return ToolOutcome(reply=f"error: the tool did not answer within {timeout:g}s",
+                                       error=common_pb2.TOOL_ERROR_KIND_TIMEOUT)
+                if code != grpc.StatusCode.UNAVAILABLE or pause_seconds is None:
+                    return unavailable
+                log.debug("sandbox at %s unavailable (attempt %d): %s", self._endpoint, attempt + 1, e)
+                time.sleep(pause_seconds)
+                continue
+            if response.status != "SandboxError":
+                break
+            if pause_seconds is None:
+                return unavailable
+            time.sleep(pause_seconds)
         result = response.run_result
         if result.status == "TimeLimitExceeded":
             return ToolOutcome(reply=f"{result.stdout}{result.stderr}error: the program ran longer than {timeout:g}s",
