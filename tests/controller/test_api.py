@@ -129,9 +129,12 @@ def test_openapi_and_prometheus(client: TestClient) -> None:
 def test_job_file_resolves_paths_relative_to_the_yaml(tmp_path: Path) -> None:
     (tmp_path / "sub").mkdir()
     job = tmp_path / "sub" / "job.yaml"
-    job.write_text("model_path: ../model\ndataset:\n  train_path: data/train.jsonl\n  eval_path: /abs/eval.jsonl\n")
+    job.write_text("model_path: ../model\ndataset:\n  train_path: data/train.jsonl\n  eval_path: /abs/eval.jsonl\n"
+                   "tracking:\n  tensorboard:\n    log_dir: runs/tb\n  wandb:\n    project: p\n")
     spec = load_job_file(job)
     assert spec["model_path"] == str(tmp_path / "model")
+    assert spec["tracking"] == {"tensorboard": {"log_dir": str(tmp_path / "sub" / "runs" / "tb")},
+                                "wandb": {"project": "p"}}
     assert spec["dataset"]["train_path"] == str(tmp_path / "sub" / "data" / "train.jsonl")
     assert spec["dataset"]["eval_path"] == "/abs/eval.jsonl"
 

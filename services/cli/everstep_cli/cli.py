@@ -53,9 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--follow", action="store_true", help="show progress until the job ends")
     _add_url(submit)
 
-    status = sub.add_parser("status", help="list jobs, or show one's record (JSON: state, metrics, evaluations, "
-                                           "checkpoints, latest_weights)")
+    status = sub.add_parser("status", help="list jobs, or summarize one: state, step, error, latest metrics, "
+                                           "evaluations, checkpoints, latest weights (--json: its whole record)")
     status.add_argument("job", nargs="?")
+    status.add_argument("--json", action="store_true", help="with JOB: print the job's record as JSON")
     _add_url(status)
 
     listing = sub.add_parser("list", help="list jobs, one line each: id, state, step/steps, name")
@@ -176,7 +177,13 @@ def _dispatch(args: argparse.Namespace, extra: list[str]) -> None:
             if final["state"] != "SUCCEEDED":
                 sys.exit(1)
     elif args.command == "status" and args.job:
-        print(json.dumps(client.job(args.job), indent=2))
+        record = client.job(args.job)
+        if args.json:
+            print(json.dumps(record, indent=2))
+        else:
+            from everstep_cli.job_summary import summary_lines
+
+            print("\n".join(summary_lines(record)))
     elif args.command in ("status", "list"):
         for job in client.jobs():
             print(f"{job['id']}  {job['state']:<10} step {job['step']:>4}/{job['spec']['steps']:<4} {job['name']}")

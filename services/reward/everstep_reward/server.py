@@ -30,6 +30,10 @@ __all__ = ["RewardServicer", "serve"]
 
 log = logging.getLogger(__name__)
 _GRPC_GRACE_SECONDS = 5.0
+SIGTERM_STOP_SECONDS = 12.0
+"""The most the service takes from SIGTERM to exit, mid-scoring included: the gRPC grace, then the verifiers'
+stop. The chart's terminationGracePeriodSeconds (30) is checked against it (tests/deploy); tests/reward measures
+it."""
 GRPC_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 """Default limit of one gRPC message (a Score batch); EVERSTEP_GRPC_MAX_MESSAGE_BYTES overrides."""
 

@@ -1,8 +1,9 @@
 """Checks of a job's input files at submission (POST /v1/jobs), so that a mistake is a 422 naming the field.
 
-What can be told before the job runs: the verifiers of `reward.verifiers` and their `params` keys against
-the reward service's (the shared table `everstep.verifiers.VERIFIER_PARAMS`; the values are the reward
-service's to check, at the first score), and from the files: the model's chat template against `prompt.format`
+What can be told before the job runs: the libraries of the `tracking` backends it names (installed here), the
+verifiers of `reward.verifiers` and their `params` keys against the reward service's (the shared table
+`everstep.verifiers.VERIFIER_PARAMS`; the values are the reward service's to check, at the first score), and
+from the files: the model's chat template against `prompt.format`
 and `prompt.system`, the model's position limit against `sampling.max_new_tokens` and its experts against
 `algorithm.routing_replay` (`model_limits`), and the
 dataset's fields against `dataset.*_field` (`dataset_columns`), and that a glob pattern of
@@ -24,6 +25,7 @@ from everstep_controller.data.dataset_columns import DatasetFieldError, check_da
 from everstep_controller.data.prompt_rendering import resolve_prompt_format, tool_template
 from everstep_controller.spec.job_spec import JobSpec, PromptFormat
 from everstep_controller.spec.model_limits import check_routing_replay, max_prompt_tokens
+from everstep_controller.spec.tracking_libraries import MissingTrackingLibrary, check_tracking_libraries
 
 __all__ = ["JobInputError", "check_job_input", "check_verifiers"]
 
@@ -43,6 +45,7 @@ class JobInputError(ValueError):
 def check_job_input(spec: JobSpec) -> None:
     """JobInputError for the first problem found in the spec's verifiers and the files that can be read now."""
     check_verifiers(spec)
+    _check_tracking(spec)
     _check_prompt_format(spec)
     _check_tools(spec)
     _check_lengths(spec)
@@ -62,6 +65,13 @@ def check_verifiers(spec: JobSpec) -> None:
         if unknown:
             raise JobInputError((*loc, "params", unknown[0]), f"params.{unknown[0]}: unknown option of the "
                                 f"{verifier.name} verifier (known: {', '.join(sorted(options)) or 'none'})")
+
+
+def _check_tracking(spec: JobSpec) -> None:
+    try:
+        check_tracking_libraries(spec.tracking)
+    except MissingTrackingLibrary as e:
+        raise JobInputError(("tracking", e.field), str(e)) from None
 
 
 def _check_lengths(spec: JobSpec) -> None:

@@ -4,7 +4,7 @@ runner needs (`ProgressStore.commit_step`), then the step's Prometheus metrics.
 What the transaction writes: the progress (`RunState.progress`), the rollouts carried into the next
 step, the scores of the groups the step closed dropped, the step's metrics row appended, and the job
 record's step, latest metrics and dataset report. A step is committed once: a retry after a lost reply
-is not applied twice.
+is not applied twice. The committed row then goes to the job's experiment trackers (`tracking`).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from everstep_controller.run.step_record import StepTimes, step_record
 from everstep_controller.run.trajectory_report import TrajectoryStats
 from everstep_controller.store.progress_store import ProgressStore
 from everstep_controller.store.step_samples import StepSample
+from everstep_controller.tracking import Trackers
 
 __all__ = ["StepCommit", "TrainedStep"]
 
@@ -56,6 +57,8 @@ class StepCommit:
     job_id: str
     owner: str
     progress_store: ProgressStore
+    trackers: Trackers | None = None
+    """The job's experiment trackers, given each committed row."""
 
     def commit(self, state: RunState, trained: TrainedStep, scorers: ScorerPool | None) -> None:
         """Advances `state` past the step and commits it; `scorers` forget the scores the step consumed."""
@@ -76,5 +79,7 @@ class StepCommit:
             scorers.forget(end.closed)
         metrics.observe_iteration(self.job_id, record, end.retention_ages, trained.staleness)
         metrics.observe_tools(self.job_id, record)
+        if self.trackers is not None:
+            self.trackers.log_step(record)
         log.info("job %s step %d: reward %.3f, %d samples trained, %.1fs", self.job_id, trained.step,
                  record.reward_mean, len(trained.batch.samples), record.iteration_seconds)

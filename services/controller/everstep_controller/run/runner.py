@@ -57,6 +57,7 @@ from everstep_controller.spec.job_spec import JobSpec
 from everstep_controller.store.job_store import Action, JobState, JobStore, LostOwnership, WorkerAddresses
 from everstep_controller.store.progress_store import ProgressStore
 from everstep_controller.store.step_samples import SAMPLES_PER_STEP
+from everstep_controller.tracking import Trackers
 
 __all__ = ["JobCancelled", "JobRunner", "RunOutcome", "RunnerInterrupted", "RunnerSettings", "WorkersFailed",
            "sample_seed", "scheduler_config"]
@@ -87,7 +88,9 @@ class JobRunner:
         self.scorers: ScorerPool | None = None
         self.interrupt = threading.Event()  # set by the controller when it shuts down
         self.recovery = Recovery(job_id, spec, store, progress, owner, self.settings, self.interrupt)
-        self.commit = StepCommit(job_id, owner, progress)
+        # the spec's tracking section: TensorBoard, W&B, MLflow
+        self.trackers = Trackers(job_id, spec, on_failure=metrics.count_tracker_failure)
+        self.commit = StepCommit(job_id, owner, progress, trackers=self.trackers)
         self.state: RunState | None = None  # set once the workers are attached
         self.next_step = 0  # the last step whose rollout phase ran (committed or in flight)
         self.in_flight = StepsInFlight(job_id)  # with scheduler.overlap: steps training while the next decodes
@@ -111,9 +114,11 @@ class JobRunner:
     # -- lifecycle ---------------------------------------------------------------------------
     def run(self) -> RunOutcome:
         started = time.monotonic()
+        ended: JobState | None = None  # the terminal state stored, for the trackers
         try:
-            self.store.update(self.job_id, fence=self.owner, state=JobState.RUNNING, error=None)
+            record = self.store.update(self.job_id, fence=self.owner, state=JobState.RUNNING, error=None)
             metrics.JOBS_STARTED.inc()
+            self.trackers.open(resumed_after_step=record.step if self.resumed else None)
             self._load_data()
             failure = None
             try:
@@ -122,10 +127,12 @@ class JobRunner:
                 failure = e
             self._drive(failure)
             self.store.update(self.job_id, fence=self.owner, state=JobState.SUCCEEDED)
+            ended = JobState.SUCCEEDED
             return RunOutcome(True)
         except JobCancelled:
             self.in_flight.settle()
             self.store.update(self.job_id, fence=self.owner, state=JobState.CANCELLED)
+            ended = JobState.CANCELLED
             return RunOutcome(True, "cancelled")
         except LostOwnership as e:
             log.warning("job %s: %s; this runner stops", self.job_id, e)
@@ -145,11 +152,13 @@ class JobRunner:
                                   error=f"{type(e).__name__}: {e}")
             except LostOwnership:
                 return RunOutcome(False, "lost ownership")
+            ended = JobState.FAILED
             return RunOutcome(True, "failed")
         finally:
             self.in_flight.shutdown()
             log.info("job %s: runner ended after %.1fs at step %d", self.job_id, time.monotonic() - started,
                      self.step)
+            self.trackers.close(ended)
             self._stop_scorers()
             self.reward.close()
             if self.workers is not None:
@@ -250,6 +259,7 @@ class JobRunner:
         self.state = self.recovery.continue_from(self.workers, self.rows_by_index, trainer_kept=trainer_kept,
                                                  reason=reason)
         self.next_step = self.state.step
+        self.trackers.continue_after(self.state.step)  # back to a checkpoint: the steps redone are logged again
         self._start_scorers()
 
     def _start_scorers(self) -> None:
@@ -407,6 +417,7 @@ class JobRunner:
         history = dict(record.evaluation) if record else {}
         history[str(step)] = evaluation
         self.store.update(self.job_id, fence=self.owner, evaluation=history)
+        self.trackers.log_evaluation(evaluation)
         metrics.EVAL_ACCURACY.labels(job_id=self.job_id, kind="sampled").set(evaluation.accuracy or 0.0)
         if evaluation.greedy_accuracy is not None:
             metrics.EVAL_ACCURACY.labels(job_id=self.job_id, kind="greedy").set(evaluation.greedy_accuracy)

@@ -23,6 +23,7 @@ from everstep.settings import (
 from everstep.settings import Section as _Section
 from everstep.tool_settings import ToolSettings
 from everstep.verifiers import VERIFIER_PARAMS
+from everstep_controller.spec.tracking_spec import TrackingSpec
 
 
 class DatasetFormat(StrEnum):
@@ -236,6 +237,7 @@ class JobSpec(_Section):
         default=None,
         description="Multi-turn tool use: the tools the model may call between its turns and where they run "
                     "(docs/tools.md). Unset: one prompt, one completion.")
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
     steps: int = Field(default=20, ge=1, description="Training steps (one per scheduler iteration).")
     max_trained_samples: int = Field(
         default=0, ge=0,
