@@ -2,8 +2,8 @@
 prompt with the model's chat template (Qwen2.5's), the rollout engine pauses each trajectory at its tool call and
 runs the code in the sandbox service, the reward service's tool_use verifier scores the calls, the trainer trains
 on the model's tokens only, and the step's samples and tool metrics come back over REST and `everstep samples`.
-Both schedulers: sync, and C3PO++ with a budget small enough that trajectories carry over mid-way (also with
-overlap and packed training batches).
+The python tool (both schedulers: sync, and C3PO++ with a budget small enough that trajectories carry over
+mid-way, also with overlap and packed training batches), then the example calculator environment over HTTP.
 
 The model (tool_fixtures.make_successor_model) follows a word chain: after "assistant" (the end of the prompt and of
 every tool reply) it either calls python with print(6*7) or answers "done", about half and half."""
@@ -24,6 +24,7 @@ from tool_fixtures import CALL_WORDS, make_successor_model
 from everstep_cli.local_stack import free_port
 
 EVERSTEP = str(Path(sys.executable).parent / "everstep")
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
@@ -80,6 +81,36 @@ def test_tool_jobs_through_all_services(tmp_path: Path) -> None:
             assert "call (turn 1) python" in shown.stdout and "tool:" in shown.stdout
             if scheduler["mode"] == "c3po":
                 assert any(m["partial_buffer_size"] > 0 for m in history)  # trajectories carried over
+
+        # an environment over HTTP: the example calculator, in its own process
+        calculate = ["<tool_call>", '{"name":', '"calculate",', '"arguments":', '{"expression":', '"6*7"}}',
+                     "</tool_call>", "<|im_end|>"]
+        http_model = make_successor_model(tmp_path / "http-model", {
+            **dict(zip(calculate, calculate[1:], strict=False)), "done": "<|im_end|>",
+            "assistant": {"<tool_call>": 6.0, "done": 6.0}})
+        env_port = free_port()
+        environment = subprocess.Popen([sys.executable, str(REPO / "examples/environments/calculator.py"), "--port",
+                                        str(env_port)], stdout=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            assert environment.stdout is not None and "calculator environment" in environment.stdout.readline()
+            sys.path.insert(0, str(REPO / "examples/environments"))
+            from calculator import TOOLS
+
+            job = run_job(api, {
+                "name": "tools-http", "model_path": str(http_model), "dataset": {"train_path": str(data)},
+                "tools": {"environment": "http", "url": f"http://127.0.0.1:{env_port}", "functions": TOOLS,
+                          "max_turns": 3},
+                "reward": {"verifiers": [{"name": "tool_use", "params": {"min_calls": 1}}]},
+                "algorithm": {"group_size": 4}, "sampling": {"temperature": 1.0, "max_new_tokens": 80},
+                "scheduler": {"mode": "c3po", "token_budget": 120, "pool_capacity": 16, "retention": 3},
+                "steps": 2, "seed": 1}, timeout_seconds=600)
+            assert job["state"] == "SUCCEEDED", job["error"]
+            samples = api.get(f"/v1/jobs/{job['id']}/samples").json()
+            calls = [c for s in samples for c in s["tool_calls"]]
+            assert calls and all((c["name"], c["reply"], c["error"]) == ("calculate", "42", "none") for c in calls)
+        finally:
+            environment.terminate()
+            environment.wait(10)
     finally:
         down = subprocess.run([EVERSTEP, "down"], env=env, capture_output=True, text=True, timeout=120)
         assert down.returncode == 0, down.stderr
