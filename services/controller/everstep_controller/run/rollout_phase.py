@@ -43,7 +43,8 @@ def sample_seed(job_seed: int, sample_id: str) -> int:
 class RolloutResult:
     finished_ids: list[str]
     partials: list[common_pb2.Sequence]  # unfinished, drained from the engine
-    generated_tokens: int  # output tokens decoded in this phase (a carried rollout's earlier ones not counted)
+    generated_tokens: int  # output tokens the model decoded in this phase (a carried rollout's earlier ones and
+    # tool replies not counted)
     rounds: int = 1  # rounds of sampling (signal-aware sampling may take more than one)
 
 
@@ -61,7 +62,7 @@ class RolloutPhase:
     def run(self, stream: GenerateStream, sampling: common_pb2.SamplingParams) -> RolloutResult:
         scheduler = self.state.scheduler
         carried = self.state.carried
-        tokens_before = {s.id: len(s.output_ids) for s in carried}
+        tokens_before = {s.id: num_model_tokens(s) for s in carried}
         for seq in carried:
             seq.finish_reason = common_pb2.FINISH_REASON_UNSPECIFIED
         stream.send(carried, sampling)
@@ -92,7 +93,7 @@ class RolloutPhase:
         except BaseException:
             stream.cancel()
             raise
-        generated = sum(len(s.output_ids) - tokens_before.get(s.id, 0) for s in finished + partials)
+        generated = sum(num_model_tokens(s) - tokens_before.get(s.id, 0) for s in finished + partials)
         return RolloutResult([s.id for s in finished], partials, generated, scheduler.rounds)
 
     def _done(self) -> bool:

@@ -8,6 +8,7 @@ partial drained while its tool ran ends with the unanswered call; the engine tha
 
 from __future__ import annotations
 
+import logging
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -20,6 +21,8 @@ from everstep.v1 import common_pb2
 from everstep_rollout.tools.environments import ToolEnvironmentClient, ToolOutcome
 
 __all__ = ["ToolSession", "TurnEnd"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,8 @@ class ToolSession:
             return TurnEnd(finished=True)
         try:
             text = tool_reply_text(self._render, self._calls, replies, self._eot)
-        except ToolTemplateError:
+        except ToolTemplateError as e:
+            log.warning("trajectory ended: %s", e)
             return TurnEnd(finished=True)
         reply_ids = self._tokenizer.encode(text, add_special_tokens=False)
         self.turn_start = len(output_ids) + len(reply_ids)
