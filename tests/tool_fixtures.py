@@ -64,17 +64,11 @@ def python_call_text(code: str = "print(6*7)") -> str:
     return f'<tool_call>\n{json.dumps({"name": "python", "arguments": {"code": code}})}\n</tool_call>'
 
 
-def make_successor_model(out: Path, successor: dict[str, str | dict[str, float]], *,
-                         template: str = QWEN25_TEMPLATE, hidden: int = 64) -> Path:
-    """A Llama model directory whose greedy decoding maps word -> successor[word] (words not listed go to
-    <|endoftext|>), with a word-level tokenizer over WORDS and `template` as its chat template. A successor given as
-    {word: logit} branches: sampling picks among those words by their logits (the others get logit 0)."""
-    import torch
+def _save_tokenizer(out: Path, template: str) -> dict[str, int]:
     import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     vocab = {w: i for i, w in enumerate(WORDS)}
-    assert len(vocab) <= hidden, "one embedding dimension per word"
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<pad>",
@@ -83,6 +77,37 @@ def make_successor_model(out: Path, successor: dict[str, str | dict[str, float]]
     fast.chat_template = template
     out.mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(out)
+    return vocab
+
+
+def make_tool_moe_model(out: Path, *, hidden: int = 64) -> Path:
+    """A random Qwen3-MoE model (8 experts, top-2) with the tool tokenizer and Qwen2.5's template: its routes are
+    recorded (routing replay); its text is random."""
+    import torch
+    import transformers
+
+    vocab = _save_tokenizer(out, QWEN25_TEMPLATE)
+    config = transformers.Qwen3MoeConfig(
+        vocab_size=len(vocab), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=512,
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=hidden, norm_topk_prob=True,
+        decoder_sparse_step=1, mlp_only_layers=[], bos_token_id=vocab["<|endoftext|>"],
+        eos_token_id=vocab["<|im_end|>"], pad_token_id=0, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    transformers.Qwen3MoeForCausalLM(config).save_pretrained(out)
+    return out
+
+
+def make_successor_model(out: Path, successor: dict[str, str | dict[str, float]], *,
+                         template: str = QWEN25_TEMPLATE, hidden: int = 64) -> Path:
+    """A Llama model directory whose greedy decoding maps word -> successor[word] (words not listed go to
+    <|endoftext|>), with a word-level tokenizer over WORDS and `template` as its chat template. A successor given as
+    {word: logit} branches: sampling picks among those words by their logits (the others get logit 0)."""
+    import torch
+    import transformers
+
+    vocab = _save_tokenizer(out, template)
+    assert len(vocab) <= hidden, "one embedding dimension per word"
     config = transformers.LlamaConfig(
         vocab_size=len(vocab), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, bos_token_id=vocab["<|endoftext|>"],

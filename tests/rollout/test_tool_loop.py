@@ -8,11 +8,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import transformers
-from tool_fixtures import CALL_WORDS, make_successor_model
+from tool_fixtures import CALL_WORDS, make_successor_model, make_tool_moe_model
 
 from everstep.tool_settings import ToolSettings
 from everstep.v1 import common_pb2
@@ -261,3 +262,29 @@ def test_the_example_environment_keeps_the_contract(calculator: str) -> None:
     with pytest.raises(urllib.error.HTTPError) as gone:
         post("step", {**step, "call_index": 3})
     assert gone.value.code == 404
+
+
+def test_routes_cover_every_position_of_a_trajectory_carried_over_at_its_tool_call(tmp_path: Path,
+                                                                                   calculator: str) -> None:
+    """Routing replay with tools: a partial that ends with an unanswered call (carried over while its tool ran)
+    continues on an MoE engine: the call runs, its reply is fed through the decode row, decoding goes on, and the
+    routes cover every position (prompt, model and tool tokens) with the carried positions' routes unchanged."""
+    model = make_tool_moe_model(tmp_path / "moe")
+    sampling = SamplingOptions(temperature=0.0, max_new_tokens=30, return_routed_experts=True)
+    tools = calculator_tools(calculator)
+    first = Engine(model, EngineConfig(max_running=2))
+    call = first.tokenizer.convert_tokens_to_ids(CALCULATE)
+    first.add([GenerationRequest(id="a", prompt_ids=prompt(first, "U", "go"), sampling=replace(
+        sampling, max_new_tokens=1))])
+    head, = run(first).values()  # the routes of the prompt's positions (its one sampled token is not kept)
+    # the partial as a drain leaves it: the model's call ends its turn, its routes cover the positions computed
+    carried = GenerationRequest(id="a", prompt_ids=head.prompt_ids, output_ids=call,
+                                output_logprobs=[-0.5] * len(call), output_versions=[0] * len(call),
+                                routed_experts=head.routed_experts, sampling=sampling, tools=tools)
+    second = Engine(model, EngineConfig(max_running=2))
+    second.add([carried])
+    result = run(second)["a"]
+    assert result.tool_trajectory.calls[0].reply == "42" and any(result.output_tool_mask)
+    per_position = len(second.routing_shape.moe_layers) * second.routing_shape.top_k
+    assert len(result.routed_experts) == (len(result.prompt_ids) + len(result.output_ids) - 1) * per_position
+    assert result.routed_experts.startswith(head.routed_experts)  # the carried positions keep their routes
