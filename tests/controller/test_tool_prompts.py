@@ -153,3 +153,13 @@ def test_step_samples_and_tool_metrics_are_served_by_rest_and_shown_by_the_cli(r
     assert "== s1  reward 1.000  turns 2  tool calls 2  (stop)" in text
     assert "tool:\n    <tool_response> 42" in text and "call (turn 1) ?({oops)  0.100s  error malformed" in text
     assert "== s2  reward failed  turns 1  tool calls 0  (length)" in text
+
+
+def test_a_tool_jobs_metrics_row_is_tracked_as_numbers() -> None:
+    from everstep_controller.tracking.trackers import step_values
+
+    row = step_row(2).model_copy(update={"turns_per_sample": 1.5, "num_tool_calls": 3,
+                                         "tool_errors": {"timeout": 1, "malformed": 2}})
+    values = step_values(row)
+    assert values["tool_errors/timeout"] == 1.0 and values["tool_errors/malformed"] == 2.0
+    assert values["turns_per_sample"] == 1.5 and "tool_errors" not in values and "step" not in values
