@@ -78,8 +78,12 @@ class ToolSettings(BaseModel):
                 raise ValueError("tools.url: an http environment needs its base URL (http://HOST:PORT)")
             if not self.functions:
                 raise ValueError("tools.functions: an http environment needs the tools it accepts")
-        elif self.url:
-            raise ValueError("tools.url: only an http environment has a URL")
+        else:
+            if self.url:
+                raise ValueError("tools.url: only an http environment has a URL")
+            if [t.function.name for t in self.functions] not in ([], ["python"]):
+                raise ValueError("tools.functions: the python environment runs one tool, python(code); leave "
+                                 "functions empty, or describe that one tool in your own words")
         names = [t.function.name for t in self.functions]
         if len(set(names)) != len(names):
             raise ValueError(f"tools.functions: names must differ, got {names}")

@@ -110,6 +110,11 @@ def test_tool_settings_round_trip_through_the_proto() -> None:
         ToolSettings(environment="http", functions=TOOLS[1:])
     with pytest.raises(ValueError, match="tools.functions"):
         ToolSettings(environment="http", url="http://x")
+    with pytest.raises(ValueError, match="tools.functions: the python environment runs one tool"):
+        ToolSettings(environment="python", functions=TOOLS[1:])
+    described = ToolSettings(environment="python", functions=[{"function": {
+        "name": "python", "description": "Run Python.", "parameters": PYTHON_TOOL.function.parameters}}])
+    assert described.offered()[0].function.description == "Run Python."
 
 
 def test_the_fixture_template_is_qwen25s(tmp_path: Path) -> None:
