@@ -288,3 +288,22 @@ def test_routes_cover_every_position_of_a_trajectory_carried_over_at_its_tool_ca
     per_position = len(second.routing_shape.moe_layers) * second.routing_shape.top_k
     assert len(result.routed_experts) == (len(result.prompt_ids) + len(result.output_ids) - 1) * per_position
     assert result.routed_experts.startswith(head.routed_experts)  # the carried positions keep their routes
+
+
+def test_a_seeded_trajectory_samples_the_same_tokens_however_long_its_tools_take(
+        tmp_path: Path, calculator: str, slow_calculator: str) -> None:
+    """Deterministic mode seeds each sample: the steps a sequence spends paused or taking its reply draw nothing
+    from its generator, so a 1 s tool and an instant one give the same trajectory."""
+    model = make_successor_model(tmp_path / "m", {**chain("go", *CALCULATE), "done": "<|im_end|>",
+                                                  "assistant": {"<tool_call>": 6.0, "done": 6.0}})
+    sampling = SamplingOptions(temperature=1.0, max_new_tokens=80)
+    outputs = []
+    for url in (calculator, slow_calculator):
+        engine = Engine(model, EngineConfig(max_running=8))
+        engine.add([GenerationRequest(id=f"s{i}", prompt_ids=prompt(engine, "U", "go"), sampling=replace(
+            sampling, seed=100 + i), tools=calculator_tools(url, max_turns=4)) for i in range(6)])
+        outputs.append({k: (r.output_ids, r.output_logprobs) for k, r in run(engine).items()})
+    assert outputs[0] == outputs[1]
+    turns = {len([t for t in ids if t == engine.tokenizer.convert_tokens_to_ids("<|im_end|>")])
+             for ids, _ in outputs[0].values()}
+    assert len(turns) > 1  # the seeds chose different paths: some called more often than others

@@ -465,7 +465,9 @@ class Engine:
             slot = s.slot
             tokens[slot], positions[slot] = s.token_ids[-1], len(s.token_ids) - 1
             temperature[slot], top_p[slot], top_k[slot] = o.temperature, o.top_p, o.top_k
-            generators[slot] = s.generator
+            # a row whose token is dropped (paused) or given (a tool reply) draws nothing from the sequence's own
+            # generator: a seeded trajectory samples the same tokens however long its tools take
+            generators[slot] = None if s.paused or s.forced else s.generator
         logits = self.executor.forward(ForwardBatch(
             decode_tokens=tokens, decode_positions=positions,
             prefill_rows=[s.token_ids[:-1] for s in prefill], prefill_slots=[s.slot for s in prefill],
