@@ -29,19 +29,23 @@ STEP_ROW = StepMetrics(
     num_samples_unscorable=0, num_groups_dropped=0, num_samples_purged=0, partial_buffer_size=3,
     num_finished_rollouts=8, finished_tokens=96, generated_tokens=120, tokens_per_s=60.0, staleness_mean=0.0,
     staleness_max=0, rollout_seconds=2.0, reward_seconds=0.25, train_seconds=0.5, weight_push_seconds=0.1,
-    iteration_seconds=3.0)
+    iteration_seconds=3.0, turns_per_sample=2.0, tool_use_rate=0.5, num_tool_calls=4, tool_errors={},
+    tool_seconds_mean=0.1)
 PER_JOB_NAMES = {"everstep_controller_job_step", "everstep_controller_policy_version",
                  "everstep_controller_reward_mean", "everstep_controller_eval_accuracy_ratio",
                  "everstep_controller_rollout_tokens", "everstep_controller_rollout_seconds",  # counters: _total
-                 "everstep_controller_partial_buffer_size"}
+                 "everstep_controller_partial_buffer_size",
+                 "everstep_controller_tool_calls", "everstep_controller_tool_turns_per_sample",  # tool_calls: _total
+                 "everstep_controller_tool_use_ratio", "everstep_controller_tool_call_seconds"}
 # the lines a job's series take on /metrics: one per metric, eval accuracy twice (sampled and greedy), and the
-# two counters two each (_total and _created)
-LINES_PER_JOB = len(PER_JOB_NAMES) + 1 + 2
+# three counters two each (_total and _created)
+LINES_PER_JOB = len(PER_JOB_NAMES) + 1 + 3
 
 
 def _observe(job_id: str) -> None:
     """What a job's steps and evaluations set: observe_iteration (the commit) and the evaluation gauges."""
     metrics.observe_iteration(job_id, STEP_ROW, retention_ages=[1], staleness=[0, 1])
+    metrics.observe_tools(job_id, STEP_ROW)  # a job with tools (kind "none" only: no failed call)
     metrics.EVAL_ACCURACY.labels(job_id=job_id, kind="sampled").set(0.25)
     metrics.EVAL_ACCURACY.labels(job_id=job_id, kind="greedy").set(0.5)
 

@@ -69,6 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
                       help="keep printing new steps until the job ends (exit 1 unless it SUCCEEDED)")
     _add_url(logs)
 
+    samples = sub.add_parser("samples", help="a step's samples as the model wrote them: turns, tool calls and "
+                                             "replies, rewards")
+    samples.add_argument("job")
+    samples.add_argument("--step", type=int, default=None, help="the training step (default: the latest)")
+    samples.add_argument("--json", action="store_true", help="print the samples as JSON")
+    _add_url(samples)
+
     for action, text in (("pause", "pause a job (it stops after its current step)"),
                          ("resume", "resume a paused job"), ("cancel", "cancel a job")):
         command = sub.add_parser(action, help=text)
@@ -222,6 +229,11 @@ def _dispatch(args: argparse.Namespace, extra: list[str]) -> None:
         final = print_logs(client, args.job, follow=args.follow)
         if args.follow and final["state"] != "SUCCEEDED":
             sys.exit(1)
+    elif args.command == "samples":
+        from everstep_cli.samples import format_samples
+
+        rows = client.samples(args.job, args.step)
+        print(json.dumps(rows, indent=2) if args.json else format_samples(rows), end="" if not args.json else "\n")
     elif args.command in ("pause", "resume", "cancel"):
         print(client.action(args.job, args.command)["state"])
 

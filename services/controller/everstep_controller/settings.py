@@ -73,6 +73,9 @@ class ControllerSettings:
                              help="redis://host:port/db holding all job state (a password in it: prefer the "
                                   "environment variable, which no process listing shows)")
     reward: str = _option(help="reward service gRPC address host:port (a shared pool)")
+    sandbox: str = _option("", help="sandbox gRPC address host:port, where the python tool of jobs with "
+                                    "tools.environment 'python' runs code ('': the rollout engine's "
+                                    "--sandbox-endpoint)")
     launcher: str | None = _option(
         None, choices=("local", "kubernetes", "shared"),
         help="who gives each job its rollout engine and trainer: 'local' processes, 'kubernetes' workloads, or the "

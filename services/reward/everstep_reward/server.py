@@ -23,6 +23,7 @@ from everstep_reward.verifiers.format import FormatRules, FormatVerifier
 from everstep_reward.verifiers.length import LengthParams, LengthVerifier
 from everstep_reward.verifiers.math import MathVerifier, prepare_math_worker
 from everstep_reward.verifiers.model import ModelVerifier, RewardModel, RewardModelSettings
+from everstep_reward.verifiers.tool_use import ToolUseVerifier
 from everstep_reward.verifiers.worker_pool import ProcessWorkerPool
 
 __all__ = ["RewardServicer", "serve"]
@@ -100,6 +101,7 @@ def serve(config: RewardConfig) -> None:
         LengthVerifier(LengthParams(max_length=config.length_max, cache_length=config.length_cache,
                                     fallback_unit=config.length_unit)),
         model_verifier,
+        ToolUseVerifier(),
     ])
     if registry.names != sorted(VERIFIER_PARAMS):  # callers let through every name the shared table lists
         raise RuntimeError(f"verifiers {registry.names} are not those of everstep.verifiers.VERIFIER_PARAMS "

@@ -42,6 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="prompt + output tokens per sequence (default: the model's max_position_embeddings, at most "
                         "2048); a job's LoadModel sets its own; above the model's limit: refused")
     p.add_argument("--seed", type=int, default=0, help="engine sampling seed")
+    p.add_argument("--sandbox-endpoint", default="",
+                   help="HOST:PORT of the sandbox gRPC API, for jobs whose model calls the python tool")
     p.add_argument("--mem-fraction-static", type=float, default=0.0,
                    help="sglang engine: fraction of GPU memory for weights and KV cache; 0: sglang's default "
                         "(most of the GPU; set it when a trainer shares the GPU)")
@@ -69,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         engine=args.engine, executor=args.executor, max_running=args.max_running, max_queued=args.max_queued,
         max_seq_len=args.max_seq_len, dtype=args.dtype, device=args.device, seed=args.seed,
         mem_fraction_static=args.mem_fraction_static, quantization=args.quantization,
+        sandbox_endpoint=args.sandbox_endpoint,
     )
     servicer = RolloutServicer(engine_defaults)
     metrics.bind_status(servicer.status)

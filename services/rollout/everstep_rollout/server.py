@@ -14,6 +14,7 @@ import grpc
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from everstep import tool_settings
 from everstep.model_config import position_limit
 from everstep.quantization import Quantization, quantization_from_proto, quantization_to_proto
 from everstep.transport import bind, new_server
@@ -144,7 +145,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
                     if message.sequences:
                         try:
                             sampling = sampling_from_proto(message.sampling)
-                            requests = [request_from_proto(s, sampling, stream_id) for s in message.sequences]
+                            tools = tool_settings.from_proto(message.tools) if message.HasField("tools") else None
+                            sandbox = message.tools.sandbox_address
+                            requests = [request_from_proto(s, sampling, stream_id, tools, sandbox)
+                                        for s in message.sequences]
                             with lock:
                                 outstanding.update(r.id for r in requests)
                             loop.submit(requests)
@@ -196,6 +200,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
                     elif isinstance(event, EngineFailed):
                         context.abort(grpc.StatusCode.ABORTED, event.message)
                 if done:
+                    metrics.observe_tool_trajectories(done)
                     yield rollout_pb2.GenerateResponse(sequences=[result_to_proto(r) for r in done])
         finally:
             loop.close_stream(stream_id)

@@ -360,7 +360,7 @@ class PolicyTrainer:
         set_learning_rate(self.optimizer, learning_rate)
         own_rows = assign_rows([s.num_tokens for s in samples], self.ranks)
         local_row = {row: i for i, row in enumerate(own_rows)}
-        num_outputs = [len(s.output_ids) for s in samples]
+        num_outputs = [len(s.output_ids) - sum(s.output_tool_mask) for s in samples]  # the trained tokens
         batch = pad_samples([samples[row] for row in own_rows], pad_token_id=self.pad_token_id, device=self.device,
                             routing=self.routing)
 

@@ -63,7 +63,8 @@ def _samples_from_proto(request: trainer_pb2.TrainStepRequest) -> list[TrainSamp
     """The request's samples; their fields are checked by `PolicyTrainer.check_samples`."""
     return [TrainSample(prompt_ids=list(s.prompt_ids), output_ids=list(s.output_ids),
                         rollout_logprobs=list(s.rollout_logprobs), advantage=s.advantage,
-                        output_versions=list(s.output_versions), routed_experts=bytes(s.routed_experts))
+                        output_versions=list(s.output_versions), routed_experts=bytes(s.routed_experts),
+                        output_tool_mask=list(s.output_tool_mask))
             for s in request.samples]
 
 

@@ -23,7 +23,7 @@ from everstep.verifiers import VERIFIER_PARAMS
 from everstep_controller.data.chat_template import ChatTemplateError, read_chat_template
 from everstep_controller.data.dataset import DatasetPathError, dataset_paths, pattern_folder
 from everstep_controller.data.dataset_columns import DatasetFieldError, check_dataset_fields
-from everstep_controller.data.prompt_rendering import resolve_prompt_format
+from everstep_controller.data.prompt_rendering import resolve_prompt_format, tool_template
 from everstep_controller.spec.job_spec import JobSpec, PromptFormat
 from everstep_controller.spec.model_limits import check_routing_replay, max_prompt_tokens
 from everstep_controller.spec.model_modules import check_lora_targets
@@ -49,6 +49,7 @@ def check_job_input(spec: JobSpec) -> None:
     check_verifiers(spec)
     _check_tracking(spec)
     _check_prompt_format(spec)
+    _check_tools(spec)
     _check_lengths(spec)
     _check_routing_replay(spec)
     _check_lora_targets(spec)
@@ -111,6 +112,20 @@ def _check_prompt_format(spec: JobSpec) -> None:
     except ValueError as e:
         field = "format" if spec.prompt.format == PromptFormat.chat else "system"
         raise JobInputError(("prompt", field), str(e)) from None
+
+
+def _check_tools(spec: JobSpec) -> None:
+    if spec.tools is None or not _is_dir(spec.model_path):
+        return
+    field = ("tools", "chat_template") if spec.tools.chat_template is not None else ("tools",)
+    try:
+        tool_template(spec.model_path, spec.tools)
+    except ChatTemplateError as e:
+        raise JobInputError(field, f"{'.'.join(field)}: {e}") from None
+    except (OSError, UnicodeError):
+        return  # unreadable now: the job's load reports it
+    except ValueError as e:
+        raise JobInputError(field, str(e)) from None
 
 
 def _check_dataset_fields(spec: JobSpec) -> None:

@@ -107,6 +107,29 @@ def observe_iteration(job_id: str, record: StepMetrics, retention_ages: list[int
         STALENESS.observe(versions_behind)
 
 
+TOOL_CALLS = Counter("everstep_controller_tool_calls_total",
+                     "Tool calls of the trained samples, by error kind ('none': ran as asked).", ["job_id", "kind"])
+TOOL_TURNS = Gauge("everstep_controller_tool_turns_per_sample", "Mean model turns per trained sample, latest step.",
+                   ["job_id"])
+TOOL_USE_RATE = Gauge("everstep_controller_tool_use_ratio",
+                      "Fraction of the latest step's trained samples that called a tool.", ["job_id"])
+TOOL_SECONDS = Gauge("everstep_controller_tool_call_seconds",
+                     "Mean seconds from a tool call to its reply, latest step.", ["job_id"])
+
+
+def observe_tools(job_id: str, record: StepMetrics) -> None:
+    """The step's tool use (a job with tools: every step; without, nothing)."""
+    if record.turns_per_sample is None:
+        return
+    TOOL_TURNS.labels(job_id=job_id).set(record.turns_per_sample)
+    TOOL_USE_RATE.labels(job_id=job_id).set(record.tool_use_rate or 0.0)
+    TOOL_SECONDS.labels(job_id=job_id).set(record.tool_seconds_mean or 0.0)
+    errors = record.tool_errors or {}
+    TOOL_CALLS.labels(job_id=job_id, kind="none").inc((record.num_tool_calls or 0) - sum(errors.values()))
+    for kind, count in errors.items():
+        TOOL_CALLS.labels(job_id=job_id, kind=kind).inc(count)
+
+
 def count_tracker_failure(backend: str, operation: str) -> None:
     TRACKER_FAILURES.labels(backend=backend, operation=operation).inc()
 

@@ -32,8 +32,15 @@ _BACKENDS: dict[str, Callable[..., Tracker]] = {"tensorboard": TensorBoardTracke
 
 
 def step_values(row: StepMetrics) -> dict[str, float]:
-    """Every field of the metrics row but `step` (the x axis), as REST gives it (trainer stats only when trained)."""
-    return {name: float(value) for name, value in row.model_dump().items() if name != "step" and value is not None}
+    """Every field of the metrics row but `step` (the x axis), as REST gives it (trainer stats only when trained); a
+    count by kind (tool_errors) as one value per kind, `tool_errors/timeout`."""
+    values: dict[str, float] = {}
+    for name, value in row.model_dump().items():
+        if isinstance(value, dict):
+            values.update({f"{name}/{kind}": float(count) for kind, count in value.items()})
+        elif name != "step" and value is not None:
+            values[name] = float(value)
+    return values
 
 
 def evaluation_values(evaluation: Evaluation) -> dict[str, float]:
