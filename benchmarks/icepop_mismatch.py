@@ -410,6 +410,19 @@ def resummarize(path: Path) -> dict:
     return {arm: summarize(runs) for arm, runs in by_arm.items()}
 
 
+def write_report(path: Path, settings: Settings, arm_list: list[Arm], by_arm: dict[str, list[RunResult]],
+                 started: float) -> dict:
+    """Writes the report of the runs in `by_arm` (arms without a finished run left out); returns its summary."""
+    summary = {arm: summarize(runs) for arm, runs in by_arm.items() if runs}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "settings": asdict(settings), "arms": [asdict(arm) for arm in arm_list],
+        "wall_seconds": time.perf_counter() - started,
+        "runs": [asdict(run) for runs in by_arm.values() for run in runs], "summary": summary,
+    }, indent=1) + "\n")
+    return summary
+
+
 def run_experiment(args: argparse.Namespace, parser: argparse.ArgumentParser, arm_list: list[Arm], *, report: str,
                    title: str, prepare_model: Callable[[Path], None]) -> dict:
     """Every arm of `arm_list` once per seed; writes OUT/`report`.json and .png, prints the summary as the last
@@ -447,13 +460,11 @@ def run_experiment(args: argparse.Namespace, parser: argparse.ArgumentParser, ar
                          f"steps x prompts-per-step = {needed}")
         for arm in arm_list:
             by_arm[arm.name].append(run_one(arm, seed, settings, prompts, eval_prompts))
-    summary = {arm: summarize(runs) for arm, runs in by_arm.items()}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{report}.json").write_text(json.dumps({
-        "settings": asdict(settings), "arms": [asdict(arm) for arm in arm_list],
-        "wall_seconds": time.perf_counter() - started,
-        "runs": [asdict(run) for runs in by_arm.values() for run in runs], "summary": summary,
-    }, indent=1) + "\n")
+            # the runs so far, after each one: a long run stopped early still has its finished runs on disk
+            # (`--summarize OUT/report.partial.json` summarises them)
+            write_report(args.out / f"{report}.partial.json", settings, arm_list, by_arm, started)
+    summary = write_report(args.out / f"{report}.json", settings, arm_list, by_arm, started)
+    (args.out / f"{report}.partial.json").unlink()
     plot(by_arm, f"{title} (mean over {len(settings.seeds)} seeds, band: min-max)", args.out / f"{report}.png",
          routes=any(arm.routes for arm in arm_list))
     print(json.dumps(summary))

@@ -67,8 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pool-capacity", type=int, default=512, help="Omega of the c3po and overlap arms")
     p.add_argument("--num-minibatches", type=int, default=None,
                    help="optimizer steps per step of the everstep arms (trainer.num_minibatches, verl's "
-                        "train_batch_size / ppo_mini_batch_size; default: the demo job's); the TRL arm takes one "
-                        "per step, its default")
+                        "train_batch_size / ppo_mini_batch_size; default: the demo job's); the TRL arm takes as "
+                        "many per generation round")
     p.add_argument("--eval-every", type=int, default=None,
                    help=f"evaluate every N steps, besides before the first and after the last (default "
                         f"{FULL['eval_every']})")

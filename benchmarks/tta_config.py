@@ -41,7 +41,7 @@ class TtaConfig:
     prompts_per_step: int = 64  # sync and TRL: prompts per step (x group_size samples)
     token_budget: int = 16384  # c3po and overlap: Phi
     pool_capacity: int = 512  # c3po and overlap: Omega
-    num_minibatches: int | None = None  # everstep arms: trainer.num_minibatches (None: the demo job's); TRL takes one
+    num_minibatches: int | None = None  # optimizer steps per step, every arm (None: the demo job's setting)
     eval_every: int = 5
     eval_prompts: int = 200
     eval_samples: int = 4  # k of avg@k

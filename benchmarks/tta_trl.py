@@ -7,8 +7,11 @@ benchmark dependency: `pip install -r benchmarks/requirements-trl.txt` (TRL 1.16
 
 - Data: the rows of the everstep sync job's spec, loaded by `load_job_data` (the same prompts and
   held-out prompts; the prompt ids TRL's tokenizer call makes are checked equal to everstep's).
-- Per step: ``prompts_per_step`` prompts x G completions (per-device batch 64, gradient accumulation
-  to the whole generation batch), one optimizer step; learning rate constant, as everstep's.
+- Per step (one generation round): ``prompts_per_step`` prompts x G completions, and as many optimizer
+  steps on them as the everstep arms take (`trainer.num_minibatches` of the sync job's spec), each on an
+  equal share (per-device batch up to 64, gradient accumulation to the share). TRL counts
+  `steps_per_generation` in per-device batches, so the arm sets `generation_batch_size` to the whole
+  round instead and reports the `steps_per_generation` TRL derives. Learning rate constant, as everstep's.
 - Reward: every completion is scored by the real everstep reward service over gRPC, with the job's
   reward items (`RewardItemBuilder`: the math verifier and the row's answer).
 - Evaluation: before training and every ``eval_every`` steps, the same held-out prompts x k at the
@@ -144,9 +147,15 @@ def run_trl_arm(config: TtaConfig, spec: JobSpec, reward_address: str) -> ArmRun
     builder = RewardItemBuilder(spec.reward.verifiers)
     reward_function = MathReward(reward, builder, {r.index: r for r in data.train.rows})
     batch = config.prompts_per_step * config.group_size
-    micro = min(MICRO_BATCH, batch)
-    if batch % micro:
-        raise ValueError(f"prompts_per_step x group_size ({batch}) must be a multiple of {micro} for the TRL arm")
+    optimizer_steps = spec.trainer.num_minibatches  # per generation round, as the everstep arms take
+    if batch % optimizer_steps:
+        raise ValueError(f"prompts_per_step x group_size ({batch}) must be a multiple of trainer.num_minibatches "
+                         f"({optimizer_steps}) for the TRL arm")
+    share = batch // optimizer_steps
+    micro = min(MICRO_BATCH, share)
+    if share % micro:
+        raise ValueError(f"prompts_per_step x group_size / num_minibatches ({share}) must be a multiple of {micro} "
+                         "for the TRL arm")
     clock: dict[str, float] = {"start": 0.0, "paused": 0.0}
     curve: list[CurvePoint] = []
 
@@ -167,7 +176,9 @@ def run_trl_arm(config: TtaConfig, spec: JobSpec, reward_address: str) -> ArmRun
             evaluate_at(0)
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            step = state.global_step
+            if state.global_step % optimizer_steps:  # inside a generation round
+                return
+            step = state.global_step // optimizer_steps  # generation rounds, everstep's steps
             clock["last_step"] = time.monotonic() - clock["start"] - clock["paused"]
             print(f"  trl step {step}: {clock['last_step']:.1f} s of training", file=sys.stderr, flush=True)
             if step % config.eval_every == 0 or step == config.steps:
@@ -175,8 +186,9 @@ def run_trl_arm(config: TtaConfig, spec: JobSpec, reward_address: str) -> ArmRun
 
     with tempfile.TemporaryDirectory(prefix="tta-trl-") as out:
         args = GRPOConfig(
-            output_dir=out, max_steps=config.steps, learning_rate=config.learning_rate, lr_scheduler_type="constant",
-            per_device_train_batch_size=micro, gradient_accumulation_steps=batch // micro,
+            output_dir=out, max_steps=config.steps * optimizer_steps, learning_rate=config.learning_rate,
+            lr_scheduler_type="constant", per_device_train_batch_size=micro, gradient_accumulation_steps=share // micro,
+            generation_batch_size=batch,
             num_generations=config.group_size, max_completion_length=config.max_new_tokens,
             temperature=config.temperature, top_p=1.0, top_k=0, beta=0.0, num_iterations=1,
             loss_type="grpo",  # everstep's aggregation, seq-mean-token-mean
@@ -188,11 +200,14 @@ def run_trl_arm(config: TtaConfig, spec: JobSpec, reward_address: str) -> ArmRun
                               train_dataset=_train_dataset(data.train.rows, tokenizer), processing_class=tokenizer,
                               callbacks=[Evaluations()])
         trainer.train()
+        steps_per_generation = args.steps_per_generation
         logs = [entry for entry in trainer.state.log_history if "reward" in entry]
     reward.close()
     return ArmRun(arm=Arm.trl, curve=curve, train_seconds=round(clock["last_step"], 2),
                   total_seconds=round(time.monotonic() - started, 2), eval_seconds=round(clock["paused"], 2),
                   details={"trained_samples": config.steps * batch, "trl_version": _version("trl"),
+                           "optimizer_steps_per_generation": optimizer_steps,
+                           "trl_steps_per_generation": steps_per_generation,
                            "reward_first_step": logs[0]["reward"] if logs else None,
                            "reward_last_step": logs[-1]["reward"] if logs else None,
                            "num_unscored": reward_function.num_unscored,

@@ -1,4 +1,5 @@
-"""Weight push throughput: `python -m benchmarks.weight_push [--mb 500] [--repeats 5] [--transport auto,grpc]`.
+"""Weight push throughput: `python -m benchmarks.weight_push [--mb 500] [--repeats 5] [--transport auto,grpc]
+[--lora-rank R]`.
 
 As the platform does it: a real trainer process (`python -m everstep_trainer`) holding a random
 Llama of about --mb MB (float32), and a real rollout process (`python -m everstep_rollout`)
@@ -15,9 +16,18 @@ on the GPU (the trainer uses it whenever it has one), auto resolves to cuda_ipc,
 asked for; the baseline is then a device-to-device copy. (The GPU variant has not been run: no
 GPU where it was written.)
 
+--lora-rank R: then the trainer reloads the same model with LoRA adapters of rank R (alpha 2R) on every linear
+layer but the head, and the pushes are timed again over the default transport: each carries the adapters alone,
+and the engine rebuilds the adapted weights from its kept base (W_base + alpha/R * B @ A). Besides the push, two
+ways of applying an adapter are measured in this process on the same weights: merging it (`AdapterMerger`, what
+the engine does, once per push) and leaving it beside W as two low-rank matmuls (the cost added to every decode
+step of --decode-batch tokens); `merge_breakeven_decode_steps` is how many decode steps per push make the
+unmerged way the dearer one.
+
 Output: one line per transport, then, as the last line, one JSON object with gb_per_s (the default
-transport), memcpy_gb_per_s, ratio_to_memcpy, default_transport, per-transport results, the model
-size and the machine's load average at the start (other work on the machine slows both sides).
+transport), memcpy_gb_per_s, ratio_to_memcpy (the full push), default_transport, per-transport results, the model
+size and the machine's load average at the start (other work on the machine slows both sides); with --lora-rank
+also full_bytes, full_seconds, adapter_bytes, adapter_seconds and the merge / low-rank figures.
 """
 
 from __future__ import annotations
@@ -35,6 +45,8 @@ from pathlib import Path
 
 import grpc
 
+from everstep.settings import ALL_LINEAR, LoraSettings, TrainerConfig
+from everstep.settings_codec import TRAINER_CONFIG
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 from everstep_controller.launchers.processes import ManagedProcess, free_port, spawn, stop_processes, wait_grpc_serving
 from everstep_trainer.weight_push.plan import Transport
@@ -127,6 +139,68 @@ class MemcpyBaseline:
         return {threads: statistics.median(times) for threads, times in self.seconds.items()}
 
 
+def adapter_bytes(mb: float, rank: int) -> int:
+    """float32 bytes of rank-`rank` adapters on every linear layer of `model_shape(mb)`'s Llama but the head."""
+    hidden, intermediate, layers = model_shape(mb)
+    per_layer = 4 * (hidden + hidden) + 2 * (hidden + intermediate) + (intermediate + hidden)  # q k v o; gate up; down
+    return 4 * rank * per_layer * layers
+
+
+def apply_cost(model_dir: Path, rank: int, decode_batch: int, repeats: int) -> dict:
+    """Seconds to merge one adapter version into the kept base (`AdapterMerger`, all adapted modules), and seconds
+    the same adapters add to one decode step of `decode_batch` tokens when applied unmerged (x A^T B^T beside
+    x W^T), medians over `repeats`."""
+    import torch
+
+    from everstep_rollout.weights.lora import AdapterMerger, read_base_weights
+
+    names = set(_linear_weight_names(model_dir))
+    base = read_base_weights(model_dir, names)
+    generator = torch.Generator().manual_seed(0)
+    adapter = {}
+    for name, weight in base.items():
+        module = name.removesuffix(".weight")
+        adapter[f"{module}.lora_A"] = torch.randn(rank, weight.shape[1], generator=generator) * 0.01
+        adapter[f"{module}.lora_B"] = torch.randn(weight.shape[0], rank, generator=generator) * 0.01
+    merger = AdapterMerger(model_dir)
+    merger.merged(adapter, rank=rank, alpha=2.0 * rank)  # reads and keeps the base, as an engine at its first adapter
+    merge_seconds, dense_seconds, lowrank_seconds = [], [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        merger.merged(adapter, rank=rank, alpha=2.0 * rank)
+        merge_seconds.append(time.perf_counter() - start)
+    linear = torch.nn.functional.linear
+    with torch.inference_mode():
+        inputs = {n: torch.randn(decode_batch, w.shape[1], generator=generator) for n, w in base.items()}
+        outputs = {n: linear(inputs[n], w) for n, w in base.items()}
+        # The extra work of unmerged adapters, timed by itself (a difference of two noisy timings is not):
+        # x A^T, then (x A^T) B^T added into the layer's output, for every adapted module of one decode step.
+        for _ in range(max(repeats, 20)):
+            start = time.perf_counter()
+            for name, weight in base.items():
+                linear(inputs[name], weight)
+            dense_seconds.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            for name in base:
+                module = name.removesuffix(".weight")
+                low = linear(inputs[name], adapter[f"{module}.lora_A"])
+                outputs[name].add_(linear(low, adapter[f"{module}.lora_B"]), alpha=2.0)
+            lowrank_seconds.append(time.perf_counter() - start)
+    merge = statistics.median(merge_seconds)
+    overhead = statistics.median(lowrank_seconds)
+    return {"merge_seconds": round(merge, 5), "lowrank_decode_step_overhead_seconds": round(overhead, 6),
+            "dense_linear_seconds_per_decode_step": round(statistics.median(dense_seconds), 6),
+            "decode_batch": decode_batch, "merge_breakeven_decode_steps": round(merge / overhead, 1),
+            "num_adapted_modules": len(base)}
+
+
+def _linear_weight_names(model_dir: Path) -> list[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(model_dir / "model.safetensors"), framework="pt") as f:
+        return [n for n in f.keys() if n.startswith("model.layers.") and n.endswith("_proj.weight")]  # noqa: SIM118
+
+
 def applied_bytes(metrics_url: str, transport: str) -> float:
     text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
     match = re.search(rf'^everstep_rollout_weight_update_bytes_total{{transport="{transport}"}} (\S+)$', text, re.M)
@@ -166,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--transport", default="auto,grpc",
                         help="comma-separated PushWeights settings: auto, shm, grpc, gloo, nccl, cuda_ipc "
                              "(auto is the default one)")
+    parser.add_argument("--lora-rank", type=int, default=0,
+                        help="also time adapter-only pushes of LoRA adapters of this rank (0: off)")
+    parser.add_argument("--decode-batch", type=int, default=16,
+                        help="--lora-rank: tokens of the decode step the unmerged adapters are timed on")
     parser.add_argument("--device", default="cpu",
                         help="the rollout engine's device (cpu, cuda[:N]); the trainer uses CUDA whenever it has one")
     args = parser.parse_args(argv)
@@ -175,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--transport: unknown or empty settings {unknown or args.transport!r}")
     if args.repeats < 1 or args.mb <= 0:
         parser.error("--repeats must be >= 1 and --mb > 0")
+    if args.lora_rank < 0 or args.decode_batch < 1:
+        parser.error("--lora-rank must be >= 0 and --decode-batch >= 1")
 
     load_at_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="everstep-weight-push-") as tmp:
@@ -198,10 +278,31 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{setting:>5} -> {result['transport']:<5} {result['gb_per_s']:7.3f} GB/s "
                           f"(median {result['seconds']:.3f}s of {args.repeats}, trainer-side "
                           f"{result['trainer_seconds']:.3f}s)", flush=True)
+                if args.lora_rank:
+                    lora = LoraSettings(rank=args.lora_rank, alpha=2.0 * args.lora_rank, target_modules=[ALL_LINEAR])
+                    config = TRAINER_CONFIG.to_proto(TrainerConfig(lora=lora))
+                    trainer.Load(trainer_pb2.TrainerLoadRequest(model_path=str(model_dir), version=1, config=config),
+                                 timeout=600)
+                    # A fresh engine: its base is then the model directory's (the full pushes replaced it)
+                    with grpc.insecure_channel(rollout.grpc_address) as rollout_channel:
+                        rollout_pb2_grpc.RolloutStub(rollout_channel).Load(rollout_pb2.LoadModelRequest(
+                            model_path=str(model_dir), version=1), timeout=600)
+                    lora_bytes = adapter_bytes(args.mb, args.lora_rank)
+                    lora_results = {}
+                    for setting in settings:
+                        lora_results[setting] = bench_transport(trainer, rollout, setting, args.repeats, lora_bytes,
+                                                                baseline)
+                        print(f"adapters (rank {args.lora_rank}) {setting:>5} -> "
+                              f"{lora_results[setting]['transport']:<5}: {lora_bytes / 1e6:.2f} MB in "
+                              f"{lora_results[setting]['seconds']:.4f}s (median of {args.repeats}; full push "
+                              f"{results[setting]['seconds']:.4f}s)", flush=True)
+                    lora_result = lora_results.get("auto") or next(iter(lora_results.values()))
             with grpc.insecure_channel(rollout.grpc_address) as channel:
                 status = rollout_pb2_grpc.RolloutStub(channel).GetStatus(rollout_pb2.GetStatusRequest(), timeout=30)
                 if status.version != 1:
                     raise RuntimeError(f"the engine reports version {status.version} after pushes of version 1")
+            applying = (apply_cost(model_dir, args.lora_rank, args.decode_batch, args.repeats) if args.lora_rank
+                        else None)
         finally:
             stop_processes([rollout, trainer_service], grace_seconds=30)
     memcpy = baseline.medians()
@@ -222,6 +323,21 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_count": os.cpu_count() or 1,
         "load_avg_1m_at_start": round(load_at_start, 2),
     }
+    if args.lora_rank:
+        summary.update({
+            "lora_rank": args.lora_rank, "full_bytes": num_bytes, "full_seconds": default["seconds"],
+            "adapter_bytes": lora_bytes, "adapter_seconds": lora_result["seconds"],
+            "adapter_transport": lora_result["transport"],
+            "adapter_transports": {r["transport"]: {"adapter_seconds": r["seconds"],
+                                                    "full_seconds": results[r["setting"]]["seconds"]}
+                                   for r in lora_results.values()},
+            "bytes_ratio": _significant(num_bytes / lora_bytes), "seconds_ratio": _significant(
+                default["seconds"] / lora_result["seconds"]),
+            **applying,
+        })
+        print(f"merge one adapter version: {applying['merge_seconds']:.4f}s; unmerged adapters add "
+              f"{applying['lowrank_decode_step_overhead_seconds'] * 1e3:.3f} ms to a {args.decode_batch}-token decode "
+              f"step (break-even: {applying['merge_breakeven_decode_steps']} decode steps per push)", flush=True)
     print(json.dumps(summary))
     return 0
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what the sandbox service runs programs with: bubblewrap (isolation), the toolchains of its
+# Installs what the sandbox service runs programs with: bubblewrap and libseccomp2 (isolation; the sandbox's
+# pyseccomp loads libseccomp.so.2 and refuses to start without it), the toolchains of its
 # languages, the runtime libraries graders import (numpy, pandas, scipy, sympy, networkx,
 # sortedcontainers, requests, lodash, javatuples, Test::Deep, Data::Compare, Go's testify) and
 # ipykernel with matplotlib (POST /run_jupyter, whose plots come back as image/png), from Debian
@@ -55,6 +56,7 @@ LIBRARY_PACKAGES=(
     python3-numpy python3-pandas python3-scipy python3-sympy python3-networkx python3-sortedcontainers
     python3-requests python3-pytest python3-ipykernel node-lodash libjavatuples-java junit5
     libtest-deep-perl libdata-compare-perl golang-github-stretchr-testify-dev python3-matplotlib
+    libseccomp2
 )
 
 # npm packages (global), installed in the background while apt-get runs.

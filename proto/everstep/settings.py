@@ -23,6 +23,7 @@ __all__ = [
     "Correction",
     "Dtype",
     "RoutingReplay",
+    "LoraSettings",
     "LossSettings",
     "SamplingSettings",
     "SchedulerMode",
@@ -195,6 +196,46 @@ class SchedulerSettings(Section):
                              f"(algorithm.group_size = {group_size})")
 
 
+ALL_LINEAR = "all-linear"
+"""The `target_modules` entry that names every linear layer but the output head (peft's meaning)."""
+
+
+class LoraSettings(Section):
+    """LoRA adapters (peft), W = W_base + (alpha / rank) * B @ A on the target modules; null: full fine-tuning.
+
+    The base weights stay frozen and only A and B (float32) are trained, checkpointed and pushed to the engines."""
+
+    rank: int = Field(default=8, ge=1, le=1024, description="r: the adapters' rank.")
+    alpha: float = Field(default=16.0, gt=0, allow_inf_nan=False,
+                         description="The adapters' scale numerator: B @ A is multiplied by alpha / rank.")
+    dropout: float = Field(default=0.0, ge=0, lt=1, allow_inf_nan=False,
+                           description="Dropout on the adapters' input in the loss's forward passes (the log-prob "
+                                       "passes and the engines run without it).")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1,
+        description="Modules that get adapters, by name or dotted name suffix (peft's matching: 'q_proj' is every "
+                    "'...q_proj'), checked against the model's weights at submission; ['all-linear']: every linear "
+                    "layer but the output head. Mixture-of-experts expert projections are refused (transformers "
+                    "holds them as fused parameters, not modules peft can wrap).",
+    )
+
+    @model_validator(mode="after")
+    def _names_valid(self) -> LoraSettings:
+        names = self.target_modules
+        if any(not n or n != n.strip() or n.startswith(".") or n.endswith(".") for n in names):
+            raise ValueError(f"target_modules: names must be non-empty dotted module names (got {names})")
+        if ALL_LINEAR in names and len(names) > 1:
+            raise ValueError(f"target_modules: {ALL_LINEAR!r} stands alone (got {names})")
+        if len(set(names)) != len(names):
+            raise ValueError(f"target_modules: duplicates in {names}")
+        return self
+
+    @property
+    def scale(self) -> float:
+        """alpha / rank: what B @ A is multiplied by."""
+        return self.alpha / self.rank
+
+
 class TrainerSettings(Section):
     """Optimizer and step options of the trainer."""
 
@@ -228,6 +269,13 @@ class TrainerSettings(Section):
                                        "only when > 0).")
     entropy_coef: float = Field(default=0.0, ge=0, allow_inf_nan=False,
                                 description="Entropy bonus coefficient (0: off).")
+    lora: LoraSettings | None = Field(
+        default=None,
+        description="Train low-rank adapters (LoRA) instead of every weight: the base model stays frozen, "
+                    "checkpoints hold the adapters and their optimizer state, and each weight push carries only the "
+                    "adapters (the engines rebuild W = W_base + alpha/rank * B @ A from their kept base). null: full "
+                    "fine-tuning.",
+    )
 
 
 class TrainerConfig(TrainerSettings, LossSettings, _Temperature, _RoutingReplaySetting):
@@ -239,7 +287,8 @@ class TrainerConfig(TrainerSettings, LossSettings, _Temperature, _RoutingReplayS
     seed: int = Field(default=0, ge=0, description="Seed of torch and of the minibatch shuffling.")
     dtype: Dtype = Field(default=Dtype.float32,
                          description="Compute dtype: bfloat16 autocast on CUDA only; weights and optimizer state "
-                                     "stay float32.")
+                                     "stay float32 (with trainer.lora on CUDA the frozen base weights are "
+                                     "held in bfloat16, the adapters in float32).")
     total_steps: int = Field(default=0, ge=0,
                              description="Train steps of the schedule: > 0 gives cosine decay to 0 after warmup; 0 "
                                          "keeps the learning rate constant.")

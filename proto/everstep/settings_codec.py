@@ -6,13 +6,16 @@ the settings fails the round-trip tests (`tests/proto/test_settings_codec.py`) u
 
 Decoding: a proto field with presence that is unset, or an enum at UNSPECIFIED, takes the settings default (a
 field set to 0 is 0); fields this build does not know (a newer or an older sender) are an error, never dropped.
+A settings section (`TrainerSettings.lora`, a `LoraSettings` or None) maps to a message field of the same name,
+through a codec of its own: None is the unset message.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
 from enum import StrEnum
-from typing import Any, Generic, TypeVar
+from types import UnionType
+from typing import Any, Generic, TypeVar, Union, get_args, get_origin
 
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
@@ -20,10 +23,10 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 from pydantic import BaseModel, ValidationError
 
 from everstep.proto_enums import enum_from_proto, enum_to_proto
-from everstep.settings import SamplingSettings, TrainerConfig, describe_validation_error
+from everstep.settings import LoraSettings, SamplingSettings, TrainerConfig, describe_validation_error
 from everstep.v1 import common_pb2, trainer_pb2
 
-__all__ = ["SAMPLING_PARAMS", "TRAINER_CONFIG", "SettingsCodec"]
+__all__ = ["LORA_CONFIG", "SAMPLING_PARAMS", "TRAINER_CONFIG", "SettingsCodec"]
 
 S = TypeVar("S", bound=BaseModel)
 M = TypeVar("M", bound=Message)
@@ -42,6 +45,12 @@ class SettingsCodec(Generic[S, M]):
         proto_fields = message.DESCRIPTOR.fields_by_name
         self._fields: dict[str, FieldDescriptor] = {name: proto_fields[name] for name in settings.model_fields
                                                     if name in proto_fields and name not in self.settings_only}
+        self._sections: dict[str, SettingsCodec] = {}
+        for name, field in self._fields.items():
+            if field.message_type is not None:
+                section = _section_type(settings.model_fields[name].annotation)
+                self._sections[name] = SettingsCodec(section, type(getattr(message(), name)),
+                                                     error_prefix=f"{error_prefix}{name}.")
 
     def unmapped(self) -> list[str]:
         """'message.field' / 'settings.field' for each field of one side that the other lacks and that the codec
@@ -60,6 +69,10 @@ class SettingsCodec(Generic[S, M]):
         values: dict[str, Any] = dict(message_only)
         for name, field in self._fields.items():
             value = getattr(settings, name)
+            if name in self._sections:
+                if value is not None:
+                    values[name] = self._sections[name].to_proto(value)
+                continue
             if field.enum_type is not None:
                 value = enum_to_proto(value, field.enum_type)
             values[name] = list(value) if _repeated(field) else value
@@ -78,6 +91,10 @@ class SettingsCodec(Generic[S, M]):
         values: dict[str, Any] = dict(settings_only)
         for name, field in self._fields.items():
             value = getattr(message, name)
+            if name in self._sections:
+                if message.HasField(name):
+                    values[name] = self._sections[name].from_proto(value)
+                continue
             if field.enum_type is not None:
                 enum_type = self.settings.model_fields[name].annotation
                 assert isinstance(enum_type, type) and issubclass(enum_type, StrEnum), name
@@ -85,7 +102,8 @@ class SettingsCodec(Generic[S, M]):
                 if member is not None:
                     values[name] = member
             elif _repeated(field):
-                values[name] = list(value)
+                if value or not _has_default_factory(self.settings, name):
+                    values[name] = list(value)
             elif not field.has_presence or message.HasField(name):
                 values[name] = value
         try:
@@ -98,9 +116,25 @@ def _repeated(field: FieldDescriptor) -> bool:
     return field.is_repeated
 
 
+def _has_default_factory(settings: type[BaseModel], name: str) -> bool:
+    """A list field whose default is not empty: an empty repeated field leaves it at that default."""
+    return bool(settings.model_fields[name].get_default(call_default_factory=True))
+
+
+def _section_type(annotation: Any) -> type[BaseModel]:
+    """The settings model of a section field annotated `Model` or `Model | None`."""
+    candidates = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else (annotation,)
+    models = [c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)]
+    assert len(models) == 1, f"a section field needs one settings model, not {annotation!r}"
+    return models[0]
+
+
 TRAINER_CONFIG: SettingsCodec[TrainerConfig, trainer_pb2.TrainerConfig] = SettingsCodec(
     TrainerConfig, trainer_pb2.TrainerConfig, error_prefix="config.")
 """The trainer's whole config; the proto is TrainerConfig's only form on the wire."""
+
+LORA_CONFIG: SettingsCodec[LoraSettings, trainer_pb2.LoraConfig] = TRAINER_CONFIG._sections["lora"]
+"""TrainerConfig.lora's section (the trainer's `trainer.lora`)."""
 
 SAMPLING_PARAMS: SettingsCodec[SamplingSettings, common_pb2.SamplingParams] = SettingsCodec(
     SamplingSettings, common_pb2.SamplingParams, message_only={"seed", "return_routed_experts"},

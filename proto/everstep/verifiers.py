@@ -22,6 +22,7 @@ VERIFIER_PARAMS: Mapping[str, frozenset[str]] = MappingProxyType({
                          "repetition_min_words", "repetition_max_period"}),
     "length": frozenset({"max_length", "cache_length", "fallback_unit"}),
     "model": frozenset(),
+    "tool_use": frozenset({"min_calls"}),
 })
 """Verifier name -> the keys its `params` may hold."""
 

@@ -61,6 +61,7 @@ def test_four_arms_report_a_mismatch_only_where_the_engine_is_quantized(
         assert [s["step"] for s in run["steps"]] == [1, 2] and [e["step"] for e in run["evals"]] == [0, 1, 2]
         assert all(s["num_tokens"] > 0 and math.isfinite(s["loss"]) for s in run["steps"])
     assert (out / "icepop_mismatch.png").read_bytes()[:4] == b"\x89PNG"
+    assert not (out / "icepop_mismatch.partial.json").exists()  # the finished report replaces it
 
 
 def test_betas_add_tighter_icepop_arms(quick_demo_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -92,3 +93,28 @@ def test_betas_add_tighter_icepop_arms(quick_demo_model: Path, tmp_path: Path, m
     for bad in ("1", "2,2", "x"):
         with pytest.raises(SystemExit):
             benchmark.main(["--model", str(quick_demo_model), "--betas", bad])
+
+
+def test_a_run_stopped_early_leaves_its_finished_runs_in_a_partial_report(
+        quick_demo_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(REPO))
+    benchmark = importlib.import_module("benchmarks.icepop_mismatch")
+    finished: list[str] = []
+    original_run_one = benchmark.run_one
+
+    def run_one(arm, *args, **kwargs):
+        if len(finished) == 2:
+            raise KeyboardInterrupt  # the long run stopped in its third run
+        finished.append(arm.name)
+        return original_run_one(arm, *args, **kwargs)
+
+    monkeypatch.setattr(benchmark, "run_one", run_one)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        benchmark.main(["--model", str(quick_demo_model), "--steps", "1", "--seeds", "1", "--prompts-per-step", "2",
+                        "--group-size", "2", "--max-new-tokens", "8", "--eval-prompts", "1", "--out", str(out),
+                        "--num-threads", "1"])
+    assert not (out / "icepop_mismatch.json").exists()
+    partial = json.loads((out / "icepop_mismatch.partial.json").read_text())
+    assert [run["arm"] for run in partial["runs"]] == finished == ["fp32-none", "int8-none"]
+    assert list(benchmark.resummarize(out / "icepop_mismatch.partial.json")) == finished

@@ -118,10 +118,13 @@ def test_trl_arm_at_tiny_size(tmp_path: Path) -> None:
     (run,) = result["runs"]
     assert run["arm"] == "trl" and [p["step"] for p in run["curve"]] == [0, 1, 2]
     assert run["details"]["trained_samples"] == 2 * 8 * 8
+    # as many optimizer steps per generation round as the everstep arms (the demo job's num_minibatches: 2);
+    # TRL counts its steps_per_generation in per-device batches (64 samples / 32 per optimizer step here)
+    assert run["details"]["optimizer_steps_per_generation"] == 2 and run["details"]["trl_steps_per_generation"] == 2
     assert result["summary"]["arms"]["trl"]["speedup_vs_trl"] == 1.0
 
 
-def test_everstep_arms_take_the_optimizer_steps_per_step_and_trl_keeps_its_own(tmp_path: Path,
+def test_everstep_arms_take_the_optimizer_steps_per_step(tmp_path: Path,
                                                                               tta: ModuleType) -> None:
     config_module = importlib.import_module("benchmarks.tta_config")
     args = tta.parse_args(["--num-minibatches", "2", "--arms", "trl,c3po"])

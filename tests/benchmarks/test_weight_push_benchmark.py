@@ -43,3 +43,17 @@ def test_bad_flags_are_refused_before_anything_starts() -> None:
     assert process.returncode == 2 and "--transport" in process.stderr
     process = _run("--repeats", "0", timeout=60)
     assert process.returncode == 2 and "--repeats" in process.stderr
+
+
+@pytest.mark.slow
+def test_lora_rank_times_adapter_pushes_beside_the_full_one() -> None:
+    process = _run("--mb", "4", "--repeats", "2", "--transport", "auto", "--lora-rank", "4")
+    assert process.returncode == 0, process.stderr[-4000:]
+    report = json.loads(process.stdout.strip().splitlines()[-1])
+    assert report["full_bytes"] == report["num_bytes"] and report["adapter_transport"] == "shm"
+    # rank 4 on a 256-wide model: 4 * (in + out) per module against in * out, about 30x fewer bytes
+    assert 10 < report["full_bytes"] / report["adapter_bytes"] < 100
+    for key in ("adapter_seconds", "full_seconds", "ratio_to_memcpy", "merge_seconds",
+                "lowrank_decode_step_overhead_seconds"):
+        assert isinstance(report[key], float) and math.isfinite(report[key]) and report[key] > 0, key
+    assert report["num_adapted_modules"] % 7 == 0 and report["num_adapted_modules"] > 0  # q k v o gate up down

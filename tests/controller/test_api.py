@@ -129,9 +129,12 @@ def test_openapi_and_prometheus(client: TestClient) -> None:
 def test_job_file_resolves_paths_relative_to_the_yaml(tmp_path: Path) -> None:
     (tmp_path / "sub").mkdir()
     job = tmp_path / "sub" / "job.yaml"
-    job.write_text("model_path: ../model\ndataset:\n  train_path: data/train.jsonl\n  eval_path: /abs/eval.jsonl\n")
+    job.write_text("model_path: ../model\ndataset:\n  train_path: data/train.jsonl\n  eval_path: /abs/eval.jsonl\n"
+                   "tracking:\n  tensorboard:\n    log_dir: runs/tb\n  wandb:\n    project: p\n")
     spec = load_job_file(job)
     assert spec["model_path"] == str(tmp_path / "model")
+    assert spec["tracking"] == {"tensorboard": {"log_dir": str(tmp_path / "sub" / "runs" / "tb")},
+                                "wandb": {"project": "p"}}
     assert spec["dataset"]["train_path"] == str(tmp_path / "sub" / "data" / "train.jsonl")
     assert spec["dataset"]["eval_path"] == "/abs/eval.jsonl"
 
@@ -200,3 +203,25 @@ def test_routing_replay_needs_a_model_with_routed_experts(client: TestClient, ti
     assert moe.json()["spec"]["algorithm"]["routing_replay"] == "rollout"
     off = client.post("/v1/jobs", json={**SPEC, "model_path": str(tiny_model_dirs("qwen3"))})
     assert off.status_code == 201 and off.json()["spec"]["algorithm"]["routing_replay"] == "off"
+
+
+def test_lora_target_modules_are_checked_against_the_models_weights(client: TestClient, tiny_model_dirs) -> None:
+    """trainer.lora.target_modules: a 422 names a module the model does not have, and one that names only MoE
+    expert projections; names that exist (by suffix, as peft matches) and 'all-linear' are taken. The module names
+    come from the safetensors headers: the controller never imports torch."""
+    llama = str(tiny_model_dirs("llama"))
+    missing = client.post("/v1/jobs", json={**SPEC, "model_path": llama,
+                                            "trainer": {"lora": {"rank": 4, "target_modules": ["q_proj", "qkv"]}}})
+    assert missing.status_code == 422, missing.text
+    (error,) = missing.json()["detail"]
+    assert error["loc"] == ["body", "trainer", "lora", "target_modules"]
+    assert "has no module 'qkv'" in error["msg"] and "q_proj" in error["msg"]
+    experts = client.post("/v1/jobs", json={**SPEC, "model_path": str(tiny_model_dirs("qwen3_moe")),
+                                            "trainer": {"lora": {"target_modules": ["gate_proj"]}}})
+    assert experts.status_code == 422 and "expert projections" in experts.text, experts.text
+    assert client.get("/v1/jobs").json() == []
+    for targets in (["self_attn.q_proj", "down_proj"], ["all-linear"]):
+        taken = client.post("/v1/jobs", json={**SPEC, "model_path": llama,
+                                              "trainer": {"lora": {"rank": 4, "alpha": 8, "target_modules": targets}}})
+        assert taken.status_code == 201, taken.text
+        assert taken.json()["spec"]["trainer"]["lora"]["target_modules"] == targets

@@ -127,10 +127,46 @@ def test_status_names_checkpoints_and_latest_weights(store: JobStore, capsys: py
     job_id = store.create(JobSpec.model_validate(SPEC)).id
     store.update(job_id, checkpoints=[CheckpointInfo(step=2, path="/ckpt/step-2", saved_at=1.0)],
                  latest_weights="/ckpt/step-2")
-    code, out, _ = _run(["status", job_id], capsys)
+    code, out, _ = _run(["status", job_id, "--json"], capsys)
     record = json.loads(out)
     assert code == 0 and record["latest_weights"] == "/ckpt/step-2"
     assert record["checkpoints"] == [{"step": 2, "path": "/ckpt/step-2", "saved_at": 1.0}]
+
+
+def test_status_summarizes_a_job(store: JobStore, capsys: pytest.CaptureFixture[str]) -> None:
+    from everstep_controller.spec.job_spec import JobSpec
+    from everstep_controller.store.job_store import CheckpointInfo
+
+    job_id = store.create(JobSpec.model_validate(SPEC)).id
+    code, out, _ = _run(["status", job_id], capsys)
+    assert code == 0 and out.splitlines()[0] == f"job {job_id} (arith): PENDING at step 0/3"
+    assert "  no step completed yet" in out and "  latest weights: none yet (no checkpoint)" in out
+
+    store.update(job_id, state=JobState.RUNNING, step=2, metrics=step_row(2).model_copy(update={"reward_mean": 0.625}),
+                 evaluation={"0": eval_row(0), "2": eval_row(2)},
+                 checkpoints=[CheckpointInfo(step=1, path="/ckpt/step-1", saved_at=1.0),
+                              CheckpointInfo(step=2, path="/ckpt/step-2", saved_at=2.0)],
+                 latest_weights="/ckpt/step-2")
+    code, out, _ = _run(["status", job_id], capsys)
+    lines = out.splitlines()
+    assert code == 0 and lines[0] == f"job {job_id} (arith): RUNNING at step 2/3"
+    assert lines[2] == "  latest " + logs.step_line(step_row(2).model_copy(update={"reward_mean": 0.625}).model_dump(),
+                                                    3)
+    assert "reward 0.625" in lines[2]
+    assert [line.split()[:2] for line in lines if line.startswith("  eval")] == [["eval", "0"], ["eval", "2"]]
+    assert "  checkpoints:\n    step    1  /ckpt/step-1\n    step    2  /ckpt/step-2\n" in out
+    assert "  latest weights: /ckpt/step-2" in lines
+    assert not any(line.startswith("  tracking:") for line in lines), "no tracking section"
+
+    tracked = store.create(JobSpec.model_validate({**SPEC, "tracking": {
+        "tensorboard": {"log_dir": "/runs/tb"}, "mlflow": {"tracking_uri": "http://mlflow:5000"}}})).id
+    code, out, _ = _run(["status", tracked], capsys)
+    assert "  tracking: tensorboard /runs/tb; mlflow http://mlflow:5000 experiment everstep" in out.splitlines()
+
+    store.update(job_id, state=JobState.FAILED, error="RewardFailed: no verifier 'x'")
+    code, out, _ = _run(["status", job_id], capsys)
+    assert code == 0 and "FAILED at step 2/3" in out.splitlines()[0]
+    assert out.splitlines()[2] == "  error: RewardFailed: no verifier 'x'"
 
 
 def test_submit_set_overrides_fields(store: JobStore, job_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -170,5 +206,7 @@ def test_override_paths_are_relative_to_the_current_directory(tmp_path: Path, jo
     assert spec["dataset"]["train_path"] == [str(here / "a.jsonl"), str(here / "shards/*.parquet")]
     assert spec["reward"]["verifiers"] == [{"name": "math", "weight": 2}]
     assert load_job_file(job_file)["dataset"]["train_path"] == "/data/train.jsonl"
+    assert load_job_file(job_file, ["tracking.tensorboard.log_dir=runs/tb"])["tracking"]["tensorboard"] == {
+        "log_dir": str(here / "runs/tb")}
     with pytest.raises(SpecOverrideError, match=r"reward.verifiers.0.weight: .*reward.verifiers has no fields"):
         load_job_file(job_file, ["reward.verifiers.0.weight=2"])

@@ -29,15 +29,23 @@ STEP_ROW = StepMetrics(
     num_samples_unscorable=0, num_groups_dropped=0, num_samples_purged=0, partial_buffer_size=3,
     num_finished_rollouts=8, finished_tokens=96, generated_tokens=120, tokens_per_s=60.0, staleness_mean=0.0,
     staleness_max=0, rollout_seconds=2.0, reward_seconds=0.25, train_seconds=0.5, weight_push_seconds=0.1,
-    iteration_seconds=3.0)
+    iteration_seconds=3.0, turns_per_sample=2.0, tool_use_rate=0.5, num_tool_calls=4, tool_errors={},
+    tool_seconds_mean=0.1)
 PER_JOB_NAMES = {"everstep_controller_job_step", "everstep_controller_policy_version",
                  "everstep_controller_reward_mean", "everstep_controller_eval_accuracy_ratio",
-                 "everstep_controller_rollout_tokens_per_second", "everstep_controller_partial_buffer_size"}
+                 "everstep_controller_rollout_tokens", "everstep_controller_rollout_seconds",  # counters: _total
+                 "everstep_controller_partial_buffer_size",
+                 "everstep_controller_tool_calls", "everstep_controller_tool_turns_per_sample",  # tool_calls: _total
+                 "everstep_controller_tool_use_ratio", "everstep_controller_tool_call_seconds"}
+# the lines a job's series take on /metrics: one per metric, eval accuracy twice (sampled and greedy), and the
+# three counters two each (_total and _created)
+LINES_PER_JOB = len(PER_JOB_NAMES) + 1 + 3
 
 
 def _observe(job_id: str) -> None:
     """What a job's steps and evaluations set: observe_iteration (the commit) and the evaluation gauges."""
     metrics.observe_iteration(job_id, STEP_ROW, retention_ages=[1], staleness=[0, 1])
+    metrics.observe_tools(job_id, STEP_ROW)  # a job with tools (kind "none" only: no failed call)
     metrics.EVAL_ACCURACY.labels(job_id=job_id, kind="sampled").set(0.25)
     metrics.EVAL_ACCURACY.labels(job_id=job_id, kind="greedy").set(0.5)
 
@@ -57,10 +65,10 @@ def test_removing_a_jobs_series_leaves_the_others() -> None:
     gone, kept = f"gone-{uuid.uuid4().hex[:6]}", f"kept-{uuid.uuid4().hex[:6]}"
     _observe(gone)
     _observe(kept)
-    assert len(_series_of(gone)) == len(PER_JOB_NAMES) + 1  # eval accuracy: sampled and greedy
+    assert len(_series_of(gone)) == LINES_PER_JOB
     metrics.remove_job_series(gone)
     assert _series_of(gone) == []
-    assert len(_series_of(kept)) == len(PER_JOB_NAMES) + 1
+    assert len(_series_of(kept)) == LINES_PER_JOB
     metrics.remove_job_series(gone)  # again: nothing left to remove, no error
     metrics.remove_job_series(kept)
 
@@ -135,7 +143,7 @@ def test_a_job_that_ended_or_was_taken_over_leaves_no_series(manager: JobManager
     job_id = _run_job(manager, monkeypatch, drive)
     assert manager.store.get(job_id).state == state
     assert _series_of(job_id) == [], "a finished job's series are removed (grace 0 here)"
-    assert len(_series_of(other)) == len(PER_JOB_NAMES) + 1, "another job's series stay"
+    assert len(_series_of(other)) == LINES_PER_JOB, "another job's series stay"
     metrics.remove_job_series(other)
 
 
@@ -167,10 +175,23 @@ def test_a_paused_job_keeps_its_series_until_it_is_cancelled(manager: JobManager
     job_id = _run_job(manager, monkeypatch, pause_then_honour, until=paused)
     for _ in range(5):
         manager._tick()
-    assert len(_series_of(job_id)) == len(PER_JOB_NAMES) + 1, "a PAUSED job keeps its series"
+    assert len(_series_of(job_id)) == LINES_PER_JOB, "a PAUSED job keeps its series"
     manager.act(job_id, Action.cancel)
     deadline = time.monotonic() + 30
     while job_id in manager.running or manager.store.get(job_id).state != JobState.CANCELLED:
         manager._tick()
         assert time.monotonic() < deadline
     assert _series_of(job_id) == []
+
+
+def test_the_retention_of_a_finished_jobs_series_is_a_controller_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    from everstep_controller.__main__ import parse_args
+    from everstep_controller.settings import ControllerSettings
+
+    base = ["--redis-url", "redis://x", "--reward", "r:1"]
+    assert parse_args(base).finished_job_series_seconds == 300.0
+    assert parse_args([*base, "--finished-job-series-seconds", "12.5"]).finished_job_series_seconds == 12.5
+    with pytest.raises(SystemExit):
+        parse_args([*base, "--finished-job-series-seconds", "-1"])
+    assert "--finished-job-series-seconds must be >= 0" in capsys.readouterr().err
+    assert ControllerSettings.default("finished_job_series_seconds") == 300.0

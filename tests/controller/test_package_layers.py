@@ -18,7 +18,7 @@ import everstep_controller
 PACKAGE = "everstep_controller"
 ROOT = Path(everstep_controller.__file__).parent
 
-LAYERS = ("settings", "spec", "data", "store", "algo", "launchers", "run", "api", "__main__")
+LAYERS = ("settings", "spec", "data", "store", "algo", "launchers", "tracking", "run", "api", "__main__")
 """Lowest first; a module's layer is its first name under the package (`run.runner` is in `run`)."""
 
 

@@ -20,7 +20,7 @@ from everstep_controller.run.step_record import StepTimes, step_record
 from everstep_controller.spec.job_spec import JobSpec
 from everstep_controller.store.job_store import JobRecord, JobStore
 from everstep_controller.store.progress_store import JobProgress, ProgressStore
-from everstep_controller.store.step_metrics import TRAIN_STAT_FIELDS, Evaluation, StepMetrics
+from everstep_controller.store.step_metrics import TOOL_FIELDS, TRAIN_STAT_FIELDS, Evaluation, StepMetrics
 
 # A row as the dict-building step_record wrote it (json.dumps) for a step without a trained batch.
 OLD_UNTRAINED_ROW = {
@@ -126,4 +126,4 @@ def test_the_rest_api_serves_and_documents_the_rows(redis_url: str, tmp_path: Pa
         fields = schema["components"]["schemas"][name]["properties"]
         assert all(field.get("description") for field in fields.values()), f"every {name} field is described"
     assert set(schema["components"]["schemas"]["StepMetrics"]["properties"]) == {
-        *OLD_UNTRAINED_ROW, *ADDED, *OLD_TRAIN_STATS, *STALENESS_STATS, *ROUTING_STATS}
+        *OLD_UNTRAINED_ROW, *ADDED, *OLD_TRAIN_STATS, *STALENESS_STATS, *ROUTING_STATS, *TOOL_FIELDS}

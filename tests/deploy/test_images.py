@@ -64,3 +64,17 @@ def test_torch_free_images_pull_no_torch(service: str) -> None:
     text = (REPO / "deploy" / "docker" / f"{service}.Dockerfile").read_text()
     installs = [line for line in text.splitlines() if "pip install" in line]
     assert not any(re.search(r"\btorch\b", line) for line in installs), installs
+
+
+def test_the_controllers_tracking_extras_pull_no_torch() -> None:
+    """`everstep-controller[tracking]` (the image's EXTRAS=tracking) stays torch-free: tensorboardX, not
+    torch.utils.tensorboard."""
+    extras = {}
+    for requirement in distribution("everstep-controller").requires or []:
+        marker = re.search(r'extra == "([a-z]+)"', requirement)
+        if marker:
+            extras.setdefault(marker.group(1), []).append(re.match(r"[A-Za-z0-9_.-]+", requirement).group(0))
+    assert {"tensorboard", "wandb", "mlflow", "tracking"} <= set(extras), extras
+    for extra, names in extras.items():
+        closure = set().union(*(dependency_closure(name) for name in names))
+        assert not {"torch", "transformers", "nvidia-cuda-runtime-cu12"} & closure, (extra, sorted(closure))

@@ -5,8 +5,10 @@ A is paused after a checkpoint; while B runs the controller is killed (SIGKILL, 
 A's trainer is killed too while nobody watches. A new controller takes both jobs over from
 Redis: B continues from its last completed step on its still-running workers, A on a new
 trainer that resumes A's latest checkpoint (weights, optimizer, RNG, step); neither starts over,
-and their per-step histories have every step exactly once. The new controller, stopped cleanly
-(SIGTERM), stops B's workers and leaves B RUNNING in Redis for the next one.
+and their per-step histories have every step exactly once, as do A's TensorBoard curves and MLflow run
+(one run, logged into by both controllers; the steps A redid after going back to its checkpoint replace the
+first ones). The new controller, stopped cleanly (SIGTERM), stops B's workers and leaves B RUNNING in Redis
+for the next one.
 """
 
 from __future__ import annotations
@@ -37,13 +39,17 @@ def _pids(client: redis.Redis, job_id: str) -> list[int]:
 
 
 def test_two_jobs_on_their_own_workers_survive_a_killed_controller(
-        controllers: Controllers, tiny_model_dir: Path, tmp_path: Path) -> None:
+        controllers: Controllers, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     rows = [{"prompt": f"{a} + {b} =", "answer": str(a + b)} for a in range(1, 13) for b in range(1, 13)]
     train = write_rows(tmp_path / "train.jsonl", rows)
     client = redis.Redis.from_url(controllers.redis_url)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # the controllers inherit it: MLflow's file store
     first = controllers.start("--lease-seconds", "1.5")
     api = controllers.api
-    job_a = api.post("/v1/jobs", json=_spec("a", tiny_model_dir, train, 16, checkpoint={"interval": 2})).json()["id"]
+    tracking = {"tensorboard": {"log_dir": str(tmp_path / "tb")},
+                "mlflow": {"tracking_uri": (tmp_path / "mlruns").as_uri(), "experiment_name": "restart"}}
+    job_a = api.post("/v1/jobs", json=_spec("a", tiny_model_dir, train, 16, checkpoint={"interval": 2},
+                                            tracking=tracking)).json()["id"]
     job_b = api.post("/v1/jobs", json=_spec("b", tiny_model_dir, train, 400)).json()["id"]
 
     # both run at once, each on its own rollout engine and trainer
@@ -83,6 +89,7 @@ def test_two_jobs_on_their_own_workers_survive_a_killed_controller(
     history_a = api.get(f"/v1/jobs/{job_a}/metrics").json()
     history_b = api.get(f"/v1/jobs/{job_b}/metrics").json()  # B goes on
     assert [m["step"] for m in history_a] == list(range(1, 17)), "every step of A exactly once"
+    _check_tracked_once(tmp_path, job_a, history_a)
     assert [m["step"] for m in history_b] == list(range(1, len(history_b) + 1)), "every step of B exactly once"
     assert len(history_b) > killed_at_b
     # the policy version counts the steps that trained: none was trained twice, none lost
@@ -94,3 +101,24 @@ def test_two_jobs_on_their_own_workers_survive_a_killed_controller(
     stop_processes([second], grace_seconds=60)
     assert not any(start_ticks(p) for p in pids_b + workers_a), "the jobs' workers stopped with the controller"
     assert JobStore(client).get(job_b).state == "RUNNING"
+
+
+def _check_tracked_once(root: Path, job_id: str, history: list[dict]) -> None:
+    """A's curves, read with TensorBoard's and MLflow's own readers, hold each step once, with the REST values."""
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    expected = {m["step"]: m["reward_mean"] for m in history}
+    events = EventAccumulator(str(root / "tb"), size_guidance={"scalars": 0})
+    events.Reload()
+    logged = [(e.step, e.value) for e in events.Scalars("reward_mean")]
+    assert [step for step, _ in logged] == list(range(1, 17)), "purge markers: each step once on the curve"
+    assert dict(logged) == pytest.approx(expected, rel=1e-6, abs=1e-6)
+
+    client = MlflowClient(tracking_uri=(root / "mlruns").as_uri())
+    (run,) = client.search_runs([client.get_experiment_by_name("restart").experiment_id])
+    assert run.data.tags["everstep.job_id"] == job_id and run.info.status == "FINISHED"
+    latest = {}
+    for metric in sorted(client.get_metric_history(run.info.run_id, "reward_mean"), key=lambda m: m.timestamp):
+        latest[metric.step] = metric.value  # a step redone after the checkpoint: its later value
+    assert latest == expected

@@ -33,7 +33,10 @@ from everstep_controller.launchers.processes import kill_processes
 
 pytestmark = pytest.mark.faults
 
-STEPS, PROMPTS_PER_STEP, GROUP_SIZE, NUM_ROWS = 6, 2, 4, 6  # 12 prompts drawn: each row exactly twice
+# 48 prompts drawn: each row exactly 8 times. The steps after the second are the chances to stop the engine with
+# some of a step's rollouts scored and some not: on a loaded machine the tiny engine often sends a whole step's
+# rollouts before it can be stopped, and six steps were too few chances (CI)
+STEPS, PROMPTS_PER_STEP, GROUP_SIZE, NUM_ROWS = 24, 2, 4, 6
 
 
 def test_a_killed_rollout_engine_loses_no_sample_and_trains_none_twice(

@@ -34,14 +34,21 @@ pytestmark = pytest.mark.faults
 STEPS, CHECKPOINT_INTERVAL = 10, 2
 
 
+# LoRA: the checkpoint holds adapters and their AdamW state; the resumed trainer loads the base and the adapters,
+# the engine reloads the base and gets the adapters pushed, and each version is rebuilt from the base: exact too.
+LORA = {"learning_rate": 1e-2, "lora": {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"]}}
+
+
+@pytest.mark.parametrize("trainer", [None, LORA], ids=["full", "lora"])
 def test_a_killed_trainer_resumes_its_checkpoint_and_trains_like_an_uninterrupted_run(
-        controllers: Controllers, tiny_model_dir: Path, tmp_path: Path) -> None:
+        controllers: Controllers, tiny_model_dir: Path, tmp_path: Path, trainer: dict | None) -> None:
     logs = tmp_path / "trained"
     controllers.start(env={"EVERSTEP_TRAINER_SAMPLE_LOG": str(logs / "{pid}.jsonl")})
     client = redis.Redis.from_url(controllers.redis_url)
     api = controllers.api
     train = write_rows(tmp_path / "train.jsonl", arithmetic_rows(10))
-    spec = {"deterministic": True, "checkpoint": {"interval": CHECKPOINT_INTERVAL}}
+    spec = {"deterministic": True, "checkpoint": {"interval": CHECKPOINT_INTERVAL},
+            **({"trainer": trainer} if trainer else {})}
     job_a = api.post("/v1/jobs", json=tiny_job("a", tiny_model_dir, train, steps=STEPS, **spec)).json()["id"]
     job_b = api.post("/v1/jobs", json=tiny_job("b", tiny_model_dir, train, steps=STEPS, **spec)).json()["id"]
     wait_until(lambda: client.exists(f"everstep:job:{job_a}:workers"), "A's workers")

@@ -15,11 +15,11 @@ from pydantic import BaseModel
 
 from everstep.proto_enums import enum_from_proto, enum_to_proto
 from everstep.quantization import Quantization, quantization_from_proto, quantization_to_proto
-from everstep.settings import Aggregation, Correction, SamplingSettings, TrainerConfig
-from everstep.settings_codec import SAMPLING_PARAMS, TRAINER_CONFIG, SettingsCodec
+from everstep.settings import Aggregation, Correction, LoraSettings, SamplingSettings, TrainerConfig
+from everstep.settings_codec import LORA_CONFIG, SAMPLING_PARAMS, TRAINER_CONFIG, SettingsCodec
 from everstep.v1 import common_pb2, rollout_pb2, trainer_pb2
 
-CODECS = [TRAINER_CONFIG, SAMPLING_PARAMS]
+CODECS = [TRAINER_CONFIG, SAMPLING_PARAMS, LORA_CONFIG]
 
 
 def _not_default(model: type[BaseModel], name: str) -> Any:
@@ -37,6 +37,8 @@ def _not_default(model: type[BaseModel], name: str) -> Any:
         return default * 0.5 if default else 0.25
     if isinstance(default, list):
         return ["</answer>", "\n\n"]
+    if name == "lora":
+        return LoraSettings(rank=4, alpha=8.0, dropout=0.1, target_modules=["q_proj", "mlp.down_proj"])
     raise AssertionError(f"{model.__name__}.{name}: no test value for {annotation!r}; add one here")
 
 
@@ -47,6 +49,8 @@ def _everything_changed(model: type[BaseModel], names: list[str]) -> dict[str, A
         values["alpha"], values["beta"] = 0.25, 4.0
     if model is SamplingSettings:
         values["top_p"] = 0.5
+    if model is LoraSettings:
+        values["target_modules"] = ["up_proj", "self_attn.o_proj"]
     return values
 
 
@@ -76,6 +80,18 @@ def test_an_unset_field_takes_the_settings_default_and_zero_stays_zero() -> None
     assert TRAINER_CONFIG.from_proto(trainer_pb2.TrainerConfig()) == TrainerConfig()
     config = TRAINER_CONFIG.from_proto(trainer_pb2.TrainerConfig(clip_low=0.0, kl_coef=0.0, seed=0))
     assert (config.clip_low, config.learning_rate) == (0.0, 1e-5)
+
+
+def test_lora_is_a_section_unset_when_off_and_defaulted_field_by_field() -> None:
+    assert not TRAINER_CONFIG.to_proto(TrainerConfig()).HasField("lora")
+    assert TRAINER_CONFIG.from_proto(trainer_pb2.TrainerConfig()).lora is None
+    config = TRAINER_CONFIG.from_proto(trainer_pb2.TrainerConfig(lora=trainer_pb2.LoraConfig(rank=2)))
+    assert config.lora == LoraSettings(rank=2)
+    assert config.lora.target_modules == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    with pytest.raises(ValueError, match=r"^config\.lora\.rank: "):
+        TRAINER_CONFIG.from_proto(trainer_pb2.TrainerConfig(lora=trainer_pb2.LoraConfig(rank=0)))
+    with pytest.raises(ValueError, match="target_modules: 'all-linear' stands alone"):
+        LoraSettings(target_modules=["all-linear", "q_proj"])
 
 
 def test_message_only_fields_are_given_to_the_encoder() -> None:

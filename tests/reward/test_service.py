@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from everstep.reward_error_kind import error_kind_label
-from everstep.v1 import reward_pb2, reward_pb2_grpc
+from everstep.v1 import common_pb2, reward_pb2, reward_pb2_grpc
 
 
 def score(address: str, items: list[reward_pb2.RewardItem]) -> dict[str, reward_pb2.ScoreResult]:
@@ -79,6 +79,11 @@ def test_per_row_specs_and_their_errors(service_process) -> None:
         "bad-param-type": ("x", [spec("format", params={"require_think": "sometimes"})], {}),
         "code-without-language": ("print(1)", [spec("code", tests=[reward_pb2.CodeTest(expected_stdout="1")])], {}),
         "no-verifiers": ("x", [], {}),
+        # a trajectory's calls (docs/tools.md): one of two well formed; the sandbox failing is not the model's fault
+        "tool-use": ("42", [spec("tool_use")], {"tool_trajectory": common_pb2.ToolTrajectory(calls=[
+            common_pb2.ToolCallRecord(name="python", error=common_pb2.TOOL_ERROR_KIND_UNAVAILABLE),
+            common_pb2.ToolCallRecord(error=common_pb2.TOOL_ERROR_KIND_MALFORMED)])}),
+        "tool-use-too-few": ("42", [spec("tool_use", params={"min_calls": 1})], {}),
     }
     items = [reward_pb2.RewardItem(id=k, response=response, verifiers=specs, **extra)
              for k, (response, specs, extra) in rows.items()]
@@ -86,11 +91,12 @@ def test_per_row_specs_and_their_errors(service_process) -> None:
 
     assert {k: r.reward for k, r in results.items() if not r.error} == pytest.approx({
         "math-and-format": 1.5, "tags": 1.0, "missing-tag": 0.0, "length-tokens": -0.5, "length-row-limits": 0.0,
-        "length-words": -1.0})
+        "length-words": -1.0, "tool-use": 0.5, "tool-use-too-few": 0.0})
     errors = {k: [(p.verifier, error_kind_label(p.error_kind), p.error) for p in r.parts if p.error]
               for k, r in results.items()}
     assert errors["unknown-verifier"] == [("astrology", "unknown_verifier",
-                                           "unknown verifier 'astrology'; known: code, format, length, math, model")]
+                                           "unknown verifier 'astrology'; known: code, format, length, math, model, "
+                                           "tool_use")]
     assert results["unknown-verifier"].reward == 1.0  # its math part still scored
     assert errors["no-answer"] == [("math", "invalid_spec", "`answer` is empty (math needs the reference answer)")]
     assert errors["bad-reference"][0][1] == "invalid_spec" and "does not parse" in errors["bad-reference"][0][2]

@@ -13,8 +13,9 @@ from everstep_reward.verifiers.length import LengthVerifier
 from everstep_reward.verifiers.math import MathVerifier
 from everstep_reward.verifiers.model import ModelVerifier
 from everstep_reward.verifiers.params import NoParams
+from everstep_reward.verifiers.tool_use import ToolUseVerifier
 
-SERVED = (MathVerifier, FormatVerifier, CodeVerifier, LengthVerifier, ModelVerifier)
+SERVED = (MathVerifier, FormatVerifier, CodeVerifier, LengthVerifier, ModelVerifier, ToolUseVerifier)
 """The verifiers everstep_reward.server registers."""
 
 

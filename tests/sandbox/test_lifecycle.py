@@ -179,3 +179,38 @@ def test_a_grpc_call_that_ends_early_has_its_run_killed(service_process) -> None
         assert time.monotonic() - ended < 1.0
         reply = stub.RunCode(sandbox_pb2.RunCodeRequest(code="print(5)", language="python"), timeout=30)
         assert reply.status == "Success" and reply.run_result.stdout == "5\n"
+
+
+def test_sigterm_mid_run_kills_the_runs_whole_process_tree(service_process) -> None:
+    """A long program that started children in process groups and sessions of their own: on SIGTERM the server
+    exits within its bound (SIGTERM_STOP_SECONDS, what the chart's terminationGracePeriodSeconds is checked
+    against) and no process of the run, nor any zygote or bubblewrap, is left (checked by pid)."""
+    from everstep_sandbox.server import SIGTERM_STOP_SECONDS
+
+    sandbox = service_process("sandbox", "--workers", "1")
+    program = ("import os, subprocess, time\n"
+               "for _ in range(2):\n"
+               "    subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
+               "    subprocess.Popen(['sleep', '300'], process_group=0)\n"
+               "print('started', flush=True)\n"
+               "while True:\n    time.sleep(1)\n")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        reply = pool.submit(_post_quietly, sandbox.http_url, {"code": program, "language": "python",
+                                                              "run_timeout": 120})
+        wait_until(lambda: len(run_processes(sandbox.process.pid)) >= 5, 30)  # the program and its 4 sleeps
+        runs = set(run_processes(sandbox.process.pid))
+        below = descendants(sandbox.process.pid)
+        assert len({_session_of(pid) for pid in runs}) >= 3, "two sleeps have sessions of their own"
+        start = time.monotonic()
+        sandbox.process.send_signal(signal.SIGTERM)
+        sandbox.process.wait(timeout=SIGTERM_STOP_SECONDS + 10)
+        stopped = time.monotonic() - start
+        reply.result(timeout=30)
+    print(f"sandbox stopped {stopped:.2f} s after SIGTERM")
+    assert stopped < SIGTERM_STOP_SECONDS, f"the sandbox took {stopped:.1f} s to stop"
+    assert sandbox.process.returncode == 0, sandbox.log()
+    assert not alive(runs | below), f"left behind: {alive(runs | below)}"
+
+
+def _session_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[3])

@@ -44,12 +44,18 @@ def test_the_controllers_settings_reach_the_trainer_as_written() -> None:
                    trainer={"warmup_steps": 0, "kl_coef": 0, "entropy_coef": 0, "weight_decay": 0})
     message = trainer_config(spec)
     assert [f.name for f in message.DESCRIPTOR.fields
-            if not (message.HasField(f.name) if f.has_presence else getattr(message, f.name))] == [], \
-        "the controller's settings are the whole config"
+            if not (message.HasField(f.name) if f.has_presence else getattr(message, f.name))] == ["lora"], \
+        "the controller's settings are the whole config (lora: a section, unset when off)"
     wire = message.SerializeToString()
     config = config_from_proto(trainer_pb2.TrainerConfig.FromString(wire))
     assert {name: getattr(config, name) for name in ZEROS} == {**ZEROS, "total_steps": 3}
     assert (config.learning_rate, config.correction, config.tis_cap) == (1e-5, "icepop", 2.0)
+    assert config.lora is None
+    with_lora = JobSpec(model_path="/m", dataset={"train_path": "/d.jsonl"}, steps=3,
+                        trainer={"lora": {"rank": 4, "alpha": 8, "target_modules": ["all-linear"]}})
+    config = config_from_proto(trainer_pb2.TrainerConfig.FromString(trainer_config(with_lora).SerializeToString()))
+    assert (config.lora.rank, config.lora.alpha, config.lora.dropout, config.lora.target_modules) == \
+        (4, 8.0, 0.0, ["all-linear"])
 
 
 @pytest.mark.parametrize("field", ["learning_rate", "max_grad_norm", "tis_cap", "temperature", "micro_batch_tokens",

@@ -79,3 +79,32 @@ def test_three_ranks_shard_eight_experts_unevenly_and_still_train_like_one(tiny_
     assert three.losses == pytest.approx(one.losses, rel=TOLERANCE, abs=1e-7)
     assert three.grad_norms == pytest.approx(one.grad_norms, rel=TOLERANCE)
     assert max_weight_difference(one.weights, three.weights) < TOLERANCE
+
+
+@pytest.mark.parametrize(("architecture", "extra"), [
+    ("llama", {"packing": True, "kl_coef": 0.05}),
+    ("qwen3_moe", {}),
+])
+def test_lora_on_two_ranks_gives_the_one_rank_adapters(tiny_model_dirs, tmp_path: Path, architecture: str,
+                                                       extra: dict) -> None:
+    """FSDP2 shards the frozen base and the float32 adapters alike; only the adapters' gradients are reduced, and
+    a checkpoint the two ranks wrote (adapters only) resumes on one rank."""
+    from everstep.settings import LoraSettings
+
+    tiny_model_dir = tiny_model_dirs(architecture)
+    config = check_config(lora=LoraSettings(rank=4, alpha=8.0), learning_rate=1e-2, **extra)
+    batches = check_batches(51, num_steps=2)
+    one = train_on_one_rank(tiny_model_dir, config, batches)
+    two = train_on_ranks(tiny_model_dir, config, batches, world_size=2, checkpoint_dir=tmp_path / "step-1",
+                         checkpoint_after=1)
+    assert two.losses == pytest.approx(one.losses, rel=TOLERANCE, abs=1e-7)
+    assert two.grad_norms == pytest.approx(one.grad_norms, rel=TOLERANCE)
+    assert set(one.weights) == set(two.weights) and all(".lora_" in n for n in one.weights)
+    assert max_weight_difference(one.weights, two.weights) < TOLERANCE
+    assert "base_model.model.model.layers.0" in two.fsdp_units
+    initial = train_on_one_rank(tiny_model_dir, config, [])
+    assert max_weight_difference(one.weights, initial.weights) > 100 * TOLERANCE
+
+    resumed = train_on_one_rank(tiny_model_dir, config, batches[1:], resume_from=tmp_path / "step-1")
+    assert resumed.losses == pytest.approx(one.losses[1:], rel=TOLERANCE, abs=1e-7)
+    assert max_weight_difference(one.weights, resumed.weights) < TOLERANCE

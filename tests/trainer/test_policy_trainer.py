@@ -174,3 +174,24 @@ def test_mismatch_statistics_split_into_fresh_and_stale_tokens(tiny_model_dir: P
     assert (fresh_only.masked_fraction_stale, fresh_only.mismatch_kl_stale) == (0.0, 0.0)
     with pytest.raises(ValueError, match=r"samples\[0\]\.output_versions"):
         trainer.train_step([TrainSample(PROMPTS[0], OUTPUTS[0], [0.0] * 4, 1.0, output_versions=[1])])
+
+
+def test_tool_reply_tokens_count_in_no_loss_and_no_mismatch_statistic(tiny_model_dir: Path) -> None:
+    """A trajectory's tool-reply tokens (output_tool_mask) carry no engine log-prob (0): were they trained, k would
+    be far from 1 and IcePop would mask them, and the loss and statistics would move. Masked, the step equals one on
+    the model's tokens alone, and its statistics say k = 1 everywhere."""
+    trainer = PolicyTrainer(tiny_model_dir, TrainerConfig(), version=0)
+    exact = _on_policy_samples(trainer, [1.0, -1.0, 0.5])
+    tool_mask = [False, True, True, False]  # sample 0: tokens 1 and 2 were a tool's reply
+    logprobs = [0.0 if tool else x for x, tool in zip(exact[0].rollout_logprobs, tool_mask, strict=True)]
+    versions = [-1 if tool else 0 for tool in tool_mask]
+    with_tools = [TrainSample(exact[0].prompt_ids, exact[0].output_ids, logprobs, 1.0, output_versions=versions,
+                              output_tool_mask=tool_mask), *exact[1:]]
+    batch = pad_samples(with_tools, pad_token_id=trainer.pad_token_id)
+    assert batch.output_mask[0].tolist()[len(PROMPTS[0]):len(PROMPTS[0]) + 4] == [True, False, False, True]
+    _, stats = trainer.train_step(with_tools)
+    assert stats.num_tokens == sum(map(len, OUTPUTS)) - 2
+    assert stats.masked_fraction == 0.0 and stats.mismatch_kl == pytest.approx(0.0, abs=1e-5)
+    assert stats.logp_diff_max == pytest.approx(0.0, abs=1e-4)
+    with pytest.raises(ValueError, match=r"samples\[0\]\.output_tool_mask"):
+        trainer.train_step([TrainSample(PROMPTS[0], OUTPUTS[0], [0.0] * 4, 1.0, output_tool_mask=[True])])

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from everstep import cuda_ipc, process_group
+from everstep.v1 import rollout_pb2
 from everstep_trainer.weight_push import cuda_ipc as weight_push_cuda_ipc
 from everstep_trainer.weight_push.base import WeightPushError
 from everstep_trainer.weight_push.collective import CollectiveWeightTransport, default_group_host
@@ -129,9 +130,12 @@ def test_cuda_ipc_encodes_every_tensor_once_per_engine(monkeypatch: pytest.Monke
 
     sent: dict[str, list] = {}
 
-    def streams_stand_in(buckets, endpoints, *, timeout_seconds):
+    adapters: list = []
+
+    def streams_stand_in(buckets, endpoints, *, timeout_seconds, adapter=None):
         assert len(endpoints) == 1
         sent[endpoints[0]] = list(buckets)
+        adapters.append(adapter)
         return []
 
     monkeypatch.setattr(cuda_ipc, "encode", reduce_tensor_stand_in)
@@ -147,6 +151,11 @@ def test_cuda_ipc_encodes_every_tensor_once_per_engine(monkeypatch: pytest.Monke
     assert set(offsets) == {"a:1", "b:2"} and all(len(o) == 3 for o in offsets.values())
     assert not set(offsets["a:1"]) & set(offsets["b:2"])  # no handle went to two engines
     assert all(buckets[-1].last and buckets[-1].version == 4 for buckets in sent.values())
+    # LoRA adapters take the same path; the LoraAdapter goes to each engine's stream (stamped on its last bucket)
+    lora = rollout_pb2.LoraAdapter(rank=4, alpha=8.0)
+    transport.push([("m.lora_A", torch.zeros(4, 2)), ("m.lora_B", torch.zeros(2, 4))], version=5,
+                   endpoints=["a:1", "b:2"], adapter=lora)
+    assert adapters == [None, None, lora, lora]
 
 
 def test_cuda_ipc_module_imports_with_torch_alone() -> None:

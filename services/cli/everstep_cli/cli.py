@@ -53,9 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--follow", action="store_true", help="show progress until the job ends")
     _add_url(submit)
 
-    status = sub.add_parser("status", help="list jobs, or show one's record (JSON: state, metrics, evaluations, "
-                                           "checkpoints, latest_weights)")
+    status = sub.add_parser("status", help="list jobs, or summarize one: state, step, error, latest metrics, "
+                                           "evaluations, checkpoints, latest weights (--json: its whole record)")
     status.add_argument("job", nargs="?")
+    status.add_argument("--json", action="store_true", help="with JOB: print the job's record as JSON")
     _add_url(status)
 
     listing = sub.add_parser("list", help="list jobs, one line each: id, state, step/steps, name")
@@ -67,6 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("--follow", action="store_true",
                       help="keep printing new steps until the job ends (exit 1 unless it SUCCEEDED)")
     _add_url(logs)
+
+    samples = sub.add_parser("samples", help="a step's samples as the model wrote them: turns, tool calls and "
+                                             "replies, rewards")
+    samples.add_argument("job")
+    samples.add_argument("--step", type=int, default=None, help="the training step (default: the latest)")
+    samples.add_argument("--json", action="store_true", help="print the samples as JSON")
+    _add_url(samples)
 
     for action, text in (("pause", "pause a job (it stops after its current step)"),
                          ("resume", "resume a paused job"), ("cancel", "cancel a job")):
@@ -84,6 +92,16 @@ def build_parser() -> argparse.ArgumentParser:
     imported.add_argument("--out", required=True, help="folder to write (new or empty)")
     imported.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                           help="dtype of the saved weights")
+    exported = model_sub.add_parser(
+        "export", help="a job's checkpoint as a directory transformers or peft load: the Hugging Face model, or "
+                       "with trainer.lora the PEFT adapter directory (--merge: the base with the adapters merged in); "
+                       "runs the trainer package's `everstep_trainer.model_export`")
+    exported.add_argument("job", help="job id")
+    exported.add_argument("--step", type=int, default=None, help="the checkpoint of this step (default: the latest)")
+    exported.add_argument("--out", required=True, help="folder to write (new or empty)")
+    exported.add_argument("--merge", action="store_true",
+                          help="LoRA: merge the adapters into the base model (a plain Hugging Face directory)")
+    _add_url(exported)
 
     serve = sub.add_parser("serve", help="run one service in the foreground (for containers)")
     serve.add_argument("service", choices=SERVICES)
@@ -91,6 +109,25 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=None, help="HTTP port (REST, metrics; the sandbox's API)")
     serve.add_argument("--grpc-port", type=int, default=None)
     return parser
+
+
+def checkpoint_path(job: dict, step: int | None) -> str:
+    """The folder of the job record's checkpoint of `step` (None: the latest); ValueError naming --step or the job
+    when there is none."""
+    checkpoints = sorted(job.get("checkpoints") or [], key=lambda c: c["step"])
+    if not checkpoints:
+        raise ValueError(f"job {job['id']} has no checkpoint yet (spec.checkpoint sets when it saves one)")
+    if step is None:
+        chosen = checkpoints[-1]
+    else:
+        found = [c for c in checkpoints if c["step"] == step]
+        if not found:
+            raise ValueError(f"--step: job {job['id']} has no checkpoint of step {step} "
+                             f"(it has steps {[c['step'] for c in checkpoints]})")
+        chosen = found[0]
+    if not Path(chosen["path"]).is_dir():
+        raise ValueError(f"the checkpoint of step {chosen['step']} is not on this machine: {chosen['path']}")
+    return str(chosen["path"])
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
@@ -124,7 +161,14 @@ def _dispatch(args: argparse.Namespace, extra: list[str]) -> None:
         import importlib.util
 
         if importlib.util.find_spec("everstep_trainer") is None:
-            raise RuntimeError("model import needs the trainer package: pip install -e services/trainer")
+            raise RuntimeError(f"model {args.model_command} needs the trainer package: "
+                               "pip install -e services/trainer")
+        if args.model_command == "export":
+            from everstep_cli.rest_client import ControllerClient
+
+            checkpoint = checkpoint_path(ControllerClient(args.url).job(args.job), args.step)
+            os.execv(sys.executable, [sys.executable, "-m", "everstep_trainer.model_export", checkpoint,
+                                      "--out", args.out, *(["--merge"] if args.merge else [])])
         os.execv(sys.executable, [sys.executable, "-m", "everstep_trainer.model_import", args.source,
                                   "--out", args.out, "--dtype", args.dtype])
     if args.command == "demo":
@@ -169,7 +213,13 @@ def _dispatch(args: argparse.Namespace, extra: list[str]) -> None:
             if final["state"] != "SUCCEEDED":
                 sys.exit(1)
     elif args.command == "status" and args.job:
-        print(json.dumps(client.job(args.job), indent=2))
+        record = client.job(args.job)
+        if args.json:
+            print(json.dumps(record, indent=2))
+        else:
+            from everstep_cli.job_summary import summary_lines
+
+            print("\n".join(summary_lines(record)))
     elif args.command in ("status", "list"):
         for job in client.jobs():
             print(f"{job['id']}  {job['state']:<10} step {job['step']:>4}/{job['spec']['steps']:<4} {job['name']}")
@@ -179,6 +229,11 @@ def _dispatch(args: argparse.Namespace, extra: list[str]) -> None:
         final = print_logs(client, args.job, follow=args.follow)
         if args.follow and final["state"] != "SUCCEEDED":
             sys.exit(1)
+    elif args.command == "samples":
+        from everstep_cli.samples import format_samples
+
+        rows = client.samples(args.job, args.step)
+        print(json.dumps(rows, indent=2) if args.json else format_samples(rows), end="" if not args.json else "\n")
     elif args.command in ("pause", "resume", "cancel"):
         print(client.action(args.job, args.command)["state"])
 

@@ -14,8 +14,10 @@ from pydantic import BaseModel, ValidationError
 
 from everstep_controller.spec.job_spec import JobSpec
 
-# (section, field) pairs that hold filesystem paths (or lists of paths and glob patterns); None: top level
-_PATH_FIELDS = ((None, "model_path"), ("dataset", "train_path"), ("dataset", "eval_path"), ("checkpoint", "dir"))
+# (section, field) pairs that hold filesystem paths (or lists of paths and glob patterns); None: top level, a
+# dotted section: a nested one
+_PATH_FIELDS = ((None, "model_path"), ("dataset", "train_path"), ("dataset", "eval_path"), ("checkpoint", "dir"),
+                ("tracking.tensorboard", "log_dir"))
 
 
 class SpecOverrideError(ValueError):
@@ -43,7 +45,9 @@ def _resolve_paths(spec: dict[str, Any], base: Path, only: tuple[str | None, str
     for section, name in _PATH_FIELDS:
         if only is not None and (section, name) != only:
             continue
-        holder = spec if section is None else spec.get(section)
+        holder: Any = spec
+        for part in section.split(".") if section else ():
+            holder = holder.get(part) if isinstance(holder, dict) else None
         if not isinstance(holder, dict):
             continue
         value = holder.get(name)
@@ -83,8 +87,7 @@ def apply_overrides(spec: dict[str, Any], overrides: list[str]) -> dict[str, Any
                 holder[part] = {}
             holder = holder[part]
         holder[parts[-1]] = value
-        if len(parts) <= 2:
-            _resolve_paths(result, Path.cwd(), only=(parts[0] if len(parts) == 2 else None, parts[-1]))
+        _resolve_paths(result, Path.cwd(), only=(".".join(parts[:-1]) or None, parts[-1]))
     return result
 
 

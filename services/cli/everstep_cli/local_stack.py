@@ -101,7 +101,8 @@ class LocalStack:
             for name in GRPC_SERVICES:
                 if launcher == "local" and name in SHARED_WORKERS:
                     continue
-                extra = ["--sandbox-endpoint", state.address("sandbox")] if name == "reward" else []
+                # the reward service's code verifier and the rollout engine's python tool run code in the sandbox
+                extra = ["--sandbox-endpoint", state.address("sandbox")] if name in ("reward", "rollout") else []
                 self._start_service(state, name, extra)
             for process in state.processes:
                 if process.grpc_port:
@@ -111,7 +112,8 @@ class LocalStack:
                         "--trainer", state.address("trainer")])
             controller = self._spawn(state, "controller", [
                 "-m", "everstep_controller", "--host", host, "--port", str(port),
-                "--redis-url", state.redis_url, "--reward", state.address("reward"), *workers,
+                "--redis-url", state.redis_url, "--reward", state.address("reward"),
+                "--sandbox", state.address("sandbox"), *workers,
                 "--data-dir", str(self.state_dir / "data"), *(controller_args or []),
             ], http_port=port)
             self._wait_http(controller, f"{state.controller_url}/healthz")

@@ -75,6 +75,16 @@ class ControllerClient:
     def metrics(self, job_id: str) -> list[dict[str, Any]]:
         return self._job_call(job_id, "GET", f"/v1/jobs/{quote(job_id, safe='')}/metrics")
 
+    def samples(self, job_id: str, step: int | None = None) -> list[dict[str, Any]]:
+        """A step's rendered samples (the latest step when None); ApiError (404) when the step has none."""
+        query = f"?step={step}" if step is not None else ""
+        try:
+            return self._call("GET", f"/v1/jobs/{quote(job_id, safe='')}/samples{query}")
+        except ApiError as e:
+            if e.status == 404 and isinstance(e.detail, str) and e.detail.startswith("no job"):
+                raise UnknownJob(f"no job {job_id!r} at {self.url}", 404, e.detail) from None
+            raise
+
     def action(self, job_id: str, action: str) -> dict[str, Any]:
         """pause, resume or cancel; UnknownJob, or ApiError with the controller's reason (409: the job's
         state does not allow it)."""

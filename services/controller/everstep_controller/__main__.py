@@ -16,6 +16,13 @@ _GRACEFUL_SHUTDOWN_SECONDS = 3.0
 """How long a stopping controller waits for open REST connections: an idle HTTPS keep-alive client
 would otherwise hold it until the TLS close handshake times out (30 s), past the pod's grace period."""
 
+_JOBS_STOP_SECONDS = 6.0
+"""How long a stopping controller waits for its job threads to reach a point where they can stop."""
+SIGTERM_STOP_SECONDS = 15.0
+"""The most the controller takes from SIGTERM to exit, mid-job included (REST connections, then the job threads,
+then the launcher's close). The chart's terminationGracePeriodSeconds (30) is checked against it (tests/deploy);
+tests/faults/test_controller_sigterm.py measures it."""
+
 _GROUPS = {"rest": ("REST security", "the bearer token is read from EVERSTEP_API_TOKEN; see docs/security.md")}
 
 
@@ -113,7 +120,8 @@ def main(argv: list[str] | None = None) -> None:
     store.redis.ping()
     launcher = build_launcher(args)
     manager = JobManager(store, launcher, args.reward, Path(args.data_dir), max_jobs=args.max_jobs,
-                         lease_seconds=args.lease_seconds, runner_settings=settings)
+                         lease_seconds=args.lease_seconds, runner_settings=settings,
+                         finished_series_seconds=args.finished_job_series_seconds)
     manager.start()
     # uvicorn serves until SIGTERM/SIGINT, then raises the signal again under the handler it found: with
     # Python's default for SIGTERM the process would die there, before the clean-up below
@@ -125,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         # local workers go with the controller (`everstep down`); Kubernetes ones stay for the next
         # controller pod to re-attach to
-        manager.stop(stop_workers=args.launcher == "local")
+        manager.stop(stop_workers=args.launcher == "local", timeout_seconds=_JOBS_STOP_SECONDS)
 
 
 if __name__ == "__main__":

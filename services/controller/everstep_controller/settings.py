@@ -73,6 +73,9 @@ class ControllerSettings:
                              help="redis://host:port/db holding all job state (a password in it: prefer the "
                                   "environment variable, which no process listing shows)")
     reward: str = _option(help="reward service gRPC address host:port (a shared pool)")
+    sandbox: str = _option("", help="sandbox gRPC address host:port, where the python tool of jobs with "
+                                    "tools.environment 'python' runs code ('': the rollout engine's "
+                                    "--sandbox-endpoint)")
     launcher: str | None = _option(
         None, choices=("local", "kubernetes", "shared"),
         help="who gives each job its rollout engine and trainer: 'local' processes, 'kubernetes' workloads, or the "
@@ -110,6 +113,10 @@ class ControllerSettings:
     redis_retry_seconds: float = _option(
         30.0, check=_at_least(0),
         help="how long a Redis command is retried while Redis is unreachable (e.g. restarting)")
+    finished_job_series_seconds: float = _option(
+        300.0, check=_at_least(0),
+        help="how long a job's Prometheus series (those labelled job_id) stay on /metrics after it ended here: a few "
+             "scrape intervals, so that the final values are scraped (0: removed at once)")
     threads_per_worker: int = _option(0, help="local launcher: torch threads of each worker process (0: their default)")
     k8s_namespace: str | None = _option(
         None, help="kubernetes launcher: namespace of the workloads (default: the controller pod's own)")

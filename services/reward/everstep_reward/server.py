@@ -23,12 +23,17 @@ from everstep_reward.verifiers.format import FormatRules, FormatVerifier
 from everstep_reward.verifiers.length import LengthParams, LengthVerifier
 from everstep_reward.verifiers.math import MathVerifier, prepare_math_worker
 from everstep_reward.verifiers.model import ModelVerifier, RewardModel, RewardModelSettings
+from everstep_reward.verifiers.tool_use import ToolUseVerifier
 from everstep_reward.verifiers.worker_pool import ProcessWorkerPool
 
 __all__ = ["RewardServicer", "serve"]
 
 log = logging.getLogger(__name__)
 _GRPC_GRACE_SECONDS = 5.0
+SIGTERM_STOP_SECONDS = 12.0
+"""The most the service takes from SIGTERM to exit, mid-scoring included: the gRPC grace, then the verifiers'
+stop. The chart's terminationGracePeriodSeconds (30) is checked against it (tests/deploy); tests/reward measures
+it."""
 GRPC_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 """Default limit of one gRPC message (a Score batch); EVERSTEP_GRPC_MAX_MESSAGE_BYTES overrides."""
 
@@ -96,6 +101,7 @@ def serve(config: RewardConfig) -> None:
         LengthVerifier(LengthParams(max_length=config.length_max, cache_length=config.length_cache,
                                     fallback_unit=config.length_unit)),
         model_verifier,
+        ToolUseVerifier(),
     ])
     if registry.names != sorted(VERIFIER_PARAMS):  # callers let through every name the shared table lists
         raise RuntimeError(f"verifiers {registry.names} are not those of everstep.verifiers.VERIFIER_PARAMS "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from everstep.tool_settings import ToolSettings
 from everstep.v1 import common_pb2
 from everstep_rollout.sequence import GenerationRequest, SamplingOptions, SequenceResult
 
@@ -16,14 +17,17 @@ def sampling_from_proto(p: common_pb2.SamplingParams) -> SamplingOptions:
     )
 
 
-def request_from_proto(seq: common_pb2.Sequence, sampling: SamplingOptions, stream: int) -> GenerationRequest:
+def request_from_proto(seq: common_pb2.Sequence, sampling: SamplingOptions, stream: int,
+                       tools: ToolSettings | None = None, sandbox_address: str = "") -> GenerationRequest:
     """The sequence's own seed, when it has one, replaces the message's."""
     if seq.seed:
         sampling = replace(sampling, seed=seq.seed)
     return GenerationRequest(
         id=seq.id, prompt_ids=list(seq.prompt_ids), output_ids=list(seq.output_ids),
         output_logprobs=list(seq.output_logprobs), output_versions=list(seq.output_versions),
-        routed_experts=bytes(seq.routed_experts), sampling=sampling, stream=stream,
+        routed_experts=bytes(seq.routed_experts), sampling=sampling, stream=stream, tools=tools,
+        sandbox_address=sandbox_address, output_tool_mask=list(seq.output_tool_mask),
+        tool_trajectory=seq.tool_trajectory if seq.HasField("tool_trajectory") else None,
     )
 
 
@@ -31,5 +35,5 @@ def result_to_proto(r: SequenceResult) -> common_pb2.Sequence:
     return common_pb2.Sequence(
         id=r.id, prompt_ids=r.prompt_ids, output_ids=r.output_ids, output_logprobs=r.output_logprobs,
         output_versions=r.output_versions, finish_reason=int(r.finish_reason), output_text=r.output_text,
-        routed_experts=r.routed_experts,
+        routed_experts=r.routed_experts, output_tool_mask=r.output_tool_mask, tool_trajectory=r.tool_trajectory,
     )

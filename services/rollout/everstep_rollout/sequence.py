@@ -6,6 +6,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from everstep.tool_settings import ToolSettings
+from everstep.v1 import common_pb2
+
 
 class FinishReason(enum.IntEnum):
     """Why a sequence left the engine; values equal proto `everstep.v1.FinishReason`."""
@@ -65,10 +68,21 @@ class GenerationRequest:
     only later positions are recorded. Read only with sampling.return_routed_experts."""
     stream: int = 0
     """Which client stream submitted it; `Engine.drain(stream=...)` selects by it."""
+    tools: ToolSettings | None = None
+    """Multi-turn tool use (docs/tools.md); None: one turn, as before."""
+    sandbox_address: str = ""
+    """The python tool's sandbox ("": the engine's --sandbox-endpoint)."""
+    output_tool_mask: list[bool] = field(default_factory=list)
+    """True on each earlier output token that a tool wrote (empty: none did)."""
+    tool_trajectory: common_pb2.ToolTrajectory | None = None
+    """The tool loop's state carried with a partial (None: a new trajectory)."""
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
             raise ValueError(f"sequence {self.id!r}: prompt_ids is empty")
+        if self.output_tool_mask and len(self.output_tool_mask) != len(self.output_ids):
+            raise ValueError(f"sequence {self.id!r}: output_tool_mask has {len(self.output_tool_mask)} entries for "
+                             f"{len(self.output_ids)} output tokens")
         n = len(self.output_ids)
         if len(self.output_logprobs) != n or len(self.output_versions) != n:
             raise ValueError(
@@ -92,6 +106,10 @@ class SequenceResult:
     finish_reason: FinishReason
     output_text: str = ""
     """tokenizer.decode(output_ids, skip_special_tokens=True)."""
+    output_tool_mask: list[bool] = field(default_factory=list)
+    """With tools: True on each output token a tool wrote (log-prob 0, version -1); empty without tools."""
+    tool_trajectory: common_pb2.ToolTrajectory | None = None
+    """With tools: the tool loop's state (turns, calls, the final turn's text)."""
     routed_experts: bytes = b""
     """With sampling.return_routed_experts: uint8 expert ids [position][moe layer][k] of every position the model
     took as input, len(prompt_ids) + len(output_ids) - 1 of them once the sequence ran (one drained before its

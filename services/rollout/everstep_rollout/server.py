@@ -6,13 +6,15 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import grpc
+import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from everstep import tool_settings
 from everstep.model_config import position_limit
 from everstep.quantization import Quantization, quantization_from_proto, quantization_to_proto
 from everstep.transport import bind, new_server
@@ -32,7 +34,7 @@ from everstep_rollout.engine import (
 from everstep_rollout.model_files import read_config
 from everstep_rollout.proto_convert import request_from_proto, result_to_proto, sampling_from_proto
 from everstep_rollout.sequence import SequenceResult
-from everstep_rollout.weights import WeightGroupMember, WeightUpdate, receiver_info
+from everstep_rollout.weights import AdapterMerger, WeightGroupMember, WeightUpdate, receiver_info
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         self._lock = threading.Lock()
         self._loop: EngineLoop | None = None
         self._model_path = ""
+        self._adapters: AdapterMerger | None = None
         self._weight_group: WeightGroupMember | None = None
         self._receiver_info = receiver_info(engine_defaults.device)
 
@@ -88,6 +91,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         metrics.set_quantization(config.quantization.value)
         with self._lock:
             self._loop, self._model_path = loop, model_path
+            self._adapters = AdapterMerger(model_path, config.device)
         return engine
 
     def status(self) -> EngineStatus | None:
@@ -141,7 +145,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
                     if message.sequences:
                         try:
                             sampling = sampling_from_proto(message.sampling)
-                            requests = [request_from_proto(s, sampling, stream_id) for s in message.sequences]
+                            tools = tool_settings.from_proto(message.tools) if message.HasField("tools") else None
+                            sandbox = message.tools.sandbox_address
+                            requests = [request_from_proto(s, sampling, stream_id, tools, sandbox)
+                                        for s in message.sequences]
                             with lock:
                                 outstanding.update(r.id for r in requests)
                             loop.submit(requests)
@@ -193,6 +200,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
                     elif isinstance(event, EngineFailed):
                         context.abort(grpc.StatusCode.ABORTED, event.message)
                 if done:
+                    metrics.observe_tool_trajectories(done)
                     yield rollout_pb2.GenerateResponse(sequences=[result_to_proto(r) for r in done])
         finally:
             loop.close_stream(stream_id)
@@ -212,7 +220,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
                 try:
                     update.add(bucket)
                     if bucket.last:
-                        loop.update_weights(update.tensors, update.version)
+                        loop.update_weights(self._weights_of(update), update.version)
                 except ValueError as e:
                     context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"weight update rejected: {e}")
                 except RuntimeError as e:  # a broadcast that failed or timed out: the group is unusable
@@ -228,6 +236,15 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         finally:
             update.close()
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, "weight stream ended without a bucket with last=true")
+
+    def _weights_of(self, update: WeightUpdate) -> Mapping[str, torch.Tensor]:
+        """The full weights an update sets: its tensors, or an adapter's merge onto the kept base."""
+        adapters = self._adapters
+        assert adapters is not None, "an engine is loaded"
+        if update.lora is None:
+            adapters.full_update(update.tensors)
+            return update.tensors
+        return adapters.merged(update.tensors, rank=update.lora.rank, alpha=update.lora.alpha)
 
     def JoinWeightGroup(self, request, context):
         old = self._weight_group

@@ -1,4 +1,4 @@
-"""`python -m everstep_sandbox --host H --port P --grpc-port G [--workers N] [--processes K]`."""
+"""`python -m everstep_sandbox --host H --port P --grpc-port G [--workers N] [--processes K] [--allow-no-seccomp]`."""
 
 from __future__ import annotations
 
@@ -47,6 +47,9 @@ def main() -> None:
                         help="the slot's memory ceiling; a request asking for more is refused (default 8192)")
     parser.add_argument("--max-timeout-seconds", type=float, default=None,
                         help="longest compile_timeout or run_timeout a request may ask for (default 1800)")
+    parser.add_argument("--allow-no-seccomp", action="store_true",
+                        help="start even when no seccomp filter can be installed (libseccomp missing, or the "
+                             "kernel refuses it); by default such a sandbox exits with status 3")
     add_transport_arguments(parser)
     args = parser.parse_args()
     apply_transport_arguments(parser, args)  # before starting worker processes: they inherit the environment
@@ -61,6 +64,7 @@ def main() -> None:
         _exit_with_parent(args.worker_of)
 
     from everstep_sandbox.config import SandboxConfig
+    from everstep_sandbox.seccomp import SeccompUnavailable
     from everstep_sandbox.server import PortInUse, serve
 
     overrides = {k: v for k, v in {"workers": args.workers,
@@ -71,11 +75,15 @@ def main() -> None:
                  if v is not None}
     try:
         serve(SandboxConfig(host=args.host, port=args.port, grpc_port=args.grpc_port, processes=args.processes,
-                            slot_offset=args.slot_offset, isolation=args.isolation, **overrides),
+                            slot_offset=args.slot_offset, isolation=args.isolation,
+                            allow_no_seccomp=args.allow_no_seccomp, **overrides),
               argv=sys.argv[1:] if args.worker_of is None else None, http_fd=args.http_fd)
     except PortInUse as e:
         logging.getLogger("everstep_sandbox").error("%s", e)
         sys.exit(2)
+    except SeccompUnavailable as e:
+        logging.getLogger("everstep_sandbox").error("%s", e)
+        sys.exit(3)
     finally:
         if metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)

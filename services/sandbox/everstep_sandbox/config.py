@@ -46,6 +46,10 @@ class SandboxConfig(BaseModel):
     isolation: Literal["auto", "bubblewrap", "none"] = Field(
         "auto", description="auto: bubblewrap when it works here, else a logged fallback; bubblewrap: "
                             "fail to start without it; none: no namespaces (trusted code only).")
+    allow_no_seccomp: bool = Field(
+        False, description="Start even when no seccomp filter can be installed (libseccomp missing, or the kernel "
+                           "refuses it); runs then go without one, which /v1/isolation and /metrics say. Off: "
+                           "such a sandbox refuses to start.")
     default_compile_timeout_seconds: float = Field(10.0, gt=0, description="Used when a request gives 0.")
     default_run_timeout_seconds: float = Field(10.0, gt=0, description="Used when a request gives 0.")
     max_timeout_seconds: float = Field(1800.0, gt=0, description="Longest compile_timeout or run_timeout a "

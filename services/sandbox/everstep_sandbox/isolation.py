@@ -41,6 +41,7 @@ class IsolationReport:
     cgroups: str
     """"v1", "v2" or "none": memory, process-count and CPU limits per run."""
     seccomp: bool
+    """Every run is under the seccomp filter (seccomp.py); False only when started with allow_no_seccomp."""
     warnings: list[str] = field(default_factory=list)
 
 
@@ -74,7 +75,8 @@ def _bwrap_works() -> tuple[bool, str]:
     return True, ""
 
 
-def probe(config: SandboxConfig, cgroups: str, seccomp: bool) -> IsolationReport:
+def probe(config: SandboxConfig, cgroups: str, seccomp_missing: str) -> IsolationReport:
+    """`seccomp_missing`: why runs get no seccomp filter ("": they get one)."""
     warnings: list[str] = []
     bubblewrap = False
     if config.isolation == "none":
@@ -92,9 +94,9 @@ def probe(config: SandboxConfig, cgroups: str, seccomp: bool) -> IsolationReport
     if cgroups == "none":
         warnings.append("no cgroups: memory is limited by RLIMIT_AS (not for JVM, Go, Node), processes by "
                         "RLIMIT_NPROC")
-    if not seccomp:
-        warnings.append("no seccomp filter on this architecture")
-    report = IsolationReport(bubblewrap, distinct_uid, cgroups, seccomp, warnings)
+    if seccomp_missing:
+        warnings.append(f"no seccomp filter (allowed by allow_no_seccomp): {seccomp_missing}")
+    report = IsolationReport(bubblewrap, distinct_uid, cgroups, not seccomp_missing, warnings)
     for warning in warnings:
         log.warning("sandbox isolation degraded: %s", warning)
     return report

@@ -26,6 +26,10 @@ ABANDONED = Counter("everstep_sandbox_abandoned_requests_total",
 BUSY_REJECTIONS = Counter("everstep_sandbox_busy_rejections_total",
                           "Requests answered SandboxError because every slot stayed busy.")
 SLOT_RESTARTS = Counter("everstep_sandbox_slot_restarts_total", "Sandbox slots replaced after a failure.")
+ISOLATION = Gauge("everstep_sandbox_isolation_info",
+                  "Always 1: the isolation every run gets here, as labels (seccomp is 'false' only when started "
+                  "with --allow-no-seccomp where no filter could be installed).",
+                  ["seccomp", "bubblewrap", "distinct_uid", "cgroups"], multiprocess_mode="max")
 
 
 @dataclass

@@ -26,7 +26,7 @@ from everstep_sandbox.cancel import Cancelled, CancelToken
 from everstep_sandbox.cgroups import CgroupTree
 from everstep_sandbox.compile_cache import CompileCache, CompiledProgram, cache_key
 from everstep_sandbox.config import SandboxConfig
-from everstep_sandbox.isolation import IsolationReport, path_policy, probe
+from everstep_sandbox.isolation import RUNTIME_DIR, IsolationReport, path_policy, probe
 from everstep_sandbox.jupyter import (
     JUPYTER_OUTPUT,
     JupyterResult,
@@ -40,7 +40,7 @@ from everstep_sandbox.languages import tool_exists as _exists
 from everstep_sandbox.paths import PathPolicy, PathRefused
 from everstep_sandbox.pool import PoolBusy, PoolClosed, SlotPool
 from everstep_sandbox.process import CommandResult, CommandRunStatus, RunStatus
-from everstep_sandbox.seccomp import build_filter
+from everstep_sandbox.seccomp import SeccompUnavailable, build_filter, check_kernel_enforces
 from everstep_sandbox.slots import ExecRequest, Slot
 
 __all__ = [
@@ -125,6 +125,21 @@ def _status_of(*results: CommandResult | None) -> tuple[RunStatus, str]:
     return RunStatus.SUCCESS, ""
 
 
+def _seccomp_filter(config: SandboxConfig) -> tuple[bytes | None, str]:
+    """The seccomp program every slot installs, and "" (or None and why there is none, when
+    `allow_no_seccomp`). Raises SeccompUnavailable otherwise: the server must not start without it."""
+    try:
+        program = build_filter()
+        check_kernel_enforces(program, config.python_executable, RUNTIME_DIR)
+    except SeccompUnavailable as e:
+        if not config.allow_no_seccomp:
+            raise SeccompUnavailable(f"{e}. The sandbox does not start without its seccomp filter; start it with "
+                                     "--allow-no-seccomp (Helm: sandbox.allowNoSeccomp=true) to run without "
+                                     "one") from e
+        return None, str(e)
+    return program, ""
+
+
 class SandboxRunner:
     """Runs programs in a pool of isolated slots (thread-safe; one slot per request)."""
 
@@ -143,11 +158,13 @@ class SandboxRunner:
     def start(cls, config: SandboxConfig, languages: Mapping[str, Language] | None = None) -> SandboxRunner:
         """Probes the isolation this host allows, then starts (pre-forks) every slot."""
         languages = available_languages(config.python_executable) if languages is None else languages
+        seccomp, seccomp_missing = _seccomp_filter(config)  # first: it may refuse to start
         cgroups = CgroupTree.create()
         if cgroups is not None:
             cgroups.weigh_as_processes(config.workers)
-        seccomp = build_filter()
-        report = probe(config, f"v{cgroups.version}" if cgroups else "none", seccomp is not None)
+        report = probe(config, f"v{cgroups.version}" if cgroups else "none", seccomp_missing)
+        metrics.ISOLATION.labels(seccomp=str(report.seccomp).lower(), bubblewrap=str(report.bubblewrap).lower(),
+                                 distinct_uid=str(report.distinct_uid).lower(), cgroups=report.cgroups).set(1)
         host_root = Path(tempfile.mkdtemp(prefix="everstep-sandbox-slots-", dir=config.work_root))
         pool = SlotPool(config, report, seccomp, cgroups, host_root)
         pool.start()

@@ -1,80 +1,121 @@
-"""The seccomp filter every sandboxed command runs under, as a classic BPF program.
+"""The seccomp filter every sandboxed command runs under, compiled by libseccomp for this machine.
 
 A deny list, not an allow list: it refuses the system calls that widen a program's reach beyond
 its namespaces (new namespaces, mounts, ptrace and cross-process memory access, kernel keyrings,
 BPF, perf, io_uring, module and clock changes) with EPERM, answers `clone3` with ENOSYS (so libc
 falls back to `clone`, whose flags the filter can inspect) and kills a process that uses a
-foreign ABI (x32 or 32-bit calls), which would otherwise bypass the numbers below. Built here
-(no libseccomp binding is needed) and installed by the zygote with prctl(PR_SET_SECCOMP).
+foreign ABI (x32 or 32-bit calls on x86_64, AArch32 on aarch64), which the deny list by number
+would not cover. libseccomp (through `pyseccomp`, ctypes over Debian's `libseccomp2`) knows the
+syscall numbers and the architecture checks of every architecture it supports; a syscall that
+does not exist on this one (`iopl` on aarch64) is left out there. The program is exported as
+classic BPF here, in the server, and installed by the zygote with prctl(PR_SET_SECCOMP) (see
+runtime/zygote.py), which needs no library inside the sandbox.
+
+A server that cannot build the filter (no libseccomp) or whose kernel refuses it does not start
+(`SeccompUnavailable`) unless it is told `--allow-no-seccomp`.
 """
 
 from __future__ import annotations
 
-import platform
-import struct
+import errno
+import subprocess
+import tempfile
+from pathlib import Path
 
-__all__ = ["DENIED_SYSCALLS", "build_filter"]
+__all__ = ["DENIED_SYSCALLS", "SeccompUnavailable", "build_filter", "check_kernel_enforces", "describe_filter"]
 
-_AUDIT_ARCH_X86_64 = 0xC000003E
-_X32_SYSCALL_BIT = 0x40000000
-_RET_ALLOW = 0x7FFF0000
-_RET_ERRNO = 0x00050000
-_RET_KILL_PROCESS = 0x80000000
-_EPERM, _ENOSYS = 1, 38
-_LD_W_ABS, _JEQ_K, _JGE_K, _JSET_K, _RET_K = 0x20, 0x15, 0x35, 0x45, 0x06
-_NR_OFFSET, _ARCH_OFFSET, _ARG0_OFFSET = 0, 4, 16
-_CLONE = 56
-_CLONE3 = 435
-# CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET | NEWTIME
-_CLONE_NAMESPACE_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 \
-    | 0x40000000 | 0x00000080
+DENIED_SYSCALLS: tuple[str, ...] = (
+    "ptrace", "syslog", "vhangup", "pivot_root", "adjtimex", "chroot", "acct", "settimeofday", "mount",
+    "umount2", "swapon", "swapoff", "reboot", "iopl", "ioperm", "init_module", "delete_module", "quotactl",
+    "lookup_dcookie", "clock_settime", "kexec_load", "add_key", "request_key", "keyctl", "unshare",
+    "perf_event_open", "name_to_handle_at", "open_by_handle_at", "clock_adjtime", "setns", "process_vm_readv",
+    "process_vm_writev", "kcmp", "finit_module", "kexec_file_load", "bpf", "userfaultfd", "io_uring_setup",
+    "io_uring_enter", "io_uring_register", "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick",
+    "pidfd_getfd", "mount_setattr",
+)
+"""Answered EPERM on every architecture that has them."""
 
-DENIED_SYSCALLS: dict[str, int] = {  # x86_64 numbers
-    "ptrace": 101, "syslog": 103, "vhangup": 153, "pivot_root": 155, "adjtimex": 159,
-    "chroot": 161, "acct": 163, "settimeofday": 164, "mount": 165, "umount2": 166, "swapon": 167,
-    "swapoff": 168, "reboot": 169, "iopl": 172, "ioperm": 173, "init_module": 175, "delete_module": 176,
-    "quotactl": 179, "lookup_dcookie": 212, "clock_settime": 227, "kexec_load": 246, "add_key": 248,
-    "request_key": 249, "keyctl": 250, "unshare": 272, "perf_event_open": 298, "name_to_handle_at": 303,
-    "open_by_handle_at": 304, "clock_adjtime": 305, "setns": 308, "process_vm_readv": 310,
-    "process_vm_writev": 311, "kcmp": 312, "finit_module": 313, "kexec_file_load": 320, "bpf": 321,
-    "userfaultfd": 323, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
-    "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
-    "pidfd_getfd": 438, "mount_setattr": 442,
-}
+# CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET, NEWTIME: `clone` with any of them is EPERM.
+_CLONE_NAMESPACE_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000,
+                          0x00000080)
 
 
-def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
-    return struct.pack("=HBBI", code, jt, jf, k)
+class SeccompUnavailable(RuntimeError):
+    """No seccomp filter can be had here: libseccomp is missing, or the kernel refuses the filter."""
 
 
-def build_filter() -> bytes | None:
-    """The filter for this machine's architecture, or None where it is not x86_64 (not supported)."""
-    if platform.machine() not in ("x86_64", "AMD64"):
-        return None
-    # Layout: checks, then the returns ALLOW, EPERM, ENOSYS, KILL. Jumps count from the next instruction.
-    program: list[tuple[int, str | int, str | int, int]] = []
-    program.append((_LD_W_ABS, 0, 0, _ARCH_OFFSET))
-    program.append((_JEQ_K, 1, 0, _AUDIT_ARCH_X86_64))
-    program.append((_RET_K, 0, 0, _RET_KILL_PROCESS))
-    program.append((_LD_W_ABS, 0, 0, _NR_OFFSET))
-    program.append((_JGE_K, "kill", 0, _X32_SYSCALL_BIT))
-    program.append((_JEQ_K, "enosys", 0, _CLONE3))
-    for number in sorted(DENIED_SYSCALLS.values()):
-        program.append((_JEQ_K, "eperm", 0, number))
-    program.append((_JEQ_K, 0, "allow", _CLONE))
-    program.append((_LD_W_ABS, 0, 0, _ARG0_OFFSET))
-    program.append((_JSET_K, "eperm", "allow", _CLONE_NAMESPACE_FLAGS))
-    returns = {"allow": _RET_ALLOW, "eperm": _RET_ERRNO | _EPERM, "enosys": _RET_ERRNO | _ENOSYS,
-               "kill": _RET_KILL_PROCESS}
-    first_return = len(program)
-    position = {name: first_return + i for i, name in enumerate(returns)}
+def build_filter(arch: int | None = None) -> bytes:
+    """The filter as a classic BPF program (struct sock_filter[]), for this machine's architecture or for `arch`
+    (a libseccomp/audit architecture token, e.g. `pyseccomp.Arch.AARCH64`: the same policy, other numbers).
 
-    def offset(target: str | int, index: int) -> int:
-        if isinstance(target, int):
-            return target
-        jump = position[target] - index - 1
-        assert 0 <= jump <= 255, "seccomp jump out of range"
-        return jump
+    Raises SeccompUnavailable when libseccomp cannot be loaded or cannot compile the filter."""
+    return _export(arch, "export_bpf")
 
-    encoded = b"".join(_insn(code, offset(jt, i), offset(jf, i), k) for i, (code, jt, jf, k) in enumerate(program))
-    return encoded + b"".join(_insn(_RET_K, 0, 0, value) for value in returns.values())
+
+def describe_filter(arch: int | None = None) -> str:
+    """The same filter in libseccomp's pseudo filter code (PFC): readable, one test per architecture and syscall."""
+    return _export(arch, "export_pfc").decode()
+
+
+def _export(arch: int | None, how: str) -> bytes:
+    try:
+        import pyseccomp as seccomp
+    except (ImportError, RuntimeError, OSError) as e:  # RuntimeError: pyseccomp found no libseccomp.so
+        raise SeccompUnavailable(f"cannot load libseccomp through pyseccomp ({type(e).__name__}: {e}); install "
+                                 "libseccomp2 (Debian) and the pyseccomp package") from e
+    try:
+        syscall_filter = seccomp.SyscallFilter(seccomp.ALLOW)
+        if arch is not None and arch != seccomp.system_arch():
+            syscall_filter.add_arch(arch)
+            syscall_filter.remove_arch(seccomp.Arch.NATIVE)
+        # The filter's one architecture is the only one allowed; any other ABI (x32, i386, AArch32) is "bad".
+        syscall_filter.set_attr(seccomp.Attr.ACT_BADARCH, seccomp.KILL_PROCESS)
+        # Rules name syscalls; libseccomp gives each its number on the filter's architecture and leaves out
+        # those the architecture lacks.
+        for name in DENIED_SYSCALLS:
+            syscall_filter.add_rule(seccomp.ERRNO(errno.EPERM), name)
+        syscall_filter.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
+        for flag in _CLONE_NAMESPACE_FLAGS:  # rules of one syscall are OR'ed: any namespace flag is refused
+            syscall_filter.add_rule(seccomp.ERRNO(errno.EPERM), "clone",
+                                    seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
+        with tempfile.TemporaryFile() as exported:
+            getattr(syscall_filter, how)(exported)
+            exported.seek(0)
+            program = exported.read()
+    except (OSError, ValueError) as e:  # e.g. a libseccomp older than 2.4 (no KILL_PROCESS)
+        raise SeccompUnavailable(f"libseccomp could not compile the filter ({type(e).__name__}: {e})") from e
+    if how == "export_bpf" and (not program or len(program) % 8):
+        raise SeccompUnavailable(f"libseccomp exported a {len(program)}-byte program, not a BPF program")
+    return program
+
+
+# Run in a throwaway interpreter: install the filter the way the zygote does (its own function), then
+# call clone3 with no arguments, which the kernel answers EINVAL and the filter ENOSYS (clone3 is 435 on every
+# architecture). Prints "<return> <errno>".
+_CHECK_PROGRAM = """
+import ctypes, sys
+sys.path.insert(0, sys.argv[1])
+import zygote
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.prctl(38, 1, 0, 0, 0) != 0:
+    raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+zygote._install_seccomp(bytes.fromhex(sys.stdin.read()))
+print(libc.syscall(435, None, 0), ctypes.get_errno())
+"""
+
+
+def check_kernel_enforces(program: bytes, python_executable: str, runtime_dir: Path) -> None:
+    """Installs `program` in a throwaway process with the zygote's own installer and checks that the filter
+    answers (clone3 gets ENOSYS). Raises SeccompUnavailable when the kernel refuses the filter or
+    does not enforce it."""
+    try:
+        result = subprocess.run([python_executable, "-I", "-c", _CHECK_PROGRAM, str(runtime_dir)],
+                                input=program.hex(), capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise SeccompUnavailable(f"could not check the seccomp filter with {python_executable}: {e}") from e
+    if result.returncode != 0:
+        raise SeccompUnavailable("the kernel refused the seccomp filter: "
+                                 + (result.stderr.strip().splitlines() or ["no error output"])[-1])
+    if result.stdout.split() != ["-1", str(errno.ENOSYS)]:
+        raise SeccompUnavailable(f"the seccomp filter is installed but not enforced: clone3 gave "
+                                 f"{result.stdout.strip()!r}, expected '-1 {errno.ENOSYS}'")

@@ -34,12 +34,18 @@ from everstep_sandbox.grpc_service import SandboxServicer
 from everstep_sandbox.http_api import create_app
 from everstep_sandbox.runner import SandboxRunner
 
-__all__ = ["PortInUse", "serve"]
+__all__ = ["SIGTERM_STOP_SECONDS", "PortInUse", "serve"]
 
 log = logging.getLogger(__name__)
 _GRPC_GRACE_SECONDS = 5.0
 GRPC_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 """Default limit of one gRPC message (a RunTests batch and its outputs); EVERSTEP_GRPC_MAX_MESSAGE_BYTES overrides."""
+
+
+SIGTERM_STOP_SECONDS = 12.0
+"""The most a sandbox takes from SIGTERM to exit with the default settings, runs killed included (the grace of its
+running requests, 3 s, then their kills and the slots' stop); the chart's terminationGracePeriodSeconds (30) is
+checked against it (tests/deploy), tests/sandbox/test_lifecycle.py measures it."""
 
 
 class PortInUse(OSError):

@@ -36,6 +36,10 @@ class TrainSample:
     routed_experts: bytes = b""
     """Mixture-of-experts routing replay: the engine's expert ids (uint8) laid out [position][moe layer][k] for
     the num_tokens - 1 positions the engine took as input (every token but the last output one); empty: none."""
+    output_tool_mask: Sequence[bool] = ()
+    """Multi-turn tool use: True on each output token a tool wrote (no engine log-prob, version -1). Those tokens are
+    context, not actions: `pad_samples` leaves them out of `output_mask`, so they count in no loss and no mismatch
+    statistic. Empty: every output token is the model's."""
 
     @property
     def num_tokens(self) -> int:
@@ -68,7 +72,7 @@ class PaddedBatch:
     attention_mask: Tensor
     """[B, L] int64, 1 on real tokens."""
     output_mask: Tensor
-    """[B, L] bool, True on output tokens (the ones that are scored and trained)."""
+    """[B, L] bool, True on output tokens (the ones that are scored and trained); False on tool-reply tokens."""
     rollout_logp: Tensor
     """[B, L] float32, the engine's log-probs at output positions, 0 elsewhere."""
     advantages: Tensor
@@ -157,6 +161,13 @@ def validate_samples(samples: Sequence[TrainSample], *, vocab_size: int | None =
                 f"samples[{i}].output_versions: length {len(sample.output_versions)} != "
                 f"output_ids length {len(sample.output_ids)}"
             )
+        if len(sample.output_tool_mask) not in (0, len(sample.output_ids)):
+            raise ValueError(
+                f"samples[{i}].output_tool_mask: length {len(sample.output_tool_mask)} != "
+                f"output_ids length {len(sample.output_ids)}"
+            )
+        if sample.output_tool_mask and all(sample.output_tool_mask):
+            raise ValueError(f"samples[{i}].output_tool_mask: every output token is a tool's; nothing to train")
         if not all(math.isfinite(x) for x in sample.rollout_logprobs):
             raise ValueError(f"samples[{i}].rollout_logprobs: every value must be finite")
         if not math.isfinite(sample.advantage):
@@ -205,6 +216,8 @@ def pad_samples(samples: Sequence[TrainSample], *, pad_token_id: int,
         input_ids[row, :num_total] = torch.tensor([*sample.prompt_ids, *sample.output_ids], dtype=torch.long)
         attention_mask[row, :num_total] = 1
         output_mask[row, num_prompt:num_total] = True
+        if sample.output_tool_mask:
+            output_mask[row, num_prompt:num_total] = ~torch.tensor(list(sample.output_tool_mask), dtype=torch.bool)
         rollout_logp[row, num_prompt:num_total] = torch.tensor(list(sample.rollout_logprobs), dtype=torch.float32)
         if sample.output_versions:
             output_versions[row, num_prompt:num_total] = torch.tensor(list(sample.output_versions), dtype=torch.long)

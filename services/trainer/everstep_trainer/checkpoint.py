@@ -3,14 +3,16 @@
 A checkpoint directory holds::
 
     config.json  generation_config.json  model.safetensors  tokenizer files    (the policy, loadable by transformers)
+      or, with trainer.lora:
+    adapter_config.json  adapter_model.safetensors  tokenizer files  (a PEFT adapter directory naming its base)
     trainer_state.pt          AdamW state (full tensors keyed by parameter name) and the RNG states
     everstep_checkpoint.json  train step, policy version, the caller's opaque data position, the trainer
                               config, the world size it was saved from, and the reference model's path
 
-The optimizer state is stored unsharded, so a checkpoint resumes on any number of ranks. The
-directory is written under a temporary name and renamed into place, so a crash mid-save leaves
-the previous checkpoint at that path intact (replacing an existing one is not atomic: it is removed
-just before the rename).
+With LoRA the optimizer state is the adapters' alone. The optimizer state is stored unsharded, so a checkpoint
+resumes on any number of ranks. The directory is written under a temporary name and renamed into place, so a
+crash mid-save leaves the previous checkpoint at that path intact (replacing an existing one is not atomic: it is
+removed just before the rename).
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ class CheckpointMeta:
     reference_model_path: str
     """The frozen reference of the KL penalty (the job's initial model), loaded on resume if kl_coef > 0."""
     config: TrainerConfig
+    base_model_path: str = ""
+    """LoRA checkpoints: the frozen base model the adapters apply to ("" for full weights)."""
 
     def to_json(self) -> str:
         body = {**dataclasses.asdict(self), "config": self.config.model_dump(mode="json")}

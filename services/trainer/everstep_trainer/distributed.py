@@ -28,7 +28,9 @@ __all__ = [
     "assign_rows",
     "full_model_state_dict",
     "full_optimizer_state_dict",
+    "full_trainable_state_dict",
     "init_distributed_from_env",
+    "load_full_model_state_dict",
     "load_full_optimizer_state_dict",
     "parallelize",
     "rank_device",
@@ -159,6 +161,30 @@ def full_model_state_dict(model: torch.nn.Module, ranks: RankContext) -> dict[st
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def full_trainable_state_dict(model: torch.nn.Module, ranks: RankContext) -> dict[str, Tensor]:
+    """As `full_model_state_dict`, of the parameters that train only (a LoRA model's adapters): the frozen base
+    is never gathered."""
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    if not ranks.is_distributed:
+        return {name: t for name, t in model.state_dict().items() if name in trainable}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True,
+                                                                 ignore_frozen_params=True))
+    return {name: t for name, t in state.items() if name in trainable}
+
+
+def load_full_model_state_dict(model: torch.nn.Module, state: dict[str, Tensor]) -> None:
+    """Load full tensors for some of `model`'s parameters (every rank passes the same, and keeps its shard);
+    ValueError naming any name the model does not have."""
+    unknown = sorted(set(state) - set(model.state_dict()))
+    if unknown:
+        raise ValueError(f"state: {len(unknown)} names the model does not have, e.g. {unknown[:3]}")
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
 
 
 def full_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:

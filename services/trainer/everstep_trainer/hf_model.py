@@ -29,6 +29,7 @@ __all__ = [
     "check_packing_supported",
     "compute_token_logprobs",
     "compute_token_logprobs_and_entropy",
+    "copy_tokenizer_files",
     "forward_kwargs",
     "load_causal_lm",
     "model_type",
@@ -184,7 +185,13 @@ def save_hf_checkpoint(model: torch.nn.Module, tokenizer_dir: str | Path, out_di
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, state_dict=state_dict)
-    tokenizer_dir = Path(tokenizer_dir)
+    copy_tokenizer_files(tokenizer_dir, out_dir)
+    return out_dir
+
+
+def copy_tokenizer_files(tokenizer_dir: str | Path, out_dir: str | Path) -> int:
+    """Copy the tokenizer files of `tokenizer_dir` into `out_dir` (warns when there are none); returns how many."""
+    tokenizer_dir, out_dir = Path(tokenizer_dir), Path(out_dir)
     copied = 0
     for path in _tokenizer_files(tokenizer_dir):
         if path.resolve() != (out_dir / path.name).resolve():
@@ -192,4 +199,4 @@ def save_hf_checkpoint(model: torch.nn.Module, tokenizer_dir: str | Path, out_di
         copied += 1
     if copied == 0:
         log.warning("no tokenizer files found in %s; checkpoint %s has weights only", tokenizer_dir, out_dir)
-    return out_dir
+    return copied

@@ -18,6 +18,11 @@ log-prob pass, every micro-batch forward/backward, and the KL reference's pass) 
 model sees them (padded or packed, `PaddedBatch.flat_routes`). The old log-prob pass also counts how often
 the trainer's own top-k set differs from the engine's (`TrainStats.routing_disagreement`), whether or not
 replay is on, whenever the samples carry routes.
+
+LoRA (`TrainerConfig.lora`, `everstep_trainer.lora`): the model is wrapped by peft, the base frozen (bfloat16 when
+`dtype` is bfloat16 on CUDA, else float32), the adapters float32 and the only parameters the optimizer, FSDP's
+gradient reduction and the checkpoints see; `weights_to_push` gives the adapters alone. The KL reference, when it
+is the base (as it is for a job), is the policy with its adapters disabled, not a second model.
 """
 
 from __future__ import annotations
@@ -59,6 +64,8 @@ from everstep_trainer.distributed import (
     assign_rows,
     full_model_state_dict,
     full_optimizer_state_dict,
+    full_trainable_state_dict,
+    load_full_model_state_dict,
     load_full_optimizer_state_dict,
     parallelize,
     to_local_scalar,
@@ -68,8 +75,18 @@ from everstep_trainer.hf_model import (
     check_packing_supported,
     compute_token_logprobs,
     compute_token_logprobs_and_entropy,
+    copy_tokenizer_files,
     load_causal_lm,
     save_hf_checkpoint,
+)
+from everstep_trainer.lora import (
+    AdapterWeights,
+    adapter_dropout,
+    adapter_weights,
+    apply_lora,
+    is_adapter_dir,
+    load_adapter_state,
+    save_adapter_dir,
 )
 from everstep_trainer.losses import (
     MismatchSums,
@@ -82,7 +99,7 @@ from everstep_trainer.losses import (
 from everstep_trainer.optim import build_adamw, learning_rate_at, set_learning_rate
 from everstep_trainer.routing import RouteCounts, check_replay_supported, replay_routes, route_spec
 
-__all__ = ["PolicyTrainer", "TrainStats"]
+__all__ = ["PolicyTrainer", "TrainStats", "WeightsToPush"]
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +154,16 @@ class TrainStats:
 
 
 @dataclass(frozen=True)
+class WeightsToPush:
+    """What a weight push carries: every weight (full fine-tuning), or the LoRA adapters alone."""
+
+    tensors: dict[str, Tensor]
+    """HF parameter names, or (adapter) "<module>.lora_A" / "<module>.lora_B"; empty on ranks other than 0."""
+    adapter: AdapterWeights | None = None
+    """Set for a LoRA trainer: its rank and alpha (its tensors are `tensors`)."""
+
+
+@dataclass(frozen=True)
 class _MicroBatch:
     """One forward/backward pass: batch rows `rows`; `packing`: positions in `rows` of each packed row
     of `width` tokens (None: right-padded); `real` False: a pass that only keeps the ranks' collectives in step."""
@@ -186,13 +213,23 @@ class PolicyTrainer:
             log.warning("dtype=bfloat16 is ignored on %s: autocast is used on CUDA only, computing in float32",
                         self.device)
         torch.manual_seed(config.seed)
-        self.model = load_causal_lm(self.model_dir, device=self.device)
+        if config.lora is None:
+            self.model = load_causal_lm(self.model_dir, device=self.device)
+        else:
+            base_dtype = torch.bfloat16 if config.dtype == "bfloat16" and self.device.type == "cuda" else torch.float32
+            self.model = apply_lora(load_causal_lm(self.model_dir, device=self.device, dtype=base_dtype), config.lora)
         self.reference: torch.nn.Module | None = None
-        if config.kl_coef > 0:
+        # A LoRA policy whose KL reference is its own base scores the reference with its adapters off: no second
+        # copy of the model (`_reference_logp`).
+        self._reference_is_base = (config.lora is not None and config.kl_coef > 0
+                                   and self.reference_model_dir.resolve() == self.model_dir.resolve())
+        if config.kl_coef > 0 and not self._reference_is_base:
             self.reference = load_causal_lm(self.reference_model_dir, device=self.device)
             self.reference.requires_grad_(False)
         self.vocab_size = int(self.model.get_input_embeddings().num_embeddings)
         self.num_parameters = sum(p.numel() for p in self.model.parameters())
+        self.num_trainable_parameters = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        self._adapter_dropout = adapter_dropout(self.model, config.lora)
         self.replay = config.routing_replay == RoutingReplay.rollout
         if self.replay:
             check_replay_supported(self.model)  # before sharding: it calls the routers on their own
@@ -220,13 +257,26 @@ class PolicyTrainer:
     # -- weights and checkpoints ------------------------------------------------------------------------
 
     def full_state_dict(self) -> dict[str, Tensor]:
-        """The full state dict (HF parameter names) on rank 0, {} on the other ranks (a collective)."""
+        """The full state dict (HF parameter names; with LoRA, peft's names of the adapters only) on rank 0, {} on
+        the other ranks (a collective)."""
+        if self.config.lora is not None:
+            return full_trainable_state_dict(self.model, self.ranks)
         return full_model_state_dict(self.model, self.ranks)
 
+    def weights_to_push(self) -> WeightsToPush:
+        """What a push sends (a collective): the full state dict, or with LoRA the adapters by the names the
+        engines take (`everstep_trainer.lora`)."""
+        state = self.full_state_dict()
+        if self.config.lora is None:
+            return WeightsToPush(state)
+        adapter = adapter_weights(state, self.config.lora)
+        return WeightsToPush(adapter.tensors, adapter)
+
     def named_weights(self) -> Iterator[tuple[str, Tensor]]:
-        """The state dict, as the rollout engines load it; empty on ranks other than 0. With several
-        ranks the full state dict is gathered when iteration starts (a collective)."""
-        yield from self.full_state_dict().items()
+        """The state dict, as the rollout engines load it (with LoRA: the adapters, see `weights_to_push`); empty
+        on ranks other than 0. With several ranks the full state dict is gathered when iteration starts (a
+        collective)."""
+        yield from self.weights_to_push().tensors.items()
 
     def save_checkpoint(self, out_dir: str | Path, *, data_position: str = "") -> Path:
         """Write the model (HF format) and everything an exact resume needs; see `everstep_trainer.checkpoint`.
@@ -237,12 +287,21 @@ class PolicyTrainer:
         optimizer_state = full_optimizer_state_dict(self.model, self.optimizer)
         out_dir = Path(out_dir).absolute()
         if self.ranks.is_main:
+            lora = self.config.lora is not None
             meta = CheckpointMeta(train_step=self.num_train_steps, version=self.version, data_position=data_position,
                                   world_size=self.ranks.world_size,
-                                  reference_model_path=str(self.reference_model_dir.absolute()), config=self.config)
-            write_checkpoint_dir(
-                out_dir, optimizer_state=optimizer_state, rng=RngStates.capture(self._shuffle), meta=meta,
-                write_model=lambda d: save_hf_checkpoint(self.model, self.model_dir, d, state_dict=model_state))
+                                  reference_model_path=str(self.reference_model_dir.absolute()), config=self.config,
+                                  base_model_path=str(self.model_dir.absolute()) if lora else "")
+
+            def write_model(directory: Path) -> None:
+                if lora:
+                    save_adapter_dir(self.model, model_state, directory, base_model_path=self.model_dir)
+                    copy_tokenizer_files(self.model_dir, directory)
+                else:
+                    save_hf_checkpoint(self.model, self.model_dir, directory, state_dict=model_state)
+
+            write_checkpoint_dir(out_dir, optimizer_state=optimizer_state, rng=RngStates.capture(self._shuffle),
+                                 meta=meta, write_model=write_model)
         if self.ranks.is_distributed:
             torch.distributed.barrier()  # no rank returns before the checkpoint is complete
         return out_dir
@@ -264,8 +323,15 @@ class PolicyTrainer:
         if config.kl_coef > 0 and not Path(meta.reference_model_path).is_dir():
             raise ValueError(f"path: {path} needs its KL reference model at {meta.reference_model_path}, "
                              "which is not a directory")
-        trainer = cls(path, config, version=meta.version, device=device, ranks=ranks,
-                      reference_model_dir=meta.reference_model_path)
+        adapters = is_adapter_dir(path)
+        if adapters != (config.lora is not None) or (adapters and config.lora != meta.config.lora):
+            raise ValueError(f"config.lora: {path} holds {'LoRA adapters' if adapters else 'full weights'} "
+                             f"(lora {meta.config.lora}); resuming it needs the same lora settings, not "
+                             f"{config.lora}")
+        trainer = cls(meta.base_model_path if adapters else path, config, version=meta.version, device=device,
+                      ranks=ranks, reference_model_dir=meta.reference_model_path)
+        if adapters:
+            load_full_model_state_dict(trainer.model, load_adapter_state(path))
         optimizer_state, rng = read_trainer_state(path)
         load_full_optimizer_state_dict(trainer.model, trainer.optimizer, optimizer_state)
         rng.restore(trainer._shuffle)
@@ -294,14 +360,14 @@ class PolicyTrainer:
         set_learning_rate(self.optimizer, learning_rate)
         own_rows = assign_rows([s.num_tokens for s in samples], self.ranks)
         local_row = {row: i for i, row in enumerate(own_rows)}
-        num_outputs = [len(s.output_ids) for s in samples]
+        num_outputs = [len(s.output_ids) - sum(s.output_tool_mask) for s in samples]  # the trained tokens
         batch = pad_samples([samples[row] for row in own_rows], pad_token_id=self.pad_token_id, device=self.device,
                             routing=self.routing)
 
         start = self._now()
         counts = RouteCounts()
         old_logp = self._score(self.model, batch, counts)
-        reference_logp = self._score(self.reference, batch) if self.reference is not None else None
+        reference_logp = self._reference_logp(batch)
         logp_seconds = self._now() - start
         differing, routed, differing_stale, routed_stale = all_reduce_sum(list(counts.sums()), self.ranks,
                                                                            self.device)
@@ -417,6 +483,14 @@ class PolicyTrainer:
             counts.stale = micro.flat_stale_routes(self.version, packed)
         return replay_routes(model, *flat, replay=self.replay, counts=counts)
 
+    def _reference_logp(self, batch: PaddedBatch) -> Tensor | None:
+        """[B, L] log-probs under the KL reference (None without one); a LoRA policy's base is the policy with its
+        adapters disabled."""
+        if self._reference_is_base:
+            with self.model.disable_adapter():
+                return self._score(self.model, batch)
+        return self._score(self.reference, batch) if self.reference is not None else None
+
     @torch.no_grad()
     def _score(self, model: torch.nn.Module, batch: PaddedBatch, counts: RouteCounts | None = None) -> Tensor:
         """[B, L] log-probs of the output tokens under `model`, without gradient (with routing replay on, under
@@ -440,7 +514,8 @@ class PolicyTrainer:
         for pass_ in self._micro_batches(batch, indices):
             micro, packed = pass_.select(batch, self.pad_token_id)
             rows, length = torch.as_tensor(pass_.rows, device=self.device), micro.input_ids.shape[1]
-            with self._routing(self.model, micro, packed), autocast_context(self.device, cfg.dtype):
+            with (self._routing(self.model, micro, packed), autocast_context(self.device, cfg.dtype),
+                  self._adapter_dropout):
                 logp, entropy = compute_token_logprobs_and_entropy(
                     self.model, micro.input_ids, micro.attention_mask, micro.output_mask, cfg.temperature,
                     differentiable_entropy=cfg.entropy_coef > 0, packed=packed)

@@ -22,7 +22,7 @@ from everstep.settings import TrainerConfig
 from everstep_trainer.batching import TrainSample
 from everstep_trainer.checkpoint import CheckpointMeta
 from everstep_trainer.distributed import RankContext
-from everstep_trainer.policy_trainer import PolicyTrainer, TrainStats
+from everstep_trainer.policy_trainer import PolicyTrainer, TrainStats, WeightsToPush
 
 __all__ = [
     "CommandRunner",
@@ -59,7 +59,7 @@ class TrainStep:
 
 @dataclass(frozen=True)
 class GatherWeights:
-    """Gather the full state dict on rank 0 (for a weight push)."""
+    """Gather what a weight push sends on rank 0: the full state dict, or a LoRA trainer's adapters."""
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ class _Executor:
         if isinstance(command, TrainStep):
             return self.trainer.train_step(command.samples)
         if isinstance(command, GatherWeights):
-            return self.trainer.full_state_dict()
+            return self.trainer.weights_to_push()
         if isinstance(command, SaveCheckpoint):
             return self.trainer.save_checkpoint(command.path, data_position=command.data_position)
         raise TypeError(f"unknown command {command!r}")
@@ -142,7 +142,7 @@ class CommandRunner:
         self._broadcast(command)
         return self._executor.execute(command)
 
-    def gather_weights(self) -> dict[str, torch.Tensor]:
+    def gather_weights(self) -> WeightsToPush:
         self._broadcast(GatherWeights())
         return self._executor.execute(GatherWeights())
 

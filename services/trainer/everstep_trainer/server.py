@@ -29,6 +29,7 @@ from everstep_trainer.policy_trainer import PolicyTrainer, TrainStats
 from everstep_trainer.rank_commands import CommandRunner, follow
 from everstep_trainer.sample_log import SampleLog
 from everstep_trainer.weight_push import GRPC_MAX_MESSAGE_BYTES, Transport, WeightPusher, WeightPushError
+from everstep_trainer.weight_push.base import lora_adapter_proto
 
 __all__ = ["TrainerService", "config_from_proto", "serve",
            "serve_distributed", "stats_to_proto"]
@@ -62,7 +63,8 @@ def _samples_from_proto(request: trainer_pb2.TrainStepRequest) -> list[TrainSamp
     """The request's samples; their fields are checked by `PolicyTrainer.check_samples`."""
     return [TrainSample(prompt_ids=list(s.prompt_ids), output_ids=list(s.output_ids),
                         rollout_logprobs=list(s.rollout_logprobs), advantage=s.advantage,
-                        output_versions=list(s.output_versions), routed_experts=bytes(s.routed_experts))
+                        output_versions=list(s.output_versions), routed_experts=bytes(s.routed_experts),
+                        output_tool_mask=list(s.output_tool_mask))
             for s in request.samples]
 
 
@@ -176,9 +178,10 @@ class TrainerService(trainer_pb2_grpc.TrainerServicer):
             start = time.perf_counter()
             weights = self._runner.gather_weights()
             try:
-                report = self._pusher.push(weights.items(), version=trainer.version,
+                report = self._pusher.push(weights.tensors.items(), version=trainer.version,
                                            endpoints=list(request.endpoints), setting=setting,
-                                           bucket_bytes=request.bucket_bytes or None)
+                                           bucket_bytes=request.bucket_bytes or None,
+                                           adapter=lora_adapter_proto(weights.adapter))
             except WeightPushError as e:
                 context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
             seconds = time.perf_counter() - start  # the gather (several ranks) counts as part of the push

@@ -84,6 +84,7 @@ annotations:
 {{/* Pod-level fields every everstep pod shares; call with (dict "root" $ "values" .Values.X) */}}
 {{- define "everstep.podCommon" -}}
 serviceAccountName: {{ include "everstep.serviceAccountName" .root }}
+terminationGracePeriodSeconds: {{ .values.terminationGracePeriodSeconds }}
 {{- with .values.priorityClassName }}
 priorityClassName: {{ . }}
 {{- end }}
@@ -222,7 +223,6 @@ fsGroup only (runs have their own uid and no groups). */}}
 {{- define "everstep.rolloutPodSpec" -}}
 {{- $v := .Values.rollout -}}
 {{ include "everstep.podCommon" (dict "root" . "values" $v) }}
-terminationGracePeriodSeconds: 60
 containers:
   - name: rollout
     image: {{ include "everstep.image" (dict "root" . "component" "rollout") }}
@@ -258,7 +258,6 @@ volumes:
 {{- define "everstep.trainerPodSpec" -}}
 {{- $v := .Values.trainer -}}
 {{ include "everstep.podCommon" (dict "root" . "values" $v) }}
-terminationGracePeriodSeconds: 120
 containers:
   - name: trainer
     image: {{ include "everstep.image" (dict "root" . "component" "trainer") }}

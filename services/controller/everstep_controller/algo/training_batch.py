@@ -75,6 +75,6 @@ def build_batch(group_ids: list[str], scheduler: GroupMembers, scored: dict[str,
             batch.samples.append(trainer_pb2.TrainSample(
                 prompt_ids=seq.prompt_ids, output_ids=seq.output_ids, rollout_logprobs=seq.output_logprobs,
                 output_versions=seq.output_versions, advantage=advantage, reward=member.reward,
-                routed_experts=seq.routed_experts,
+                routed_experts=seq.routed_experts, output_tool_mask=seq.output_tool_mask,
             ))
     return batch

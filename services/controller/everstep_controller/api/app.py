@@ -11,7 +11,7 @@ from __future__ import annotations
 import hmac
 import os
 
-from fastapi import Depends, FastAPI, HTTPException, Response
+from fastapi import Depends, FastAPI, HTTPException, Query, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -22,6 +22,7 @@ from everstep_controller.run.manager import JobManager
 from everstep_controller.spec.job_spec import JobSpec
 from everstep_controller.store.job_store import Action, JobRecord, JobStore
 from everstep_controller.store.step_metrics import StepMetrics
+from everstep_controller.store.step_samples import StepSample
 
 _bearer = HTTPBearer(auto_error=False, description="EVERSTEP_API_TOKEN of the controller, when it has one")
 
@@ -70,6 +71,19 @@ def create_app(manager: JobManager, store: JobStore, *, max_request_bytes: int =
     def job_metrics(job_id: str) -> list[StepMetrics]:
         get_job(job_id)
         return store.metrics(job_id)
+
+    @app.get("/v1/jobs/{job_id}/samples", response_model=list[StepSample], dependencies=v1)
+    def job_samples(job_id: str, step: int | None = Query(default=None, ge=1, description=(
+            "The training step (default: the latest one committed)."))) -> list[StepSample]:
+        """A few of the step's trained samples as the model wrote them: its turns, tool calls and replies, and
+        rewards (docs/tools.md)."""
+        record = get_job(job_id)
+        wanted = record.step if step is None else step
+        samples = store.samples(job_id, wanted) if wanted else None
+        if samples is None:
+            raise HTTPException(status_code=404, detail=f"job {job_id!r} has no samples of step {wanted} (steps "
+                                                        f"committed: {record.step})")
+        return samples
 
     def act(job_id: str, action: Action) -> JobRecord:
         get_job(job_id)

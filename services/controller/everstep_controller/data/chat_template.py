@@ -32,6 +32,7 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 import jinja2.nodes
 import jinja2.parser
 import jinja2.utils
@@ -135,21 +136,30 @@ class ChatTemplate:
         except jinja2.TemplateError as e:
             raise ChatTemplateError(f"the chat template does not compile: {e}") from None
 
-    def render(self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True) -> str:
-        """The conversation as the model reads it, ending with the assistant's turn opened."""
+    @property
+    def supports_tools(self) -> bool:
+        """Whether the template reads `tools` (transformers passes the tools to every template; one that never reads
+        them cannot show them to the model)."""
+        return "tools" in jinja2.meta.find_undeclared_variables(_environment().parse(self.source))
+
+    def render(self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True,
+               tools: list[dict[str, Any]] | None = None) -> str:
+        """The conversation as the model reads it, ending with the assistant's turn opened; `tools`: OpenAI
+        function-calling tools, as `apply_chat_template(tools=...)` takes them."""
         try:
             return self._template.render(
                 messages=[{"role": m.role, "content": m.content} for m in messages],
-                tools=None, documents=None, add_generation_prompt=add_generation_prompt, **self.special_tokens)
+                tools=tools, documents=None, add_generation_prompt=add_generation_prompt, **self.special_tokens)
         except jinja2.TemplateError as e:
             raise ChatTemplateError(f"the chat template refused the prompt: {e}") from None
 
 
-def read_chat_template(model_path: str | Path) -> ChatTemplate | None:
-    """The model directory's chat template (see the module docstring), or None when it has none."""
+def read_chat_template(model_path: str | Path, source: str | None = None) -> ChatTemplate | None:
+    """The model directory's chat template (see the module docstring), or None when it has none; `source`: this
+    template text instead of the model's own, with the model's special tokens."""
     model_dir = Path(model_path)
     config = _read_json(model_dir / TOKENIZER_CONFIG)
-    source = _template_source(model_dir, config)
+    source = source if source is not None else _template_source(model_dir, config)
     if source is None:
         return None
     return ChatTemplate(source, _special_tokens(config, _read_json(model_dir / SPECIAL_TOKENS_MAP)))

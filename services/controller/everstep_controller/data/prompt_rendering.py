@@ -18,24 +18,31 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from everstep.tool_calls import FORMATS, format_for_template
+from everstep.tool_settings import ToolSettings
 from everstep_controller.data.chat_template import ChatMessage, ChatTemplate, ChatTemplateError, read_chat_template
 from everstep_controller.spec.job_spec import PromptFormat, PromptSpec
 
 __all__ = ["PromptEncoder", "RowPrompt", "load_prompt_encoder", "read_row_prompt", "resolve_prompt_format",
-           "user_content"]
+           "tool_template", "user_content"]
 
 RowPrompt = str | tuple[ChatMessage, ...]
 
 
 class PromptEncoder:
-    """Turns a row's prompt into prompt ids; `template` None: the raw format."""
+    """Turns a row's prompt into prompt ids; `template` None: the raw format. `tools`: OpenAI function-calling tools
+    the template shows the model (multi-turn tool use)."""
 
-    def __init__(self, tokenizer: Tokenizer, template: ChatTemplate | None = None, system: str | None = None) -> None:
+    def __init__(self, tokenizer: Tokenizer, template: ChatTemplate | None = None, system: str | None = None,
+                 tools: list[dict[str, Any]] | None = None) -> None:
         if system is not None and template is None:
             raise ValueError("a system message needs a chat template")
+        if tools is not None and template is None:
+            raise ValueError("tools need a chat template")
         self.tokenizer = tokenizer
         self.template = template
         self.system = system
+        self.tools = tools
 
     @property
     def format(self) -> PromptFormat:
@@ -56,7 +63,7 @@ class PromptEncoder:
                                  "has none (prompt.format: raw)")
             return prompt
         try:
-            return self.template.render(self.conversation(prompt), add_generation_prompt=True)
+            return self.template.render(self.conversation(prompt), add_generation_prompt=True, tools=self.tools)
         except ChatTemplateError as e:
             raise ValueError(f"field {field!r}: {e}") from None
 
@@ -79,13 +86,40 @@ def resolve_prompt_format(spec: PromptSpec, template: ChatTemplate | None, model
     return fmt
 
 
-def load_prompt_encoder(model_path: str, tokenizer: Tokenizer, spec: PromptSpec | None = None) -> PromptEncoder:
-    """The job's encoder: the model's template per `spec` (default: prompt.format 'auto', no system message)."""
+def load_prompt_encoder(model_path: str, tokenizer: Tokenizer, spec: PromptSpec | None = None,
+                        tools: ToolSettings | None = None) -> PromptEncoder:
+    """The job's encoder: the model's template per `spec` (default: prompt.format 'auto', no system message); with
+    `tools`, the template that shows them (`tool_template`)."""
     spec = spec or PromptSpec()
+    if tools is not None:
+        return PromptEncoder(tokenizer, tool_template(model_path, tools), spec.system,
+                             [t.model_dump() for t in tools.offered()])
     template = read_chat_template(model_path) if spec.format != PromptFormat.raw else None
     if resolve_prompt_format(spec, template, model_path) == PromptFormat.raw:
         return PromptEncoder(tokenizer)
     return PromptEncoder(tokenizer, template, spec.system)
+
+
+def tool_template(model_path: str, tools: ToolSettings) -> ChatTemplate:
+    """The template a tool-using job renders with: tools.chat_template, else the model's own. ValueError naming it
+    when it cannot show tools to the model, or writes tool calls in no format everstep parses
+    (`everstep.tool_calls`)."""
+    if tools.chat_template is not None:
+        where = "tools.chat_template"
+        template = read_chat_template(model_path, tools.chat_template)
+    else:
+        where = f"the chat template of model_path {model_path!r}"
+        template = read_chat_template(model_path)
+    if template is None:
+        raise ValueError(f"tools need a chat template with tool support; model_path {model_path!r} has none "
+                         "(set tools.chat_template)")
+    if not template.supports_tools:
+        raise ValueError(f"{where} has no tool support (it never reads `tools`); set tools.chat_template to a "
+                         "template that has it, e.g. Qwen2.5's")
+    if format_for_template(template.source) is None:
+        raise ValueError(f"{where} writes tool calls in a format everstep cannot parse (known: "
+                         f"{', '.join(FORMATS)}: Hermes-style <tool_call>...</tool_call>)")
+    return template
 
 
 def read_row_prompt(value: Any, field: str) -> RowPrompt:

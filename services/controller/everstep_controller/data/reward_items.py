@@ -9,6 +9,7 @@ from google.protobuf import struct_pb2
 
 from everstep.v1 import common_pb2, reward_pb2
 from everstep_controller.data.dataset import PromptRow
+from everstep_controller.data.trajectories import final_answer, num_model_tokens
 from everstep_controller.spec.job_spec import VerifierWeight
 
 __all__ = ["RewardItemBuilder"]
@@ -34,8 +35,11 @@ class RewardItemBuilder:
     def __call__(self, item_id: str, row: PromptRow, sequence: common_pb2.Sequence) -> reward_pb2.RewardItem:
         """sequence: the finished rollout (its text, decoded without control tokens, is the response; its output
         ids the token count). The prompt sent is the user's text (`PromptRow.prompt`), not the chat template's."""
-        item = reward_pb2.RewardItem(id=item_id, response=sequence.output_text, prompt=row.prompt,
-                                     num_response_tokens=len(sequence.output_ids))
+        item = reward_pb2.RewardItem(id=item_id, response=final_answer(sequence), prompt=row.prompt,
+                                     num_response_tokens=num_model_tokens(sequence))
+        if sequence.HasField("tool_trajectory"):  # the verifiers see the answer and the whole trajectory
+            item.trajectory = sequence.output_text
+            item.tool_trajectory.CopyFrom(sequence.tool_trajectory)
         for v in self._verifiers:
             if row.verifiers and v.name not in row.verifiers:
                 continue

@@ -1,10 +1,12 @@
 """Checks of a job's input files at submission (POST /v1/jobs), so that a mistake is a 422 naming the field.
 
-What can be told before the job runs: the verifiers of `reward.verifiers` and their `params` keys against
-the reward service's (the shared table `everstep.verifiers.VERIFIER_PARAMS`; the values are the reward
-service's to check, at the first score), and from the files: the model's chat template against `prompt.format`
+What can be told before the job runs: the libraries of the `tracking` backends it names (installed here), the
+verifiers of `reward.verifiers` and their `params` keys against the reward service's (the shared table
+`everstep.verifiers.VERIFIER_PARAMS`; the values are the reward service's to check, at the first score), and
+from the files: the model's chat template against `prompt.format`
 and `prompt.system`, the model's position limit against `sampling.max_new_tokens` and its experts against
-`algorithm.routing_replay` (`model_limits`), and the
+`algorithm.routing_replay` (`model_limits`), its modules against `trainer.lora.target_modules`
+(`model_modules`), and the
 dataset's fields against `dataset.*_field` (`dataset_columns`), and that a glob pattern of
 `dataset.train_path`/`eval_path` whose folder exists matches a file. A file that does
 not exist or cannot be read at submission is not checked here: the job then fails when it loads its data,
@@ -21,9 +23,11 @@ from everstep.verifiers import VERIFIER_PARAMS
 from everstep_controller.data.chat_template import ChatTemplateError, read_chat_template
 from everstep_controller.data.dataset import DatasetPathError, dataset_paths, pattern_folder
 from everstep_controller.data.dataset_columns import DatasetFieldError, check_dataset_fields
-from everstep_controller.data.prompt_rendering import resolve_prompt_format
+from everstep_controller.data.prompt_rendering import resolve_prompt_format, tool_template
 from everstep_controller.spec.job_spec import JobSpec, PromptFormat
 from everstep_controller.spec.model_limits import check_routing_replay, max_prompt_tokens
+from everstep_controller.spec.model_modules import check_lora_targets
+from everstep_controller.spec.tracking_libraries import MissingTrackingLibrary, check_tracking_libraries
 
 __all__ = ["JobInputError", "check_job_input", "check_verifiers"]
 
@@ -43,9 +47,12 @@ class JobInputError(ValueError):
 def check_job_input(spec: JobSpec) -> None:
     """JobInputError for the first problem found in the spec's verifiers and the files that can be read now."""
     check_verifiers(spec)
+    _check_tracking(spec)
     _check_prompt_format(spec)
+    _check_tools(spec)
     _check_lengths(spec)
     _check_routing_replay(spec)
+    _check_lora_targets(spec)
     _check_dataset_fields(spec)
 
 
@@ -63,6 +70,13 @@ def check_verifiers(spec: JobSpec) -> None:
                                 f"{verifier.name} verifier (known: {', '.join(sorted(options)) or 'none'})")
 
 
+def _check_tracking(spec: JobSpec) -> None:
+    try:
+        check_tracking_libraries(spec.tracking)
+    except MissingTrackingLibrary as e:
+        raise JobInputError(("tracking", e.field), str(e)) from None
+
+
 def _check_lengths(spec: JobSpec) -> None:
     try:
         max_prompt_tokens(spec)
@@ -75,6 +89,13 @@ def _check_routing_replay(spec: JobSpec) -> None:
         check_routing_replay(spec)
     except ValueError as e:
         raise JobInputError(("algorithm", "routing_replay"), str(e)) from None
+
+
+def _check_lora_targets(spec: JobSpec) -> None:
+    try:
+        check_lora_targets(spec.model_path, spec.trainer.lora)
+    except ValueError as e:
+        raise JobInputError(("trainer", "lora", "target_modules"), str(e)) from None
 
 
 def _check_prompt_format(spec: JobSpec) -> None:
@@ -91,6 +112,20 @@ def _check_prompt_format(spec: JobSpec) -> None:
     except ValueError as e:
         field = "format" if spec.prompt.format == PromptFormat.chat else "system"
         raise JobInputError(("prompt", field), str(e)) from None
+
+
+def _check_tools(spec: JobSpec) -> None:
+    if spec.tools is None or not _is_dir(spec.model_path):
+        return
+    field = ("tools", "chat_template") if spec.tools.chat_template is not None else ("tools",)
+    try:
+        tool_template(spec.model_path, spec.tools)
+    except ChatTemplateError as e:
+        raise JobInputError(field, f"{'.'.join(field)}: {e}") from None
+    except (OSError, UnicodeError):
+        return  # unreadable now: the job's load reports it
+    except ValueError as e:
+        raise JobInputError(field, str(e)) from None
 
 
 def _check_dataset_fields(spec: JobSpec) -> None:

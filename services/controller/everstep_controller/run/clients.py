@@ -109,7 +109,9 @@ class GenerateStream:
 
     _END = object()
 
-    def __init__(self, stub: rollout_pb2_grpc.RolloutStub, address: str, timeout_seconds: float) -> None:
+    def __init__(self, stub: rollout_pb2_grpc.RolloutStub, address: str, timeout_seconds: float,
+                 tools: common_pb2.ToolConfig | None = None) -> None:
+        self._tools = tools
         self._requests: queue.Queue = queue.Queue()
         self._closed = False
         self._lock = threading.Lock()
@@ -118,7 +120,7 @@ class GenerateStream:
 
     def send(self, sequences: list[common_pb2.Sequence], sampling: common_pb2.SamplingParams) -> None:
         if sequences:
-            self._requests.put(rollout_pb2.GenerateRequest(sequences=sequences, sampling=sampling))
+            self._requests.put(rollout_pb2.GenerateRequest(sequences=sequences, sampling=sampling, tools=self._tools))
 
     def drain_and_close(self) -> None:
         """Ask for every unfinished sequence back as a partial, then half-close."""
@@ -170,8 +172,9 @@ class RolloutClient:
                                + ", ".join(f"{k} {a!r} asked, {t!r} taken" for k, (a, t) in differ.items()))
         return reply
 
-    def generate(self) -> GenerateStream:
-        return GenerateStream(self._stub, self.address, self.deadlines.generate_seconds)
+    def generate(self, tools: common_pb2.ToolConfig | None = None) -> GenerateStream:
+        """`tools`: the job's tool loop, for every sequence of the stream (None: single turn)."""
+        return GenerateStream(self._stub, self.address, self.deadlines.generate_seconds, tools)
 
     def status(self) -> rollout_pb2.RolloutStatus:
         with self._calling("GetStatus"):

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from everstep.v1 import common_pb2, reward_pb2
 from everstep_controller.data.dataset import PromptRow
 from everstep_controller.data.reward_errors import ErrorClass, RewardFailed, classify, describe, part_errors
+from everstep_controller.data.trajectories import new_sequence
 from everstep_controller.run.clients import RewardClient, RolloutClient
 from everstep_controller.spec.job_spec import EvaluationSpec
 from everstep_controller.store.step_metrics import Evaluation
@@ -24,13 +25,13 @@ ItemForRow = Callable[[str, PromptRow, common_pb2.Sequence], reward_pb2.RewardIt
 
 def evaluate(rollout: RolloutClient, reward: RewardClient, rows: list[PromptRow], spec: EvaluationSpec, *,
              sampling: common_pb2.SamplingParams, greedy_sampling: common_pb2.SamplingParams,
-             make_item: ItemForRow, step: int) -> Evaluation:
-    """Generates k samples (and one greedy answer) per held-out row and scores them."""
-    stream = rollout.generate()
+             make_item: ItemForRow, step: int, tools: common_pb2.ToolConfig | None = None) -> Evaluation:
+    """Generates k samples (and one greedy answer) per held-out row and scores them; with the job's tools."""
+    stream = rollout.generate(tools)
     sampled = {f"eval-s{i}-{k}": row for i, row in enumerate(rows) for k in range(spec.samples_per_prompt)}
     greedy = {f"eval-g{i}": row for i, row in enumerate(rows)} if spec.greedy else {}
-    stream.send([common_pb2.Sequence(id=i, prompt_ids=r.prompt_ids) for i, r in sampled.items()], sampling)
-    stream.send([common_pb2.Sequence(id=i, prompt_ids=r.prompt_ids) for i, r in greedy.items()], greedy_sampling)
+    stream.send([new_sequence(i, r, tools is not None) for i, r in sampled.items()], sampling)
+    stream.send([new_sequence(i, r, tools is not None) for i, r in greedy.items()], greedy_sampling)
     stream.close()
     outputs = {seq.id: seq for seq in stream.results()}
     by_id = {**sampled, **greedy}

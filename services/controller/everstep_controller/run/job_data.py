@@ -6,6 +6,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tokenizers import Tokenizer
+
+from everstep import tool_settings
+from everstep.tool_calls import format_for_template
+from everstep.tool_settings import ToolSettings
+from everstep.v1 import common_pb2
 from everstep_controller.data.dataset import LoadedDataset, PromptRow, RowFields, load_prompt_rows, load_tokenizer
 from everstep_controller.data.dataset_columns import check_dataset_fields
 from everstep_controller.data.prompt_rendering import load_prompt_encoder
@@ -21,6 +27,17 @@ __all__ = ["JobData", "load_job_data"]
 class JobData:
     train: LoadedDataset
     eval_rows: list[PromptRow]
+    tokenizer: Tokenizer | None = None
+    """The model's tokenizer (decodes the samples shown per step)."""
+    tools: ToolSettings | None = None
+    tool_call_format: str = ""
+    """The format the job's chat template writes tool calls in (`everstep.tool_calls.FORMATS`)."""
+
+    def tool_config(self, sandbox_address: str) -> common_pb2.ToolConfig | None:
+        """What every Generate request of the job carries (None: no tools)."""
+        if self.tools is None:
+            return None
+        return tool_settings.to_proto(self.tools, sandbox_address=sandbox_address, call_format=self.tool_call_format)
 
     def report(self, unscorable: list[dict[str, Any]]) -> DatasetReport:
         """The job record's dataset report; `unscorable`: the rows listed by an earlier runner of the job."""
@@ -34,7 +51,12 @@ def load_job_data(spec: JobSpec) -> JobData:
     if not Path(spec.model_path).is_dir():
         raise FileNotFoundError(f"model_path {spec.model_path!r} is not a directory")
     check_routing_replay(spec)  # as at submission: a model written after it must have experts to replay
-    encoder = load_prompt_encoder(spec.model_path, load_tokenizer(spec.model_path), spec.prompt)
+    tokenizer = load_tokenizer(spec.model_path)
+    encoder = load_prompt_encoder(spec.model_path, tokenizer, spec.prompt, spec.tools)
+    call_format = ""
+    if spec.tools is not None:
+        assert encoder.template is not None  # load_prompt_encoder refuses tools without one
+        call_format = format_for_template(encoder.template.source) or ""
     d = spec.dataset
     check_dataset_fields(d)  # as at submission (submission_checks): a field the file lacks fails the job
     fields = RowFields(prompt=d.prompt_field, answer=d.answer_field, tests=d.tests_field,
@@ -48,4 +70,4 @@ def load_job_data(spec: JobSpec) -> JobData:
         held_out = load_prompt_rows(d.eval_path, encoder, fields=fields, file_format=d.format.value,
                                     verifier_names=names, max_prompt_tokens=longest, setting="eval_path")
         eval_rows = held_out.rows[: spec.evaluation.num_prompts]
-    return JobData(train, eval_rows)
+    return JobData(train, eval_rows, tokenizer, spec.tools, call_format)

@@ -26,6 +26,7 @@ from everstep_controller.launchers import Launcher, Workers
 from everstep_controller.run import metrics
 from everstep_controller.run.runner import JobRunner, RunOutcome
 from everstep_controller.run.runner_settings import RunnerSettings
+from everstep_controller.settings import ControllerSettings
 from everstep_controller.spec.job_spec import JobSpec
 from everstep_controller.store.job_store import PREFIX, TERMINAL_STATES, Action, JobRecord, JobState, JobStore
 from everstep_controller.store.progress_store import ProgressStore
@@ -55,7 +56,7 @@ class JobManager:
     def __init__(self, store: JobStore, launcher: Launcher, reward_address: str, data_dir: Path, *,
                  max_jobs: int | None = None, lease_seconds: float = 30.0, poll_seconds: float = 0.5,
                  runner_settings: RunnerSettings | None = None, owner: str | None = None,
-                 finished_series_seconds: float = metrics.FINISHED_JOB_SERIES_SECONDS) -> None:
+                 finished_series_seconds: float = ControllerSettings.default("finished_job_series_seconds")) -> None:
         """max_jobs: jobs run at once (default: the launcher's limit, else 4); finished_series_seconds: how long
         a job's Prometheus series stay after it ended here (`metrics.PER_JOB`)."""
         self.store, self.launcher, self.reward_address, self.data_dir = store, launcher, reward_address, data_dir
@@ -83,7 +84,16 @@ class JobManager:
 
     def stop(self, stop_workers: bool = True, timeout_seconds: float = 60.0) -> None:
         """Stops taking jobs and interrupts the running ones, which stay RUNNING in Redis for the
-        next controller to resume. With stop_workers, their dedicated workers are stopped too."""
+        next controller to resume. With stop_workers, their dedicated workers are stopped too.
+
+        Waits at most `timeout_seconds` in all for the job threads: one blocked in a long call (a train step of
+        minutes, a hung service) is left behind (a daemon thread, gone with the process) and its job is resumed
+        by the next controller, as after a crash."""
+        deadline = time.monotonic() + timeout_seconds
+
+        def remaining() -> float:
+            return max(0.0, deadline - time.monotonic())
+
         self._stop.set()
         with self._lock:
             running = list(self.running.values())
@@ -96,11 +106,16 @@ class JobManager:
                     self.launcher.stop(workers.record)
         for job in running:
             if job.thread is not None:
-                job.thread.join(timeout=timeout_seconds)
+                job.thread.join(timeout=remaining())
         if self._thread.is_alive():
-            self._thread.join(timeout=timeout_seconds)
+            self._thread.join(timeout=remaining())
         for thread in self._settling:
-            thread.join(timeout=timeout_seconds)
+            thread.join(timeout=remaining())
+        left = [t.name for t in [*(j.thread for j in running if j.thread), self._thread, *self._settling]
+                if t.is_alive()]
+        if left:
+            log.warning("stopping without %s, still busy %.0f s after the stop began (their jobs stay RUNNING for "
+                        "the next controller)", ", ".join(left), timeout_seconds)
         self.launcher.close()
 
     def submit(self, spec: JobSpec) -> JobRecord:

@@ -1,10 +1,11 @@
 """Prometheus metrics of the controller (names: everstep_controller_<what>_<unit>).
 
 The series labelled by `job_id` (`PER_JOB`) live as long as the job runs here: the manager removes
-them `FINISHED_JOB_SERIES_SECONDS` after the job ended (SUCCEEDED, FAILED, CANCELLED; so that
-Prometheus scrapes the final values, the last evaluation included), and at once when the runner
-stopped without ending the job (another controller took it over, Redis gone, a shutdown): a
-controller that no longer runs a job exports none of its series. A PAUSED job keeps them.
+them `--finished-job-series-seconds` (`ControllerSettings.finished_job_series_seconds`, 300 s) after the
+job ended (SUCCEEDED, FAILED, CANCELLED; so that Prometheus scrapes the final values, the last evaluation
+included), and at once when the runner stopped without ending the job (another controller took it over,
+Redis gone, a shutdown): a controller that no longer runs a job exports none of its series. A PAUSED job
+keeps them.
 """
 
 from __future__ import annotations
@@ -37,8 +38,12 @@ REWARD_MEAN = Gauge("everstep_controller_reward_mean", "Mean reward of the sampl
                     ["job_id"])
 EVAL_ACCURACY = Gauge("everstep_controller_eval_accuracy_ratio", "Held-out accuracy (avg@k or greedy).",
                       ["job_id", "kind"])
-TOKENS_PER_SECOND = Gauge("everstep_controller_rollout_tokens_per_second",
-                          "Tokens generated per second of rollout phase, latest step.", ["job_id"])
+# the job's rollout throughput is rate(_rollout_tokens_total) / rate(_rollout_seconds_total): counters, not a
+# gauge of the latest step's quotient (which a scrape between two steps would miss)
+ROLLOUT_TOKENS = Counter("everstep_controller_rollout_tokens_total",
+                         "Output tokens generated in the job's rollout phases.", ["job_id"])
+ROLLOUT_SECONDS = Counter("everstep_controller_rollout_seconds_total",
+                          "Wall seconds of the job's rollout phases.", ["job_id"])
 ITERATION_SECONDS = Histogram("everstep_controller_iteration_seconds", "Wall time of one C3PO++ iteration.",
                               buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800))
 PHASE_SECONDS = Histogram("everstep_controller_phase_seconds", "Time per iteration phase.", ["phase"],
@@ -69,6 +74,10 @@ QUEUE_DEPTH = Gauge("everstep_controller_queue_depth_entries",
                     "Entries of a work queue: undelivered, or delivered and pending acknowledgement. "
                     "queue=jobs: submitted jobs; queue=rollouts: finished rollouts awaiting scores.",
                     ["queue", "status"])
+TRACKER_FAILURES = Counter("everstep_controller_tracker_failures_total",
+                           "Calls to an experiment tracker (the job's tracking section) that failed, by backend "
+                           "(tensorboard, wandb, mlflow) and operation (open, log_step, log_evaluation, rewind, "
+                           "close); the job goes on.", ["backend", "operation"])
 STALENESS = Histogram("everstep_controller_staleness_versions", "Policy versions behind, per trained token.",
                       buckets=(0, 1, 2, 3, 4, 8, 16))
 
@@ -77,7 +86,8 @@ def observe_iteration(job_id: str, record: StepMetrics, retention_ages: list[int
     STEP.labels(job_id=job_id).set(record.step)
     POLICY_VERSION.labels(job_id=job_id).set(record.policy_version)
     REWARD_MEAN.labels(job_id=job_id).set(record.reward_mean)
-    TOKENS_PER_SECOND.labels(job_id=job_id).set(record.tokens_per_s)
+    ROLLOUT_TOKENS.labels(job_id=job_id).inc(record.generated_tokens)
+    ROLLOUT_SECONDS.labels(job_id=job_id).inc(record.rollout_seconds)
     PARTIAL_BUFFER.labels(job_id=job_id).set(record.partial_buffer_size)
     ITERATION_SECONDS.observe(record.iteration_seconds)
     for phase, seconds in (("rollout", record.rollout_seconds), ("reward", record.reward_seconds),
@@ -97,11 +107,36 @@ def observe_iteration(job_id: str, record: StepMetrics, retention_ages: list[int
         STALENESS.observe(versions_behind)
 
 
+TOOL_CALLS = Counter("everstep_controller_tool_calls_total",
+                     "Tool calls of the trained samples, by error kind ('none': ran as asked).", ["job_id", "kind"])
+TOOL_TURNS = Gauge("everstep_controller_tool_turns_per_sample", "Mean model turns per trained sample, latest step.",
+                   ["job_id"])
+TOOL_USE_RATE = Gauge("everstep_controller_tool_use_ratio",
+                      "Fraction of the latest step's trained samples that called a tool.", ["job_id"])
+TOOL_SECONDS = Gauge("everstep_controller_tool_call_seconds",
+                     "Mean seconds from a tool call to its reply, latest step.", ["job_id"])
+
+
+def observe_tools(job_id: str, record: StepMetrics) -> None:
+    """The step's tool use (a job with tools: every step; without, nothing)."""
+    if record.turns_per_sample is None:
+        return
+    TOOL_TURNS.labels(job_id=job_id).set(record.turns_per_sample)
+    TOOL_USE_RATE.labels(job_id=job_id).set(record.tool_use_rate or 0.0)
+    TOOL_SECONDS.labels(job_id=job_id).set(record.tool_seconds_mean or 0.0)
+    errors = record.tool_errors or {}
+    TOOL_CALLS.labels(job_id=job_id, kind="none").inc((record.num_tool_calls or 0) - sum(errors.values()))
+    for kind, count in errors.items():
+        TOOL_CALLS.labels(job_id=job_id, kind=kind).inc(count)
+
+
+def count_tracker_failure(backend: str, operation: str) -> None:
+    TRACKER_FAILURES.labels(backend=backend, operation=operation).inc()
+
+
 # every metric labelled by job_id, found rather than listed so that a new one cannot be forgotten
 PER_JOB: tuple[MetricWrapperBase, ...] = tuple(
     m for m in list(globals().values()) if isinstance(m, MetricWrapperBase) and "job_id" in m._labelnames)
-# how long a finished job's series stay (several scrape intervals: its final values are scraped)
-FINISHED_JOB_SERIES_SECONDS = 300.0
 
 _removal_due: dict[str, float] = {}  # job id -> time.monotonic() at which its series go
 _removal_lock = threading.Lock()

@@ -21,6 +21,7 @@ from everstep.v1 import common_pb2
 from everstep_controller.algo.scheduler import GroupToStart
 from everstep_controller.algo.training_batch import has_signal
 from everstep_controller.data.dataset import PromptRow
+from everstep_controller.data.trajectories import new_sequence, num_model_tokens
 from everstep_controller.run.clients import GenerateStream
 from everstep_controller.run.run_state import RunState, SampleInFlight
 from everstep_controller.run.scoring import ScorerPool
@@ -42,7 +43,8 @@ def sample_seed(job_seed: int, sample_id: str) -> int:
 class RolloutResult:
     finished_ids: list[str]
     partials: list[common_pb2.Sequence]  # unfinished, drained from the engine
-    generated_tokens: int  # output tokens decoded in this phase (a carried rollout's earlier ones not counted)
+    generated_tokens: int  # output tokens the model decoded in this phase (a carried rollout's earlier ones and
+    # tool replies not counted)
     rounds: int = 1  # rounds of sampling (signal-aware sampling may take more than one)
 
 
@@ -60,7 +62,7 @@ class RolloutPhase:
     def run(self, stream: GenerateStream, sampling: common_pb2.SamplingParams) -> RolloutResult:
         scheduler = self.state.scheduler
         carried = self.state.carried
-        tokens_before = {s.id: len(s.output_ids) for s in carried}
+        tokens_before = {s.id: num_model_tokens(s) for s in carried}
         for seq in carried:
             seq.finish_reason = common_pb2.FINISH_REASON_UNSPECIFIED
         stream.send(carried, sampling)
@@ -79,7 +81,7 @@ class RolloutPhase:
                     partials.append(seq)
                     continue
                 finished.append(seq)
-                scheduler.on_finished(seq.id, len(seq.output_ids))
+                scheduler.on_finished(seq.id, num_model_tokens(seq))  # the budget counts the model's tokens
                 self.scorers.submit(seq.id, sample.row.index, seq)
                 if closing:
                     continue
@@ -91,7 +93,7 @@ class RolloutPhase:
         except BaseException:
             stream.cancel()
             raise
-        generated = sum(len(s.output_ids) - tokens_before.get(s.id, 0) for s in finished + partials)
+        generated = sum(num_model_tokens(s) - tokens_before.get(s.id, 0) for s in finished + partials)
         return RolloutResult([s.id for s in finished], partials, generated, scheduler.rounds)
 
     def _done(self) -> bool:
@@ -129,6 +131,8 @@ class RolloutPhase:
             for sample_id in group.sample_ids:
                 self.state.samples[sample_id] = SampleInFlight(row, group.group_id)
                 seed = sample_seed(self.spec.seed, sample_id) if self.spec.deterministic else 0
-                sequences.append(common_pb2.Sequence(id=sample_id, prompt_ids=row.prompt_ids, seed=seed))
+                sequence = new_sequence(sample_id, row, self.spec.tools is not None)
+                sequence.seed = seed
+                sequences.append(sequence)
         stream.send(sequences, sampling)
         return {s.id: 0 for s in sequences}

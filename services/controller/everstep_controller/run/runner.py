@@ -28,6 +28,7 @@ from functools import partial
 from pathlib import Path
 
 import redis
+from tokenizers import Tokenizer
 
 from everstep.settings import RoutingReplay, SchedulerMode
 from everstep.settings_codec import SAMPLING_PARAMS
@@ -49,11 +50,14 @@ from everstep_controller.run.runner_settings import RunnerSettings
 from everstep_controller.run.scoring import ScorerPool, ScoringDepth
 from everstep_controller.run.step_record import StepTimes
 from everstep_controller.run.steps_in_flight import StepsInFlight
+from everstep_controller.run.trajectory_report import TrajectoryStats, render_sample
 from everstep_controller.run.unscorable_rows import UnscorableRows
 from everstep_controller.run.workers import JobWorkers
 from everstep_controller.spec.job_spec import JobSpec
 from everstep_controller.store.job_store import Action, JobState, JobStore, LostOwnership, WorkerAddresses
 from everstep_controller.store.progress_store import ProgressStore
+from everstep_controller.store.step_samples import SAMPLES_PER_STEP
+from everstep_controller.tracking import Trackers
 
 __all__ = ["JobCancelled", "JobRunner", "RunOutcome", "RunnerInterrupted", "RunnerSettings", "WorkersFailed",
            "sample_seed", "scheduler_config"]
@@ -84,11 +88,16 @@ class JobRunner:
         self.scorers: ScorerPool | None = None
         self.interrupt = threading.Event()  # set by the controller when it shuts down
         self.recovery = Recovery(job_id, spec, store, progress, owner, self.settings, self.interrupt)
-        self.commit = StepCommit(job_id, owner, progress)
+        # the spec's tracking section: TensorBoard, W&B, MLflow
+        self.trackers = Trackers(job_id, spec, on_failure=metrics.count_tracker_failure)
+        self.commit = StepCommit(job_id, owner, progress, trackers=self.trackers)
         self.state: RunState | None = None  # set once the workers are attached
         self.next_step = 0  # the last step whose rollout phase ran (committed or in flight)
         self.in_flight = StepsInFlight(job_id)  # with scheduler.overlap: steps training while the next decodes
         self.train_rows: list[PromptRow] = []
+        self.tools: common_pb2.ToolConfig | None = None
+        self.tokenizer: Tokenizer | None = None
+        """The job's tool loop, sent with every Generate request (None: single turn)."""
         self.rows_by_index: dict[int, PromptRow] = {}
         self.eval_rows: list[PromptRow] = []
         self.unscorable: UnscorableRows | None = None
@@ -105,9 +114,11 @@ class JobRunner:
     # -- lifecycle ---------------------------------------------------------------------------
     def run(self) -> RunOutcome:
         started = time.monotonic()
+        ended: JobState | None = None  # the terminal state stored, for the trackers
         try:
-            self.store.update(self.job_id, fence=self.owner, state=JobState.RUNNING, error=None)
+            record = self.store.update(self.job_id, fence=self.owner, state=JobState.RUNNING, error=None)
             metrics.JOBS_STARTED.inc()
+            self.trackers.open(resumed_after_step=record.step if self.resumed else None)
             self._load_data()
             failure = None
             try:
@@ -116,10 +127,12 @@ class JobRunner:
                 failure = e
             self._drive(failure)
             self.store.update(self.job_id, fence=self.owner, state=JobState.SUCCEEDED)
+            ended = JobState.SUCCEEDED
             return RunOutcome(True)
         except JobCancelled:
             self.in_flight.settle()
             self.store.update(self.job_id, fence=self.owner, state=JobState.CANCELLED)
+            ended = JobState.CANCELLED
             return RunOutcome(True, "cancelled")
         except LostOwnership as e:
             log.warning("job %s: %s; this runner stops", self.job_id, e)
@@ -139,11 +152,13 @@ class JobRunner:
                                   error=f"{type(e).__name__}: {e}")
             except LostOwnership:
                 return RunOutcome(False, "lost ownership")
+            ended = JobState.FAILED
             return RunOutcome(True, "failed")
         finally:
             self.in_flight.shutdown()
             log.info("job %s: runner ended after %.1fs at step %d", self.job_id, time.monotonic() - started,
                      self.step)
+            self.trackers.close(ended)
             self._stop_scorers()
             self.reward.close()
             if self.workers is not None:
@@ -182,6 +197,8 @@ class JobRunner:
     def _load_data(self) -> None:
         data = load_job_data(self.spec)
         self.train_rows, self.eval_rows = data.train.rows, data.eval_rows
+        self.tools = data.tool_config(self.settings.sandbox)
+        self.tokenizer = data.tokenizer
         self.rows_by_index = {row.index: row for row in self.train_rows}
         if data.train.num_skipped:
             metrics.DATASET_ROWS_SKIPPED.inc(data.train.num_skipped)
@@ -242,6 +259,7 @@ class JobRunner:
         self.state = self.recovery.continue_from(self.workers, self.rows_by_index, trainer_kept=trainer_kept,
                                                  reason=reason)
         self.next_step = self.state.step
+        self.trackers.continue_after(self.state.step)  # back to a checkpoint: the steps redone are logged again
         self._start_scorers()
 
     def _start_scorers(self) -> None:
@@ -344,18 +362,28 @@ class JobRunner:
         times = StepTimes(rollout_seconds=rollout_seconds, reward_seconds=t_reward, train_seconds=t_train,
                           weight_push_seconds=push_seconds, iteration_seconds=time.monotonic() - started)
         rewards = [scored[s].reward for s in train_ids if not scored[s].error]
+        sequences = {s: scored[s].proto() for s in train_ids}
+        row_of = {s: self.rows_by_index[end.prompt_indices[g]] for g in end.outcome.trainable_groups
+                  for s in end.survivors[g]}
+        samples = [render_sample(s, row_of[s], sequences[s], None if scored[s].error else scored[s].reward,
+                                 self._decode) for s in train_ids[:SAMPLES_PER_STEP]]
         self.commit.commit(state, TrainedStep(step=step, end=end, rollout=rollout, batch=batch, rewards=rewards,
                                               staleness=staleness, stats=stats, times=times,
+                                              tools=TrajectoryStats.of(list(sequences.values())), samples=samples,
                                               record_changes=record_changes), scorers)
         self.recovery.step_completed()
         if push_failure is not None:
             raise push_failure
 
+    def _decode(self, ids: list[int]) -> str:
+        """Token ids as text, control tokens kept (a sample's turns as the model saw them)."""
+        return self.tokenizer.decode(ids, skip_special_tokens=False) if self.tokenizer is not None else ""
+
     def _rollout_phase(self) -> RolloutResult:
         """Decode until the scheduler ends the iteration (RunnerInterrupted / JobCancelled when asked to)."""
         phase = RolloutPhase(self.spec, self.state, self.train_rows, self.scorers, self._stop_requested,
                              self.settings.scoring_timeout_seconds)
-        result = phase.run(self.workers.rollout.generate(), self._sampling(training=True))
+        result = phase.run(self.workers.rollout.generate(self.tools), self._sampling(training=True))
         if self.interrupt.is_set():
             raise RunnerInterrupted
         if self.store.requested(self.job_id) == Action.cancel:
@@ -385,10 +413,11 @@ class JobRunner:
             return
         evaluation = evaluate(self.workers.rollout, self.reward, self.eval_rows, self.spec.evaluation,
                               sampling=self._sampling(), greedy_sampling=self._sampling(greedy=True),
-                              make_item=self.make_item, step=step)
+                              make_item=self.make_item, step=step, tools=self.tools)
         history = dict(record.evaluation) if record else {}
         history[str(step)] = evaluation
         self.store.update(self.job_id, fence=self.owner, evaluation=history)
+        self.trackers.log_evaluation(evaluation)
         metrics.EVAL_ACCURACY.labels(job_id=self.job_id, kind="sampled").set(evaluation.accuracy or 0.0)
         if evaluation.greedy_accuracy is not None:
             metrics.EVAL_ACCURACY.labels(job_id=self.job_id, kind="greedy").set(evaluation.greedy_accuracy)

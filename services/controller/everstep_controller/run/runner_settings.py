@@ -21,6 +21,8 @@ class RunnerSettings:
     score_attempts: int = setting("score_attempts")
     worker_restarts: int = setting("worker_restarts")
     """Also the retried calls allowed without a completed step."""
+    sandbox: str = setting("sandbox")
+    """Where the python tool runs (ToolConfig.sandbox_address)."""
     deadlines: Deadlines = field(default_factory=Deadlines)
     """Of every gRPC call."""
     backoff: Backoff = field(default_factory=Backoff)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from everstep.v1 import trainer_pb2
 from everstep_controller.algo.scheduler import IterationOutcome
 from everstep_controller.algo.training_batch import TrainingBatch
+from everstep_controller.run.trajectory_report import TrajectoryStats
 from everstep_controller.store.step_metrics import TRAIN_STAT_FIELDS, StepMetrics
 
 __all__ = ["StepTimes", "step_record"]
@@ -24,10 +25,14 @@ class StepTimes:
 def step_record(*, step: int, version: int, outcome: IterationOutcome, batch: TrainingBatch, rewards: list[float],
                 num_trained_samples_total: int, num_carried: int, num_finished: int, generated_tokens: int,
                 staleness: list[int], times: StepTimes, stats: trainer_pb2.TrainStats | None,
-                rounds: int = 1) -> StepMetrics:
+                rounds: int = 1, tools: TrajectoryStats | None = None) -> StepMetrics:
     """rewards: of the trained groups' members that have one; staleness: versions behind, per trained token."""
     num_unscorable = len(batch.unscorable)
     train_stats = {name: getattr(stats, name) for name in TRAIN_STAT_FIELDS} if stats is not None else {}
+    tool_fields = {} if tools is None or not tools.has_tools else {
+        "turns_per_sample": tools.turns_per_sample, "tool_use_rate": tools.tool_use_rate,
+        "num_tool_calls": tools.num_tool_calls, "tool_errors": tools.tool_errors,
+        "tool_seconds_mean": tools.tool_seconds_mean}
     return StepMetrics(
         step=step,
         policy_version=version,
@@ -54,6 +59,7 @@ def step_record(*, step: int, version: int, outcome: IterationOutcome, batch: Tr
         weight_push_seconds=times.weight_push_seconds,
         iteration_seconds=times.iteration_seconds,
         num_sampling_rounds=rounds,
+        **tool_fields,
         **train_stats,
     )
 

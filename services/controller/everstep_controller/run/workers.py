@@ -31,13 +31,19 @@ class JobWorkers:
 
     def resume_checkpoint(self, path: str, *, version: int, step: int) -> None:
         """The trainer resumes a checkpoint whole (weights, AdamW state, RNG streams, step count); the
-        engine loads its weights. RuntimeError when the checkpoint is not the one the job recorded."""
+        engine loads its weights (LoRA: the base, then the trainer pushes the adapters). RuntimeError when the
+        checkpoint is not the one the job recorded."""
         reply = self.trainer.load_checkpoint(path)
         saved = json.loads(reply.data_position) if reply.data_position else {}
         if reply.version != version or saved.get("step", step) != step:
             raise RuntimeError(f"checkpoint {path} holds version {reply.version} of step {saved.get('step')}; "
                                f"the job recorded version {version}, step {step}")
-        self._load_rollout(path, version, step)
+        if self.spec.trainer.lora is None:
+            self._load_rollout(path, version, step)
+            return
+        # A LoRA checkpoint holds adapters: the engine loads the base and gets the adapters pushed.
+        self._load_rollout(self.spec.model_path, version, step)
+        self.push_weights()
 
     def save_checkpoint(self, path: str, *, job_id: str, step: int) -> None:
         self.trainer.save_checkpoint(path, data_position=json.dumps({"job_id": job_id, "step": step}))

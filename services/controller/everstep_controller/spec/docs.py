@@ -27,12 +27,16 @@ def _default(field: Any) -> str:
 
 def _rows(model: type[BaseModel], prefix: str) -> list[str]:
     rows: list[str] = []
-    nested: list[tuple[str, type[BaseModel]]] = []
+    nested: list[tuple[str, type[BaseModel], str]] = []
     for name, field in model.model_fields.items():
         path = f"{prefix}{name}"
         annotation = field.annotation
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            nested.append((path, annotation))
+            nested.append((path, annotation, "section |"))
+            continue
+        optional = _optional_model(annotation)
+        if optional is not None:  # an optional section, e.g. tracking.wandb: off unless given
+            nested.append((path, optional, "optional section | `null`"))
             continue
         description = (field.description or "").replace("|", "\\|")
         type_name = getattr(annotation, "__name__", str(annotation)).replace("|", "\\|")
@@ -40,10 +44,15 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
         item = _list_item_model(annotation)
         if item is not None:  # the fields of each list entry, e.g. reward.verifiers[].weight
             rows.extend(_rows(item, f"{path}[]."))
-    for path, sub in nested:
-        rows.append(f"| **`{path}`** | section | | {(sub.__doc__ or '').strip().partition(chr(10))[0]} |")
+    for path, sub, kind in nested:
+        rows.append(f"| **`{path}`** | {kind} | {(sub.__doc__ or '').strip().partition(chr(10))[0]} |")
         rows.extend(_rows(sub, f"{path}."))
     return rows
+
+
+def _optional_model(annotation: Any) -> type[BaseModel] | None:
+    models = [a for a in get_args(annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+    return models[0] if len(models) == 1 and type(None) in get_args(annotation) else None
 
 
 def _list_item_model(annotation: Any) -> type[BaseModel] | None:

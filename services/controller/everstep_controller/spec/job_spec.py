@@ -21,7 +21,9 @@ from everstep.settings import (
     TrainerSettings,
 )
 from everstep.settings import Section as _Section
+from everstep.tool_settings import ToolSettings
 from everstep.verifiers import VERIFIER_PARAMS
+from everstep_controller.spec.tracking_spec import TrackingSpec
 
 
 class DatasetFormat(StrEnum):
@@ -231,6 +233,11 @@ class JobSpec(_Section):
     evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    tools: ToolSettings | None = Field(
+        default=None,
+        description="Multi-turn tool use: the tools the model may call between its turns and where they run "
+                    "(docs/tools.md). Unset: one prompt, one completion.")
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
     steps: int = Field(default=20, ge=1, description="Training steps (one per scheduler iteration).")
     max_trained_samples: int = Field(
         default=0, ge=0,
@@ -254,6 +261,9 @@ class JobSpec(_Section):
             raise ValueError(f"deterministic needs scheduler.overlap 0 (got {self.scheduler.overlap}): with overlap, "
                              "the version that samples a token depends on when the new weights arrive")
         self.scheduler.check_holds_a_group(self.algorithm.group_size)
+        if self.tools is not None and self.prompt.format == PromptFormat.raw:
+            raise ValueError("tools need prompt.format 'chat' or 'auto': the tools reach the model through its chat "
+                             "template")
         if self.trainer.warmup_steps >= self.steps:
             raise ValueError(f"trainer.warmup_steps ({self.trainer.warmup_steps}) must be less than steps "
                              f"({self.steps})")

@@ -22,13 +22,16 @@ from enum import StrEnum
 from typing import Annotated, Any
 
 import redis
-from pydantic import BaseModel, BeforeValidator, Field
+from pydantic import BaseModel, BeforeValidator, Field, TypeAdapter
 
 from everstep_controller.spec.job_spec import JobSpec
 from everstep_controller.store.step_metrics import Evaluation, StepMetrics
+from everstep_controller.store.step_samples import StepSample
 
 PREFIX = "everstep:"
 
+
+_SAMPLES = TypeAdapter(list[StepSample])
 
 class JobState(StrEnum):
     PENDING = "PENDING"
@@ -85,7 +88,8 @@ class ResumeEvent(BaseModel):
 class CheckpointInfo(BaseModel):
     step: int = Field(description="Training steps completed when it was saved.")
     path: str = Field(description="Folder of the checkpoint: the policy's weights as a Hugging Face model "
-                                  "directory, with the trainer's state to resume from.")
+                                  "directory (with trainer.lora: a PEFT adapter directory naming its base), with the "
+                                  "trainer's state to resume from; `everstep model export` writes it out.")
     saved_at: float = Field(description="Unix time it was recorded.")
 
 
@@ -189,6 +193,12 @@ class JobStore:
     # -- metrics history (ProgressStore appends a step's row when it commits the step) -----
     def metrics(self, job_id: str) -> list[StepMetrics]:
         return [StepMetrics.model_validate_json(m) for m in self.redis.lrange(self.key(job_id, ":metrics"), 0, -1)]
+
+    def samples(self, job_id: str, step: int) -> list[StepSample] | None:
+        """The rendered samples of a committed step (None: no such step, or one committed before samples were
+        kept)."""
+        raw = self.redis.hget(self.key(job_id, ":samples"), str(step))
+        return _SAMPLES.validate_json(raw) if raw is not None else None
 
     # -- ownership and workers -------------------------------------------------------------
     def claim(self, job_id: str, owner: str) -> None:

@@ -6,6 +6,8 @@ Keys (prefix `everstep:job:{id}`):
 - `:scored`                   hash sample id -> JSON `ScoredSample`: finished rollouts with their reward,
                               kept until their group is trained or dropped
 - `:training`                 set while a train step is in flight: the trainer's version is then unknown
+- `:samples`                  hash step -> JSON list of `StepSample`: a few of each step's samples, rendered (kept
+                              with the metrics after the job ends)
 - `:checkpoint`, `:checkpoint:carried`, `:checkpoint:scored`
                               the same three at the latest checkpoint, with the checkpoint's path
 
@@ -21,17 +23,20 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from everstep.v1 import common_pb2, reward_pb2
 from everstep_controller.data.reward_errors import ErrorClass, PartError, classify, part_errors
 from everstep_controller.store.job_store import CheckpointInfo, JobRecord, JobStore, LostOwnership
 from everstep_controller.store.step_metrics import StepMetrics
+from everstep_controller.store.step_samples import StepSample
 
 LEGACY_KEYS = (":rollouts",)
 """Keys older controllers wrote (a Redis stream of finished rollouts to score): removed with the job's
 other transient keys."""
 
+
+_SAMPLES = TypeAdapter(list[StepSample])
 
 class ScoredSample(BaseModel):
     """A finished rollout and its reward."""
@@ -121,9 +126,11 @@ class ProgressStore:
         self._fenced(job_id, owner, lambda pipe, _: pipe.set(self._key(job_id, ":training"), step))
 
     def commit_step(self, job_id: str, owner: str, *, progress: JobProgress, carried: list[common_pb2.Sequence],
-                    closed_sample_ids: list[str], metrics: StepMetrics, record_changes: dict[str, Any]) -> None:
+                    closed_sample_ids: list[str], metrics: StepMetrics, record_changes: dict[str, Any],
+                    samples: list[StepSample] | None = None) -> None:
         """Atomically: the progress after the step, its carried partials, the scores it consumed
-        dropped, its metrics row appended, the job record updated, the training mark cleared."""
+        dropped, its metrics row appended, its rendered samples kept, the job record updated, the training mark
+        cleared."""
 
         progress_key = self._key(job_id, ":progress")
 
@@ -139,6 +146,7 @@ class ProgressStore:
             if closed_sample_ids:
                 pipe.hdel(self._key(job_id, ":scored"), *closed_sample_ids)
             pipe.rpush(self._key(job_id, ":metrics"), metrics.model_dump_json())
+            pipe.hset(self._key(job_id, ":samples"), str(progress.step), _SAMPLES.dump_json(samples or []))
             self.store.record_update(pipe, record, **record_changes)
             pipe.delete(self._key(job_id, ":training"))
 
@@ -206,7 +214,7 @@ class ProgressStore:
         """Forgets all progress: the job starts over from step 0."""
 
         def write(pipe: redis.client.Pipeline, record: JobRecord) -> None:
-            pipe.delete(*self._transient_keys(job_id), self._key(job_id, ":metrics"))
+            pipe.delete(*self._transient_keys(job_id), self._key(job_id, ":metrics"), self._key(job_id, ":samples"))
             self.store.record_update(pipe, record, step=0, evaluation={}, metrics=None)
 
         self._fenced(job_id, owner, write)

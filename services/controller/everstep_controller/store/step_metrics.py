@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
-__all__ = ["TRAIN_STAT_FIELDS", "Evaluation", "StepMetrics"]
+__all__ = ["TOOL_FIELDS", "TRAIN_STAT_FIELDS", "Evaluation", "StepMetrics"]
 
 
 class _EveryStep(BaseModel):
@@ -48,6 +48,16 @@ class _EveryStep(BaseModel):
     iteration_seconds: float = Field(description="The whole step.")
     num_sampling_rounds: int = Field(default=1, description="Rounds of sampling the step took (more than 1 only "
                                                         "with algorithm.min_signal_groups).")
+    # A job with tools (spec.tools) reports these; other jobs leave them out of their JSON (TOOL_FIELDS).
+    turns_per_sample: float | None = Field(default=None, description="Tools: mean model turns per trained sample.")
+    tool_use_rate: float | None = Field(default=None,
+                                        description="Tools: fraction of the trained samples that called a tool.")
+    num_tool_calls: int | None = Field(default=None, description="Tools: tool calls of the trained samples.")
+    tool_errors: dict[str, int] | None = Field(default=None,
+                                               description="Tools: the trained samples' failed calls by error kind "
+                                                           "(malformed, unknown_tool, bad_arguments, timeout, "
+                                                           "unavailable, limit, environment).")
+    tool_seconds_mean: float | None = Field(default=None, description="Tools: mean seconds from a call to its reply.")
 
 
 class StepMetrics(_EveryStep):
@@ -96,7 +106,7 @@ class StepMetrics(_EveryStep):
     def _without_absent_train_stats(self, handler: SerializerFunctionWrapHandler):
         # no return annotation: the JSON schema stays this model's (a `dict` one would hide every field)
         data = handler(self)
-        for name in TRAIN_STAT_FIELDS:
+        for name in (*TRAIN_STAT_FIELDS, *TOOL_FIELDS):
             if name in data and data[name] is None:
                 del data[name]
         return data
@@ -119,3 +129,6 @@ class Evaluation(BaseModel):
     k: int = Field(description="Samples per prompt (spec.evaluation.samples_per_prompt).")
     num_prompts: int = Field(description="Held-out prompts evaluated.")
     num_unscored: int = Field(description="Samples left out because their reward failed (never counted as wrong).")
+
+TOOL_FIELDS = ("turns_per_sample", "tool_use_rate", "num_tool_calls", "tool_errors", "tool_seconds_mean")
+"""Reported by the steps of a job with tools only."""

@@ -37,6 +37,10 @@ class StepStats:
     sequences runs in the same pass (up to prefill_max_tokens); larger prefills run in passes before it."""
     step_seconds: float
     finished: dict[FinishReason, int]
+    num_paused: int = 0
+    """Sequences waiting for their tool calls (their KV cache kept)."""
+    num_tool_evictions: int = 0
+    """Paused sequences evicted so far for queued ones (prefilled again after their replies); a running total."""
 
 
 class GenerationEngine(Protocol):

@@ -254,6 +254,10 @@ class SglangEngine:
         duplicates = {k for k in keys if k in self._live} | {k for k in keys if keys.count(k) > 1}
         if duplicates:
             raise ValueError(f"sequence ids already in flight: {sorted(k[1] for k in duplicates)[:5]}")
+        with_tools = [r.id for r in requests if r.tools is not None]
+        if with_tools:  # never a silent single turn
+            raise ValueError(f"sequence {with_tools[0]!r}: tools (multi-turn tool use) need the torch engine; the "
+                             "sglang engine does not run the tool loop yet")
         limit = self.config.max_running + self.config.max_queued
         if len(self._live) + len(requests) > limit:
             raise QueueFullError(

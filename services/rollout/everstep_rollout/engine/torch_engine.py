@@ -17,6 +17,14 @@ row's input token) go into the sequence's `RouteBuffer`, which keeps each positi
 sent with, then those computed first): a re-prefill or a KV recompute after a weight swap adds only positions
 beyond them. See `everstep_rollout.routing`.
 
+Multi-turn tool use (`GenerationRequest.tools`, docs/tools.md): when a sequence ends a turn with tool calls
+(`everstep_rollout.tools.ToolSession`), it is paused in its slot with its KV cache kept while the calls run on tool
+threads; the other sequences go on decoding. A paused sequence's decode row recomputes its last token's keys (the
+same values) and its sampled token is dropped. When the replies come, their tokens are fed through its decode row,
+one per step (`_Sequence.forced`): the history is never prefilled again. Only when sequences wait for a slot and
+every slot is taken are paused sequences evicted (`num_tool_evictions`); they are prefilled again once their
+replies came. Tool tokens are marked in `output_tool_mask`, with log-prob 0 and version -1.
+
 A prefilled sequence's last token is not prefilled: it is the input of the next decode step, so new,
 continued and recomputed sequences join the decode batch the same way. The engine is not thread safe;
 `EngineLoop` drives it from one thread.
@@ -25,16 +33,18 @@ continued and recomputed sequences join the decode batch the same way. The engin
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import logging
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from everstep.model_config import MAX_ROUTED_EXPERTS, position_limit
+from everstep.v1 import common_pb2
 from everstep_rollout.config import EngineConfig
 from everstep_rollout.engine.interface import QueueFullError, StepStats
 from everstep_rollout.engine.sampling import SamplingBatch, sample
@@ -44,6 +54,7 @@ from everstep_rollout.kv_cache import SlotAllocator
 from everstep_rollout.model_files import read_config, read_eos_token_ids
 from everstep_rollout.routing import RouteBuffer, check_routed_experts
 from everstep_rollout.sequence import FinishReason, GenerationRequest, SequenceResult
+from everstep_rollout.tools import ToolRuntime, ToolSession
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +63,9 @@ _THROUGHPUT_WINDOW_SECONDS = 10.0
 # text token decodes to at least one character, so a stop string that the last token completed lies
 # inside that window; decoding the whole output every step would cost O(length) per token.
 _STOP_WINDOW_EXTRA_TOKENS = 8
+# How long a step with every running sequence paused for its tools waits for a reply before it looks again
+# (new requests and drains are handled between steps).
+_TOOL_POLL_SECONDS = 0.02
 
 
 @dataclass(eq=False, kw_only=True)
@@ -65,6 +79,15 @@ class _Sequence:
     stop_window: int
     routes: RouteBuffer | None = None
     slot: int = -1
+    tools: ToolSession | None = None
+    tool_mask: list[bool] | None = None
+    forced: collections.deque[int] = field(default_factory=collections.deque)
+    """Tool-reply tokens still to feed through the decode row."""
+
+    @property
+    def paused(self) -> bool:
+        """Waiting for its tool calls."""
+        return self.tools is not None and self.tools.pending is not None
 
     @property
     def key(self) -> tuple[int, str]:
@@ -105,6 +128,12 @@ class Engine:
         self._needs_prefill: list[_Sequence] = []
         self._finished_on_add: list[SequenceResult] = []
         self._throughput = ThroughputWindow(window_seconds=_THROUGHPUT_WINDOW_SECONDS)
+        self._tool_runtime = ToolRuntime(self.config.sandbox_endpoint)
+        self._evicted: list[_Sequence] = []
+        """Paused sequences that gave up their slot (memory pressure); prefilled again after their replies."""
+        self.num_tool_evictions = 0
+        self.num_prefilled_total = 0
+        """Sequences prefilled since the start (admitted, re-admitted after an eviction, or recomputed)."""
         self.last_step: StepStats | None = None
         log.info(
             "loaded %s (%s, %s executor, %d parameters, %s, quantization %s, weights %.1f MiB on %s); "
@@ -132,13 +161,14 @@ class Engine:
         return None
 
     def shutdown(self) -> None:
-        """Nothing to release: the weights and cache are freed with the engine."""
+        """The tool threads stop; the weights and cache are freed with the engine."""
+        self._tool_runtime.shutdown()
 
     # -- state ------------------------------------------------------------------------------------------
 
     @property
     def num_running(self) -> int:
-        return len(self._live) - len(self._queue)
+        return len(self._live) - len(self._queue) - len(self._evicted)
 
     @property
     def num_queued(self) -> int:
@@ -193,6 +223,14 @@ class Engine:
             seq = self._new_sequence(r)
             if self._length_reached(seq):
                 self._finished_on_add.append(self._result(seq, FinishReason.LENGTH))
+            elif seq.tools is not None and seq.output_ids and seq.output_ids[-1] in self.eos_token_ids and not (
+                    seq.tool_mask and seq.tool_mask[-1]):
+                # a partial drained while its tool ran: the call runs again (docs/tools.md, carry-over)
+                if seq.tools.end_turn(seq.output_ids, self._tool_runtime.submit, counted=False):
+                    self._queue.append(seq)
+                    self._live[seq.key] = seq
+                else:
+                    self._finished_on_add.append(self._result(seq, FinishReason.STOP))
             else:
                 self._queue.append(seq)
                 self._live[seq.key] = seq
@@ -208,10 +246,19 @@ class Engine:
             length = len(r.prompt_ids) + (r.sampling.max_new_tokens or len(r.output_ids) + 64)
             routes = RouteBuffer(len(self.routing_shape.moe_layers), self.routing_shape.top_k, r.routed_experts,
                                  capacity=min(length, self.max_seq_len))
+        tools = tool_mask = None
+        if r.tools is not None:
+            tool_mask = list(r.output_tool_mask) or [False] * len(r.output_ids)
+            trajectory = common_pb2.ToolTrajectory()
+            if r.tool_trajectory is not None:
+                trajectory.CopyFrom(r.tool_trajectory)
+            turn_start = max((i + 1 for i, is_tool in enumerate(tool_mask) if is_tool), default=0)
+            tools = ToolSession(r.tools, self._tool_runtime.client(r.tools, r.sandbox_address), self.tokenizer,
+                                trajectory, turn_start=turn_start)
         return _Sequence(
             request=r, token_ids=[*r.prompt_ids, *r.output_ids], output_ids=list(r.output_ids),
             output_logprobs=list(r.output_logprobs), output_versions=list(r.output_versions),
-            generator=generator, stop_window=stop_window, routes=routes,
+            generator=generator, stop_window=stop_window, routes=routes, tools=tools, tool_mask=tool_mask,
         )
 
     def drain(self, stream: int | None = None) -> list[SequenceResult]:
@@ -223,7 +270,12 @@ class Engine:
 
     def _remove(self, seq: _Sequence) -> None:
         del self._live[seq.key]
-        if seq.slot >= 0:
+        if seq.tools is not None and seq.tools.pending is not None:
+            seq.tools.pending.cancel()  # a drained call runs again where the partial is continued
+            seq.tools.pending = None
+        if seq in self._evicted:
+            self._evicted.remove(seq)
+        elif seq.slot >= 0:
             self._slots[seq.slot] = None
             self._free_slots.release(seq.slot)
             seq.slot = -1
@@ -254,6 +306,8 @@ class Engine:
         """Admit, prefill, decode one token for every running sequence; return the sequences that finished."""
         start = time.perf_counter()
         finished, self._finished_on_add = self._finished_on_add, []
+        finished += self._take_tool_replies()
+        self._evict_paused_for_queued()
         to_prefill, self._needs_prefill = self._needs_prefill, []
         while self._queue and self._free_slots.num_free:
             seq = self._queue.popleft()
@@ -261,10 +315,14 @@ class Engine:
             self._slots[seq.slot] = seq
             to_prefill.append(seq)
         self._compact_slots()
+        self.num_prefilled_total += len(to_prefill)
+        running = [s for s in self._slots if s is not None]
+        if not to_prefill and all(s.paused for s in running):
+            self._wait_for_tools()  # nothing to decode until a tool replies
+            running = []
         fused = self._prefill_all_but_last_chunk(to_prefill)
         decode_start = time.perf_counter()
         reasons: collections.Counter[FinishReason] = collections.Counter(r.finish_reason for r in finished)
-        running = [s for s in self._slots if s is not None]
         if running:
             for seq, reason in self._decode(running, fused):
                 if reason is not None:
@@ -272,12 +330,69 @@ class Engine:
                     finished.append(self._result(seq, reason))
                     reasons[reason] += 1
         end = time.perf_counter()
-        self._throughput.record(time.monotonic(), len(running))
+        num_decoded = sum(not s.paused for s in running)
+        self._throughput.record(time.monotonic(), num_decoded)
         self.last_step = StepStats(
-            num_decoded=len(running), num_prefilled=len(to_prefill), decode_seconds=end - decode_start,
+            num_decoded=num_decoded, num_prefilled=len(to_prefill), decode_seconds=end - decode_start,
             step_seconds=end - start, finished=dict(reasons),
+            num_paused=sum(1 for s in self._live.values() if s.paused), num_tool_evictions=self.num_tool_evictions,
         )
         return finished
+
+    # -- tools ------------------------------------------------------------------------------------------
+
+    def _take_tool_replies(self) -> list[SequenceResult]:
+        """Sequences whose tool calls replied: their reply tokens go to the decode row (or, evicted, straight into
+        the sequence, which queues for a prefill); the finished ones (the environment ended the episode, or the
+        reply would not fit) are returned."""
+        finished = []
+        for seq in [s for s in self._live.values() if s.tools is not None and s.tools.pending is not None
+                    and s.tools.pending.done()]:
+            assert seq.tools is not None
+            end = seq.tools.take_reply(seq.output_ids)
+            room = self.max_seq_len - len(seq.token_ids)
+            max_new = seq.request.sampling.max_new_tokens
+            if max_new:
+                room = min(room, max_new - len(seq.output_ids))
+            reason = FinishReason.STOP if end.finished else (
+                FinishReason.LENGTH if len(end.reply_ids) >= room else None)
+            if reason is not None:
+                self._remove(seq)
+                finished.append(self._result(seq, reason))
+            elif seq in self._evicted:
+                for token in end.reply_ids:
+                    self._append(seq, token, 0.0, -1, tool=True)
+                self._evicted.remove(seq)
+                self._queue.appendleft(seq)
+            else:
+                seq.forced.extend(end.reply_ids)
+        return finished
+
+    def _evict_paused_for_queued(self) -> None:
+        """Memory pressure: sequences wait for a slot and every slot is taken; paused ones give theirs up."""
+        if not self._queue or self._free_slots.num_free:
+            return
+        for seq in [s for s in self._slots if s is not None and s.paused][: len(self._queue)]:
+            self._slots[seq.slot] = None
+            self._free_slots.release(seq.slot)
+            seq.slot = -1
+            if seq in self._needs_prefill:
+                self._needs_prefill.remove(seq)
+            self._evicted.append(seq)
+            self.num_tool_evictions += 1
+
+    def _wait_for_tools(self) -> None:
+        pending = [s.tools.pending for s in self._live.values() if s.tools is not None and s.tools.pending is not None]
+        if pending:
+            concurrent.futures.wait(pending, timeout=_TOOL_POLL_SECONDS, return_when=concurrent.futures.FIRST_COMPLETED)
+
+    def _append(self, seq: _Sequence, token: int, logprob: float, version: int, *, tool: bool = False) -> None:
+        seq.token_ids.append(token)
+        seq.output_ids.append(token)
+        seq.output_logprobs.append(logprob)
+        seq.output_versions.append(version)
+        if seq.tool_mask is not None:
+            seq.tool_mask.append(tool)
 
     def _compact_slots(self) -> None:
         """Move the sequences of the highest slots into free lower ones: a decode step computes every row up
@@ -350,7 +465,9 @@ class Engine:
             slot = s.slot
             tokens[slot], positions[slot] = s.token_ids[-1], len(s.token_ids) - 1
             temperature[slot], top_p[slot], top_k[slot] = o.temperature, o.top_p, o.top_k
-            generators[slot] = s.generator
+            # a row whose token is dropped (paused) or given (a tool reply) draws nothing from the sequence's own
+            # generator: a seeded trajectory samples the same tokens however long its tools take
+            generators[slot] = None if s.paused or s.forced else s.generator
         logits = self.executor.forward(ForwardBatch(
             decode_tokens=tokens, decode_positions=positions,
             prefill_rows=[s.token_ids[:-1] for s in prefill], prefill_slots=[s.slot for s in prefill],
@@ -362,12 +479,19 @@ class Engine:
         version = self.version
         outcome = []
         for s in running:
+            if s.paused:
+                continue  # its row recomputed its last token's keys; the token sampled is dropped
+            if s.forced:
+                self._append(s, s.forced.popleft(), 0.0, -1, tool=True)
+                outcome.append((s, FinishReason.LENGTH if self._length_reached(s) else None))
+                continue
             token = sampled_ids[s.slot]
-            s.token_ids.append(token)
-            s.output_ids.append(token)
-            s.output_logprobs.append(sampled_logprobs[s.slot])
-            s.output_versions.append(version)
-            outcome.append((s, self._finish_reason(s, token)))
+            self._append(s, token, sampled_logprobs[s.slot], version)
+            reason = self._finish_reason(s, token)
+            if reason == FinishReason.STOP and s.tools is not None and token in self.eos_token_ids and \
+                    s.tools.end_turn(s.output_ids, self._tool_runtime.submit):
+                reason = None  # paused until its tools reply
+            outcome.append((s, reason))
         return outcome
 
     def _finish_reason(self, seq: _Sequence, token: int) -> FinishReason | None:
@@ -386,9 +510,15 @@ class Engine:
 
     def _result(self, seq: _Sequence, reason: FinishReason) -> SequenceResult:
         r = seq.request
+        while seq.forced:  # a partial returns its whole tool reply: the engine that continues it prefills it
+            self._append(seq, seq.forced.popleft(), 0.0, -1, tool=True)
+        if seq.tools is not None and reason != FinishReason.ABORTED:
+            seq.tools.close(self._tool_runtime.submit)
         return SequenceResult(
             id=r.id, stream=r.stream, prompt_ids=list(r.prompt_ids), output_ids=seq.output_ids,
             output_logprobs=seq.output_logprobs, output_versions=seq.output_versions, finish_reason=reason,
             output_text=self.tokenizer.decode(seq.output_ids, skip_special_tokens=True),
             routed_experts=seq.routes.to_bytes() if seq.routes is not None else b"",
+            output_tool_mask=list(seq.tool_mask or []),
+            tool_trajectory=seq.tools.snapshot() if seq.tools is not None else None,
         )

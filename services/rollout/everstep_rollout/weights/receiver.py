@@ -126,6 +126,8 @@ class WeightUpdate:
         self.tensors: dict[str, torch.Tensor] = {}
         self.num_bytes = 0
         self.complete = False
+        self.lora: rollout_pb2.LoraAdapter | None = None
+        """Set when the update is a LoRA adapter (its last bucket says so): `tensors` are its A and B."""
         self._partial: _PartialTensor | None = None
         self._segments: dict[str, _MappedSegment] = {}
 
@@ -153,6 +155,10 @@ class WeightUpdate:
             self._put(message.name, rebuild_cuda_ipc_tensor(message))
         if kind is not None:
             self.transport = kind
+        if bucket.HasField("lora"):
+            if not bucket.last:
+                raise ValueError("lora: only the last bucket of an update says it is an adapter")
+            self.lora = bucket.lora
         if bucket.last:
             self.complete = True
             self.transport = self.transport or "grpc"

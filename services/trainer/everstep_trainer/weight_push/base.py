@@ -13,6 +13,7 @@ import queue
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import grpc
 from torch import Tensor
@@ -21,6 +22,9 @@ from everstep import transport
 from everstep.tensor_codec import dtype_name, tensor_num_bytes
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc
 from everstep_trainer.weight_push.plan import Transport
+
+if TYPE_CHECKING:
+    from everstep_trainer.lora import AdapterWeights
 
 __all__ = [
     "DEFAULT_BUCKET_BYTES",
@@ -33,6 +37,7 @@ __all__ = [
     "WeightTransport",
     "grpc_channel_options",
     "layout_tensors",
+    "lora_adapter_proto",
     "raise_for_failures",
     "run_endpoint_streams",
 ]
@@ -72,8 +77,10 @@ class WeightTransport(abc.ABC):
 
     @abc.abstractmethod
     def push(self, named_tensors: Iterable[tuple[str, Tensor]], *, version: int,
-             endpoints: Sequence[str]) -> PushResult:
-        """Send every tensor to every endpoint; raises WeightPushError if any endpoint failed."""
+             endpoints: Sequence[str], adapter: rollout_pb2.LoraAdapter | None = None) -> PushResult:
+        """Send every tensor to every endpoint; raises WeightPushError if any endpoint failed. `adapter`: the
+        tensors are LoRA adapters of this rank and alpha (it rides on the last bucket, whatever carries the
+        bytes; see rollout.proto's LoraAdapter)."""
 
     def close(self) -> None:  # noqa: B027 - optional hook, most transports hold nothing
         """Release connections and buffers."""
@@ -168,10 +175,27 @@ class EndpointStream:
             self.done.set()
 
 
+def lora_adapter_proto(adapter: AdapterWeights | None) -> rollout_pb2.LoraAdapter | None:
+    """The wire form of an adapter's rank and alpha (None: full weights)."""
+    if adapter is None:
+        return None
+    return rollout_pb2.LoraAdapter(rank=adapter.rank, alpha=adapter.alpha)
+
+
+def _stamped(buckets: Iterable[rollout_pb2.WeightBucket],
+             adapter: rollout_pb2.LoraAdapter | None) -> Iterator[rollout_pb2.WeightBucket]:
+    for bucket in buckets:
+        if bucket.last and adapter is not None:
+            bucket.lora.CopyFrom(adapter)
+        yield bucket
+
+
 def run_endpoint_streams(buckets: Iterable[rollout_pb2.WeightBucket], endpoints: Sequence[str], *,
                          timeout_seconds: float, max_message_bytes: int = GRPC_MAX_MESSAGE_BYTES,
-                         streams_out: list[EndpointStream] | None = None) -> list[EndpointStream]:
-    """Send the same buckets to every endpoint concurrently; returns the finished streams.
+                         streams_out: list[EndpointStream] | None = None,
+                         adapter: rollout_pb2.LoraAdapter | None = None) -> list[EndpointStream]:
+    """Send the same buckets to every endpoint concurrently; returns the finished streams. `adapter`: set on the
+    last bucket (an adapter update).
 
     If `buckets` raises, every call is cancelled (nothing is applied) and the error propagates.
     The caller reads `error` and `response` of each stream; `streams_out`, if given, receives the
@@ -184,7 +208,7 @@ def run_endpoint_streams(buckets: Iterable[rollout_pb2.WeightBucket], endpoints:
         stream.thread.start()
     finished = False
     try:
-        for bucket in buckets:
+        for bucket in _stamped(buckets, adapter):
             for stream in streams:
                 stream.offer(bucket)
         finished = True

@@ -258,7 +258,7 @@ class CollectiveWeightTransport(WeightTransport):
         yield rollout_pb2.WeightBucket(version=version, last=True)
 
     def push(self, named_tensors: Iterable[tuple[str, Tensor]], *, version: int,
-             endpoints: Sequence[str]) -> PushResult:
+             endpoints: Sequence[str], adapter: rollout_pb2.LoraAdapter | None = None) -> PushResult:
         if not endpoints:
             raise ValueError("endpoints: at least one endpoint is required")
         start = time.perf_counter()
@@ -271,7 +271,7 @@ class CollectiveWeightTransport(WeightTransport):
         streams: list[EndpointStream] = []
         try:
             run_endpoint_streams(self._buckets(group, placements, version, streams), endpoints,
-                                 timeout_seconds=self.timeout_seconds + 10, streams_out=streams)
+                                 timeout_seconds=self.timeout_seconds + 10, streams_out=streams, adapter=adapter)
             raise_for_failures(streams)
         except BaseException:
             self._dissolve()  # a broadcast may be half done: the group is unusable

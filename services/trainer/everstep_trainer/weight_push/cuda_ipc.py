@@ -82,7 +82,7 @@ class CudaIpcWeightTransport(WeightTransport):
         self.timeout_seconds = timeout_seconds
 
     def push(self, named_tensors: Iterable[tuple[str, Tensor]], *, version: int,
-             endpoints: Sequence[str]) -> PushResult:
+             endpoints: Sequence[str], adapter: rollout_pb2.LoraAdapter | None = None) -> PushResult:
         import torch
 
         if not endpoints:
@@ -93,7 +93,7 @@ class CudaIpcWeightTransport(WeightTransport):
 
         def one(endpoint: str) -> list:
             return run_endpoint_streams(endpoint_buckets(held, version), [endpoint],
-                                        timeout_seconds=self.timeout_seconds)
+                                        timeout_seconds=self.timeout_seconds, adapter=adapter)
 
         with ThreadPoolExecutor(max_workers=min(16, len(endpoints))) as pool:
             streams = [s for result in pool.map(one, endpoints) for s in result]

@@ -112,7 +112,7 @@ class GrpcWeightTransport(WeightTransport):
         self.max_message_bytes = max_message_bytes
 
     def push(self, named_tensors: Iterable[tuple[str, Tensor]], *, version: int,
-             endpoints: Sequence[str]) -> PushResult:
+             endpoints: Sequence[str], adapter: rollout_pb2.LoraAdapter | None = None) -> PushResult:
         if not endpoints:
             raise ValueError("endpoints: at least one endpoint is required")
         start = time.perf_counter()
@@ -126,7 +126,7 @@ class GrpcWeightTransport(WeightTransport):
                 yield bucket
 
         streams = run_endpoint_streams(counted(), endpoints, timeout_seconds=self.timeout_seconds,
-                                       max_message_bytes=self.max_message_bytes)
+                                       max_message_bytes=self.max_message_bytes, adapter=adapter)
         raise_for_failures(streams)
         for stream in streams:
             if stream.response is not None and stream.response.version != version:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
+from everstep.v1 import rollout_pb2
 from everstep_trainer.weight_push.base import (
     DEFAULT_BUCKET_BYTES,
     GRPC_MAX_MESSAGE_BYTES,
@@ -134,9 +135,10 @@ class WeightPusher:
         return plan
 
     def push(self, named_tensors: Iterable[tuple[str, Tensor]], *, version: int, endpoints: Sequence[str],
-             setting: str | None = None, bucket_bytes: int | None = None) -> PushReport:
+             setting: str | None = None, bucket_bytes: int | None = None,
+             adapter: rollout_pb2.LoraAdapter | None = None) -> PushReport:
         """Push to every endpoint; raises WeightPushError naming every endpoint that failed (the others
-        still got the weights)."""
+        still got the weights). `adapter`: the tensors are LoRA adapters (see `WeightTransport.push`)."""
         if not endpoints:
             raise ValueError("endpoints: at least one endpoint is required")
         if len(set(endpoints)) != len(endpoints):
@@ -154,7 +156,8 @@ class WeightPusher:
 
             def run(kind: Transport, group: list[str]) -> None:
                 try:
-                    results.append(self.transport(kind, bucket_bytes).push(weights, version=version, endpoints=group))
+                    results.append(self.transport(kind, bucket_bytes).push(weights, version=version, endpoints=group,
+                                                                         adapter=adapter))
                 except WeightPushError as e:
                     failures.update(e.failures)
                 except Exception as e:  # noqa: BLE001 - reported per endpoint like any other failure

@@ -270,7 +270,7 @@ class SharedMemoryWeightTransport(WeightTransport):
             future.result()
 
     def push(self, named_tensors: Iterable[tuple[str, Tensor]], *, version: int,
-             endpoints: Sequence[str]) -> PushResult:
+             endpoints: Sequence[str], adapter: rollout_pb2.LoraAdapter | None = None) -> PushResult:
         if not endpoints:
             raise ValueError("endpoints: at least one endpoint is required")
         start = time.perf_counter()
@@ -279,7 +279,7 @@ class SharedMemoryWeightTransport(WeightTransport):
         succeeded = False
         try:
             streams = run_endpoint_streams(self._buckets(segment, placements, version), endpoints,
-                                           timeout_seconds=self.timeout_seconds)
+                                           timeout_seconds=self.timeout_seconds, adapter=adapter)
             raise_for_failures(streams)
             succeeded = True
         finally:

@@ -1,0 +1,34 @@
+"""`everstep samples JOB [--step N]`: a step's trajectories as text (GET /v1/jobs/{id}/samples)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["format_samples"]
+
+
+def _indent(text: str, prefix: str = "    ") -> str:
+    return "\n".join(prefix + line for line in text.splitlines() or [""])
+
+
+def format_samples(samples: list[dict[str, Any]]) -> str:
+    """Each sample: its prompt, its model and tool segments in order, its tool calls and its reward."""
+    out = []
+    for sample in samples:
+        reward = "failed" if sample["reward"] is None else f"{sample['reward']:.3f}"
+        out.append(f"== {sample['sample_id']}  reward {reward}  turns {sample['num_turns']}  "
+                   f"tool calls {len(sample['tool_calls'])}  ({sample['finish_reason']})")
+        out.append("prompt:")
+        out.append(_indent(sample["prompt"]))
+        for segment in sample["segments"]:
+            out.append(f"{segment['role']}:")
+            out.append(_indent(segment["text"]))
+        for call in sample["tool_calls"]:
+            error = "" if call["error"] == "none" else f"  error {call['error']}"
+            cut = "  (reply truncated)" if call["truncated"] else ""
+            out.append(f"call (turn {call['turn']}) {call['name'] or '?'}({call['arguments']})  "
+                       f"{call['seconds']:.3f}s{error}{cut}")
+        out.append("answer:")
+        out.append(_indent(sample["final_answer"]))
+        out.append("")
+    return "\n".join(out) + ("\n" if out else "")

@@ -1,0 +1,45 @@
+"""What a step's samples were, as people read them (`GET /v1/jobs/{id}/samples?step=N`, `everstep samples`): each
+trajectory as its turns (the model's text and the tools' replies, decoded with the template's control tokens), its
+tool calls and its reward. Single-turn jobs have one model segment per sample."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["SAMPLES_PER_STEP", "SampleSegment", "StepSample", "ToolCallView"]
+
+SAMPLES_PER_STEP = 16
+"""Samples kept per step (the first ones of the step's trained groups)."""
+
+
+class SampleSegment(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    role: Literal["model", "tool"] = Field(description="'model': tokens the model wrote; 'tool': a tool's reply "
+                                                       "with the template's wrapper tokens (not trained).")
+    text: str
+
+
+class ToolCallView(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    turn: int = Field(description="The model turn that made the call (1 for the first).")
+    name: str = Field(description="The tool called ('' when the call could not be parsed).")
+    arguments: str = Field(description="The arguments as JSON (the call's text when it could not be parsed).")
+    reply: str = Field(description="What went back to the model.")
+    error: str = Field(description="'none', or the error kind: malformed, unknown_tool, bad_arguments, timeout, "
+                                   "unavailable, limit, environment.")
+    seconds: float
+    truncated: bool
+
+
+class StepSample(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    sample_id: str
+    prompt: str = Field(description="The row's prompt (the user's text).")
+    segments: list[SampleSegment]
+    final_answer: str = Field(description="What the verifiers scored as the answer (the last model turn).")
+    reward: float | None = Field(description="None when the sample's reward failed.")
+    num_turns: int
+    tool_calls: list[ToolCallView] = Field(default_factory=list)
+    finish_reason: str = Field(description="stop or length.")
