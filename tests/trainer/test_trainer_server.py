@@ -111,10 +111,10 @@ def test_trainer_service_end_to_end(service_process, tiny_model_dir: Path, tmp_p
                  'everstep_trainer_step_seconds_count{phase="forward_backward"} 1.0',
                  'everstep_trainer_step_seconds_count{phase="optimizer"} 1.0'):
         assert line in metrics, line
-    for name in ("loss", "grad_norm", "masked_fraction", "mismatch_kl", "logp_diff_abs_mean", "logp_diff_max",
-                 "clip_fraction", "entropy", "learning_rate"):
+    for name in ("loss", "grad_norm", "masked_ratio", "mismatch_kl", "logp_diff_abs_mean", "logp_diff_max",
+                 "clip_ratio", "entropy", "learning_rate"):
         assert f"\neverstep_trainer_{name} " in metrics, name
-    for name in ("masked_fraction", "mismatch_kl", "tokens"):
+    for name in ("masked_ratio", "mismatch_kl", "tokens"):
         for tokens in ("fresh", "stale"):
             assert f'\neverstep_trainer_{name}_by_staleness{{tokens="{tokens}"}} ' in metrics, (name, tokens)
     assert '\neverstep_trainer_weight_push_bytes_total{transport="' in metrics
