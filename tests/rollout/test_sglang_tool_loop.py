@@ -10,9 +10,10 @@ sglang needs a CUDA GPU and is not installed here. `ModelSglangStandIn` extends 
   (sglang: temperature 0 is top-k 1 at temperature 1);
 - it stops at `sampling_params["stop_token_ids"]` with finish_reason {"type": "stop", "matched": id}, the stop token
   in the output (as sglang's `Req.check_finished`);
-- `RadixCacheStandIn`: every finished request's input + output tokens are kept, and a new request's
+- `RadixCacheStandIn`: every finished request's input + output tokens but the last (whose KV was never computed:
+  sglang's `cache_finished_req` inserts `(origin_input_ids + output_ids)[:-1]`) are kept, and a new request's
   `meta_info["cached_tokens"]` is the longest prefix of its input_ids that a kept one starts with (what sglang's
-  `cache_finished_req` and `match_prefix` give when nothing was evicted).
+  `match_prefix` gives at page size 1 when nothing was evicted).
 
 These tests check our adapter, not sglang: the trajectories, tool masks, versions and log-probs the sglang engine
 writes equal the torch engine's for the same model outputs, every turn after a tool reply is a request whose input
@@ -95,7 +96,7 @@ class ModelSglangStandIn(SglangStandIn):
                 elif len(triples) == params["max_new_tokens"]:
                     finish = {"type": "length", "length": len(triples)}
                 if finish is not None:
-                    self.radix.kept.append(list(tokens))  # cache_finished_req: input and output
+                    self.radix.kept.append(tokens[:-1])  # cache_finished_req: the last token has no KV
                 yield self._chunk(rid, triples, finish, cached)
                 if finish is not None:
                     return
@@ -198,7 +199,8 @@ def test_same_trajectories_masks_versions_and_logprobs_as_the_torch_engine(tool_
     (first, _), (second, cached) = turns
     first_turn = tool.output_ids[: tool.output_tool_mask.index(True)]
     assert second == tool.prompt_ids + tool.output_ids[: len(second) - len(tool.prompt_ids)]
-    assert cached == len(first) + len(first_turn) and len(second) - cached == tool.output_tool_mask.count(True)
+    # cached: the history but its last token (the turn's end, never fed); prefilled: that token and the reply
+    assert cached == len(first) + len(first_turn) - 1 and len(second) - cached == tool.output_tool_mask.count(True) + 1
     assert engine.tool_continuation_cached_tokens == cached and engine.tool_continuation_input_tokens == len(second)
 
 
@@ -278,6 +280,6 @@ def test_the_gpu_checks_sglang_tools_part_with_the_stand_in_in_sglangs_place(tmp
     assert report["verified"] is True and report["same_trajectories"] == report["num_requests"] == 6
     assert report["tool_calls_answered"] == 4 and report["tool_errors"] == 0
     assert report["logprob_diff_max"] < 1e-4 and report["decoded_while_paused"] > 0
-    # each continuation's input is its history (all cached) and the reply (8 tokens, not cached)
-    assert report["continuation_input_tokens"] - report["continuation_cached_tokens"] == 4 * 8
+    # each continuation's input is its history (cached but its last token) and the reply (8 tokens)
+    assert report["continuation_input_tokens"] - report["continuation_cached_tokens"] == 4 * (1 + 8)
     assert 0.5 < report["prefix_cache_ratio"] < 1

@@ -68,10 +68,11 @@ How it maps the engine interface (the same one `Engine` has, driven by `EngineLo
   on `ToolRuntime`'s threads, `everstep.tool_turns` renders the replies, same limits and error kinds); the sequence
   has no request in sglang meanwhile, and every other request goes on decoding in sglang's batches. The replies'
   tokens are appended (`output_tool_mask` True, log-prob 0, version -1) and the next turn is submitted.
-  sglang's radix cache (on unless --disable-radix-cache) keeps the finished request's KV (`cache_finished_req`:
-  its input and output tokens), so the next request's `match_prefix` finds the whole history and only the reply's
-  tokens are prefilled; `meta_info["cached_tokens"]` reports the hit, summed in `tool_continuation_cached_tokens`
-  against `tool_continuation_input_tokens`. Under memory pressure sglang evicts radix nodes by LRU and the history is
+  sglang's radix cache (on unless --disable-radix-cache) keeps the finished request's KV (`cache_finished_req`
+  inserts `(origin_input_ids + output_ids)[:-1]`: the turn's last token was sampled, never fed), so the next
+  request's `match_prefix` finds the whole history but that token, and only it and the reply's tokens are
+  prefilled; `meta_info["cached_tokens"]` reports the hit, summed in `tool_continuation_cached_tokens` against
+  `tool_continuation_input_tokens`. Under memory pressure sglang evicts radix nodes by LRU and the history is
   prefilled again (seen as fewer cached tokens); there is no per-sequence slot to count evictions of.
 """
 
