@@ -283,3 +283,31 @@ def test_the_gpu_checks_sglang_tools_part_with_the_stand_in_in_sglangs_place(tmp
     # each continuation's input is its history (cached but its last token) and the reply (8 tokens)
     assert report["continuation_input_tokens"] - report["continuation_cached_tokens"] == 4 * (1 + 8)
     assert 0.5 < report["prefix_cache_ratio"] < 1
+
+
+@pytest.mark.parametrize(("case", "kind"), [
+    ("malformed", common_pb2.TOOL_ERROR_KIND_MALFORMED),
+    ("unknown", common_pb2.TOOL_ERROR_KIND_UNKNOWN_TOOL),
+    ("limit", common_pb2.TOOL_ERROR_KIND_LIMIT),
+])
+def test_bad_calls_and_limits_give_the_torch_engines_trajectory(tmp_path: Path, calculator: str, case: str,
+                                                               kind: int) -> None:
+    """The model calls after every turn; max_turns 3 ends it. Errors go back to the model as on the torch engine."""
+    from tool_fixtures import CALL_WORDS
+
+    calls = {"malformed": ["<tool_call>", '{"code":', "</tool_call>", "<|im_end|>"], "unknown": CALL_WORDS,
+             "limit": CALCULATE}[case]
+    model = make_successor_model(tmp_path / "m", {**chain("go", *calls), "assistant": calls[0]})
+    tools = calculator_tools(calculator, max_turns=3, **({"max_tool_calls": 1} if case == "limit" else {}))
+    sampling = SamplingOptions(temperature=0.0, max_new_tokens=200)
+    torch_engine = Engine(model, EngineConfig(max_running=2))
+    torch_engine.add([GenerationRequest(id="a", prompt_ids=ids(torch_engine, "go"), sampling=sampling, tools=tools)])
+    expected = run(torch_engine)["a"]
+    engine, _ = sglang_engine(model)
+    try:
+        engine.add([GenerationRequest(id="a", prompt_ids=ids(engine, "go"), sampling=sampling, tools=tools)])
+        result = run(engine)["a"]
+    finally:
+        engine.shutdown()
+    assert layout(result) == layout(expected)
+    assert result.tool_trajectory.num_turns == 3 and result.tool_trajectory.calls[-1].error == kind
