@@ -125,6 +125,16 @@ def test_watchdog_leaves_the_report_so_far_in_out(tmp_path: Path) -> None:
     assert json.loads((out / "gpu_check.json").read_text()) == report
 
 
+def test_the_engines_import_without_grpc_and_protobuf() -> None:
+    """The GPU machine has neither: the engines import the tool loop's modules (grpc, protobuf) only at the first
+    request with tools (the tools merge had made every engine import them, and the check's throughput part fail)."""
+    code = _WITHOUT_GRPC.split("sys.argv[0]")[0] + (
+        "import everstep_rollout.engine.torch_engine, everstep_rollout.engine.sglang_engine\n"
+        "print('imported')\n")
+    process = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert process.returncode == 0 and "imported" in process.stdout, process.stderr[-2000:]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("sglang") is not None, reason="checks the message without sglang")
 def test_sglang_tools_part_runs_only_when_asked_and_names_its_environment() -> None:
     """The optional part is not in a default run (test_tiny_cpu_run_reports_every_part lists the parts); asked for

@@ -90,6 +90,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -97,14 +98,15 @@ import torch
 from everstep import cuda_ipc
 from everstep.model_config import MAX_ROUTED_EXPERTS, moe_shape, position_limit
 from everstep.quantization import Quantization
-from everstep.v1 import common_pb2
 from everstep_rollout.config import EngineConfig, resolve_max_seq_len
 from everstep_rollout.engine.interface import EngineUnavailableError, QueueFullError, StepStats
 from everstep_rollout.engine.throughput import ThroughputWindow
 from everstep_rollout.model_files import read_config, read_eos_token_ids
 from everstep_rollout.routing import RouteBuffer, check_routed_experts
 from everstep_rollout.sequence import FinishReason, GenerationRequest, SequenceResult
-from everstep_rollout.tools import ToolRuntime, ToolSession
+
+if TYPE_CHECKING:
+    from everstep_rollout.tools import ToolRuntime, ToolSession
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +211,7 @@ class SglangEngine:
         self._rid_counter = 0
         self._throughput = ThroughputWindow(window_seconds=10.0)
         self.last_step: StepStats | None = None
-        self._tool_runtime = ToolRuntime(self.config.sandbox_endpoint)
+        self._tool_runtime: ToolRuntime | None = None
         self.tool_continuation_input_tokens = 0
         """Input tokens of the requests that continued a trajectory after a tool reply (finished ones)."""
         self.tool_continuation_cached_tokens = 0
@@ -318,21 +320,33 @@ class SglangEngine:
             elif entry.tools is not None and entry.output_ids and entry.output_ids[-1] in self.eos_token_ids and not (
                     entry.tool_mask and entry.tool_mask[-1]):
                 # a partial drained while its tool ran: the call runs again (docs/tools.md, carry-over)
-                if entry.tools.end_turn(entry.output_ids, self._tool_runtime.submit, counted=False):
+                if entry.tools.end_turn(entry.output_ids, self._tools().submit, counted=False):
                     self._live[entry.key] = entry
                 else:
                     self._finished_on_add.append(self._result(entry, FinishReason.STOP))
             else:
                 self._submit(entry)
 
+    def _tools(self) -> ToolRuntime:
+        """The tool threads and clients, made at the first request with tools: their modules need grpc and protobuf,
+        which an engine that never sees tools (benchmarks/gpu_check.py's machine has neither) does without."""
+        if self._tool_runtime is None:
+            from everstep_rollout.tools import ToolRuntime
+
+            self._tool_runtime = ToolRuntime(self.config.sandbox_endpoint)
+        return self._tool_runtime
+
     def _tool_session(self, r: GenerationRequest, tool_mask: list[bool]) -> ToolSession:
         """The torch engine's tool loop state for this sequence (the same class, runners and limits)."""
         assert r.tools is not None
+        from everstep.v1 import common_pb2
+        from everstep_rollout.tools import ToolSession
+
         trajectory = common_pb2.ToolTrajectory()
         if r.tool_trajectory is not None:
             trajectory.CopyFrom(r.tool_trajectory)
         turn_start = max((i + 1 for i, is_tool in enumerate(tool_mask) if is_tool), default=0)
-        return ToolSession(r.tools, self._tool_runtime.client(r.tools, r.sandbox_address), self.tokenizer,
+        return ToolSession(r.tools, self._tools().client(r.tools, r.sandbox_address), self.tokenizer,
                            trajectory, turn_start=turn_start)
 
     def _remaining(self, entry: _Request) -> int:
@@ -525,7 +539,7 @@ class SglangEngine:
         waits for them (True; it has no request in sglang until they reply)."""
         if e.tools is None or not e.output_ids or e.output_ids[-1] not in self.eos_token_ids:
             return False
-        if not e.tools.end_turn(e.output_ids, self._tool_runtime.submit):
+        if not e.tools.end_turn(e.output_ids, self._tools().submit):
             return False
         e.task = None
         return True
@@ -572,7 +586,7 @@ class SglangEngine:
         if self._trim_to_routes(e):
             reason = FinishReason.ABORTED  # no longer finished: it continues from the kept tokens
         if e.tools is not None and reason != FinishReason.ABORTED:
-            e.tools.close(self._tool_runtime.submit)
+            e.tools.close(self._tools().submit)
         return SequenceResult(
             id=r.id, stream=r.stream, prompt_ids=list(r.prompt_ids), output_ids=e.output_ids,
             output_logprobs=e.output_logprobs, output_versions=e.output_versions, finish_reason=reason,
@@ -606,7 +620,8 @@ class SglangEngine:
             if self._live:
                 self._abort(list(self._live.values()))
         finally:
-            self._tool_runtime.shutdown()
+            if self._tool_runtime is not None:
+                self._tool_runtime.shutdown()
             self._sgl.shutdown()
             self._close_loop()
 
