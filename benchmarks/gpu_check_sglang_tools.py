@@ -120,6 +120,7 @@ def run_sglang_tool_check(work_dir: Path, *, device: str, num_tool_requests: int
             requests = _requests(engine.tokenizer, tools, num_tool_requests)
             results, seconds, decoded_while_paused, truncated = _run(engine, requests, until)
             cached, continued = engine.tool_continuation_cached_tokens, engine.tool_continuation_input_tokens
+            evictions = engine.num_tool_evictions
         finally:
             engine.shutdown()
         reference = Engine(model_dir, EngineConfig(device=device, max_running=slots, max_queued=slots))
@@ -141,7 +142,7 @@ def run_sglang_tool_check(work_dir: Path, *, device: str, num_tool_requests: int
         "tool_errors": sum(1 for r in tool_results for c in r.tool_trajectory.calls if c.error),
         "logprob_diff_max": round(max(diffs, default=0.0), 6),
         "continuation_input_tokens": continued, "continuation_cached_tokens": cached,
-        "prefix_cache_ratio": round(cached / continued, 4) if continued else None,
+        "prefix_cache_ratio": round(cached / continued, 4) if continued else None, "tool_evictions": evictions,
         "decoded_while_paused": decoded_while_paused, "tool_delay_seconds": tool_delay_seconds,
         "sglang_seconds": round(seconds, 2), "sglang_start_seconds": round(start_seconds, 2),
         "torch_seconds": round(reference_seconds, 2), "hidden_size": hidden,

@@ -13,7 +13,7 @@ sglang needs a CUDA GPU and is not installed here. `ModelSglangStandIn` extends 
 - `RadixCacheStandIn`: every finished request's input + output tokens but the last (whose KV was never computed:
   sglang's `cache_finished_req` inserts `(origin_input_ids + output_ids)[:-1]`) are kept, and a new request's
   `meta_info["cached_tokens"]` is the longest prefix of its input_ids that a kept one starts with (what sglang's
-  `match_prefix` gives at page size 1 when nothing was evicted).
+  `match_prefix` gives at page size 1 when nothing was evicted); a weight update with flush_cache empties it.
 
 These tests check our adapter, not sglang: the trajectories, tool masks, versions and log-probs the sglang engine
 writes equal the torch engine's for the same model outputs, every turn after a tool reply is a request whose input
@@ -102,6 +102,12 @@ class ModelSglangStandIn(SglangStandIn):
                     return
         finally:
             self.active.discard(rid)
+
+    def update_weights_from_tensor(self, named_tensors, load_format=None, flush_cache=True):
+        answer = super().update_weights_from_tensor(named_tensors, load_format, flush_cache)
+        if flush_cache and answer[0]:
+            self.radix.kept.clear()
+        return answer
 
     @staticmethod
     def _chunk(rid, triples, finish_reason, cached=0):
@@ -202,6 +208,7 @@ def test_same_trajectories_masks_versions_and_logprobs_as_the_torch_engine(tool_
     # cached: the history but its last token (the turn's end, never fed); prefilled: that token and the reply
     assert cached == len(first) + len(first_turn) - 1 and len(second) - cached == tool.output_tool_mask.count(True) + 1
     assert engine.tool_continuation_cached_tokens == cached and engine.tool_continuation_input_tokens == len(second)
+    assert engine.num_tool_evictions == 0
 
 
 def test_other_requests_go_on_while_a_tool_runs(tool_model: Path, slow_calculator: str):
@@ -267,6 +274,9 @@ def test_a_weight_update_while_a_tool_runs_keeps_the_paused_sequence(tool_model:
     first_turn = result.output_tool_mask.index(True)
     assert model_versions == [0] * first_turn + [1] * (len(model_versions) - first_turn)
     assert result.tool_trajectory.calls[0].reply == "42" and result.finish_reason == FinishReason.STOP
+    # the update flushed sglang's cache: the next turn prefilled its history again, and that is counted
+    assert engine.num_tool_evictions == 1 and engine.last_step.num_tool_evictions == 1
+    assert engine.tool_continuation_cached_tokens == 0
 
 
 def test_the_gpu_checks_sglang_tools_part_with_the_stand_in_in_sglangs_place(tmp_path: Path, monkeypatch):
@@ -282,7 +292,7 @@ def test_the_gpu_checks_sglang_tools_part_with_the_stand_in_in_sglangs_place(tmp
     assert report["logprob_diff_max"] < 1e-4 and report["decoded_while_paused"] > 0
     # each continuation's input is its history (cached but its last token) and the reply (8 tokens)
     assert report["continuation_input_tokens"] - report["continuation_cached_tokens"] == 4 * (1 + 8)
-    assert 0.5 < report["prefix_cache_ratio"] < 1
+    assert 0.5 < report["prefix_cache_ratio"] < 1 and report["tool_evictions"] == 0
 
 
 @pytest.mark.parametrize(("case", "kind"), [

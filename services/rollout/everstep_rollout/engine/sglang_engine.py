@@ -72,8 +72,9 @@ How it maps the engine interface (the same one `Engine` has, driven by `EngineLo
   inserts `(origin_input_ids + output_ids)[:-1]`: the turn's last token was sampled, never fed), so the next
   request's `match_prefix` finds the whole history but that token, and only it and the reply's tokens are
   prefilled; `meta_info["cached_tokens"]` reports the hit, summed in `tool_continuation_cached_tokens` against
-  `tool_continuation_input_tokens`. Under memory pressure sglang evicts radix nodes by LRU and the history is
-  prefilled again (seen as fewer cached tokens); there is no per-sequence slot to count evictions of.
+  `tool_continuation_input_tokens`. Under memory pressure sglang evicts radix nodes by LRU, and a weight update
+  flushes the cache: a continuation whose cached tokens fall short of its history (but the last token) had its
+  history prefilled again, and is counted in `num_tool_evictions` (`everstep_rollout_tool_evictions_total`).
 """
 
 from __future__ import annotations
@@ -153,6 +154,8 @@ class _Request:
     """The current request follows a tool reply (its input extends the previous request's)."""
     cached_tokens: int = 0
     """sglang's `meta_info["cached_tokens"]` of the current request: its input tokens found in the radix cache."""
+    history_len: int = 0
+    """Tokens before the tool reply the current request continues from (the radix cache holds all but the last)."""
 
     @property
     def paused(self) -> bool:
@@ -216,6 +219,8 @@ class SglangEngine:
         """Input tokens of the requests that continued a trajectory after a tool reply (finished ones)."""
         self.tool_continuation_cached_tokens = 0
         """Of those, the tokens sglang's radix cache had (not prefilled again)."""
+        self.num_tool_evictions = 0
+        """Continuations whose history sglang prefilled again (evicted from its radix cache, or flushed)."""
         log.info("sglang engine over %s (%s, max_running %d)", self.model_dir, self.config.dtype,
                  self.config.max_running)
 
@@ -425,6 +430,8 @@ class SglangEngine:
             if entry.continues_trajectory:
                 self.tool_continuation_input_tokens += entry.input_len
                 self.tool_continuation_cached_tokens += entry.cached_tokens
+                if entry.cached_tokens < entry.history_len - 1:
+                    self.num_tool_evictions += 1
 
     def drain(self, stream: int | None = None) -> list[SequenceResult]:
         """Abort every live request (of `stream`, or all) and return what each generated."""
@@ -529,7 +536,8 @@ class SglangEngine:
         seconds = time.perf_counter() - start
         self.last_step = StepStats(num_decoded=generated, num_prefilled=0, decode_seconds=seconds,
                                    step_seconds=seconds, finished=reasons,
-                                   num_paused=sum(1 for e in self._live.values() if e.paused))
+                                   num_paused=sum(1 for e in self._live.values() if e.paused),
+                                   num_tool_evictions=self.num_tool_evictions)
         return finished
 
     # -- tools ------------------------------------------------------------------------------------------
@@ -568,6 +576,7 @@ class SglangEngine:
                 del self._live[e.key]
                 finished.append(self._result(e, reason))
                 continue
+            e.history_len = len(e.request.prompt_ids) + len(e.output_ids)
             e.output_ids.extend(end.reply_ids)
             e.output_logprobs.extend([0.0] * len(end.reply_ids))
             e.output_versions.extend([-1] * len(end.reply_ids))
