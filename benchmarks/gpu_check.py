@@ -33,6 +33,16 @@ Parts, in order (each wrapped: a failure is recorded as "error" in its entry and
                 a few GRPO steps: engine rollouts (T=1, EOS on), reward = the demo task's boxed-answer check,
                 group-normalised advantages, train_step, update_weights into the engine. Reward per step.
 
+Optional, only when asked for with --parts (it runs in the sglang environment, not in the main check's):
+
+8. sglang_tools the sglang engine's multi-turn tool loop on sglang's offline Engine (radix cache on) against the
+                example calculator environment in its own process, compared with our torch engine on the same
+                requests: same trajectories, tool masks and versions, log-prob gap, the share of each continuation
+                request's input that sglang's prefix cache held (benchmarks/gpu_check_sglang_tools.py)::
+
+    PYTHONPATH=proto:services/rollout .venv-sglang/bin/python -m benchmarks.gpu_check --device cuda \
+        --parts sglang_tools --out "$OUT" 2> "$OUT/gpu_check.log"
+
 On the GPU machine, from the repository root (torch and transformers >= 4.56 installed; nothing else: no
 grpc, no protobuf, no stubs, no network; `proto` on the path makes the torch-only `everstep.cuda_ipc`
 importable)::
@@ -108,6 +118,10 @@ class CheckSize:
     rl_group_size: int
     rl_max_ops: int
     """Longest chain of the RL prompts (easy chains: rewards above zero after a short warm start)."""
+    tool_requests: int = 4
+    """sglang_tools: requests that call the calculator (and half as many plain ones beside them)."""
+    tool_hidden_size: int = 64
+    """sglang_tools: hidden size of the tool model (4 heads: 512 gives head dim 128)."""
 
 
 SIZES: dict[str, CheckSize] = {
@@ -115,7 +129,8 @@ SIZES: dict[str, CheckSize] = {
         hidden_size=768, intermediate_size=3072, num_layers=12, num_heads=12, num_kv_heads=4,
         max_position_embeddings=2048, num_prompts=1024, median_new_tokens=128, max_new_tokens=1024,
         max_running=256, num_scored_samples=64, warm_start_steps=300, warm_start_batch=128,
-        warm_start_learning_rate=5e-4, rl_steps=4, rl_prompts=64, rl_group_size=8, rl_max_ops=4),
+        warm_start_learning_rate=5e-4, rl_steps=4, rl_prompts=64, rl_group_size=8, rl_max_ops=4,
+        tool_requests=64, tool_hidden_size=512),
     "tiny": CheckSize(
         hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
         max_position_embeddings=256, num_prompts=16, median_new_tokens=6, max_new_tokens=24, max_running=8,
@@ -660,6 +675,13 @@ class GpuCheck:
             "receiver_merge_and_copy_seconds": round(statistics.median(p[1]["copy_seconds"] for p in pushes[1:]), 4),
         }
 
+    def part_sglang_tools(self) -> dict:
+        from benchmarks.gpu_check_sglang_tools import run_sglang_tool_check
+
+        return run_sglang_tool_check(self.model_dir.parent, device=self.device,
+                                     num_tool_requests=self.size.tool_requests, hidden=self.size.tool_hidden_size,
+                                     until=self.deadline.part(0.6))
+
     def _reply(self, replies: Any, expected: str, until: float) -> Any:
         while True:
             timeout = until - time.monotonic()
@@ -732,6 +754,8 @@ class GpuCheck:
 
 
 PARTS: tuple[str, ...] = ("model", "throughput", "mismatch", "train_step", "weight_push", "lora_push", "rl")
+OPTIONAL_PARTS: tuple[str, ...] = ("sglang_tools",)
+"""Run only when named in --parts."""
 
 
 def run_parts(check: GpuCheck, report: dict, parts: Sequence[str] = PARTS,
@@ -801,7 +825,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--time-budget-seconds", type=float, default=_DEFAULT_TIME_BUDGET_SECONDS,
                         help=f"parts and loops stop at this budget; the watchdog exits {_WATCHDOG_GRACE_SECONDS:.0f} s "
                              f"after it")
+    parser.add_argument("--parts", default=",".join(PARTS),
+                        help=f"comma-separated parts to run, in order (default: every part but the optional "
+                             f"{', '.join(OPTIONAL_PARTS)})")
     args = parser.parse_args(argv)
+    parts = [p for p in args.parts.split(",") if p]
+    unknown = [p for p in parts if p not in (*PARTS, *OPTIONAL_PARTS)]
+    if unknown:
+        parser.error(f"--parts: unknown part(s) {unknown}; the parts are {', '.join((*PARTS, *OPTIONAL_PARTS))}")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     started = time.monotonic()
     import torch
@@ -856,7 +887,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         check = GpuCheck(device=args.device, size=SIZES[args.size], dtype=args.dtype, work_dir=Path(tmp),
                          deadline=Deadline(args.time_budget_seconds))
-        run_parts(check, report, after_part=save_so_far)
+        run_parts(check, report, parts, after_part=save_so_far)
     with printed:
         timer.cancel()
         line = _finish(report, started)

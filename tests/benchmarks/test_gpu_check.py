@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import math
 import os
@@ -122,6 +123,29 @@ def test_watchdog_leaves_the_report_so_far_in_out(tmp_path: Path) -> None:
                            timeout=120)
     assert process.returncode == 3 and report["ok"] is False and "watchdog" in report["error"]
     assert json.loads((out / "gpu_check.json").read_text()) == report
+
+
+def test_the_engines_import_without_grpc_and_protobuf() -> None:
+    """The GPU machine has neither: the engines import the tool loop's modules (grpc, protobuf) only at the first
+    request with tools (the tools merge had made every engine import them, and the check's throughput part fail)."""
+    code = _WITHOUT_GRPC.split("sys.argv[0]")[0] + (
+        "import everstep_rollout.engine.torch_engine, everstep_rollout.engine.sglang_engine\n"
+        "print('imported')\n")
+    process = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert process.returncode == 0 and "imported" in process.stdout, process.stderr[-2000:]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sglang") is not None, reason="checks the message without sglang")
+def test_sglang_tools_part_runs_only_when_asked_and_names_its_environment() -> None:
+    """The optional part is not in a default run (test_tiny_cpu_run_reports_every_part lists the parts); asked for
+    without sglang, it fails saying where sglang is; an unknown part is refused."""
+    process, report = _run("--size", "tiny", "--device", "cpu", "--parts", "sglang_tools", timeout=120)
+    assert process.returncode == 1 and list(report["parts"]) == ["sglang_tools"]
+    part = report["parts"]["sglang_tools"]
+    assert part["ok"] is False and "needs sglang" in part["error"] and "sglang-venv" in part["error"]
+    refused = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--parts", "model,nope"], cwd=REPO,
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "--parts: unknown part(s) ['nope']" in refused.stderr
 
 
 def test_transformers_floor(gpu_check: ModuleType) -> None:

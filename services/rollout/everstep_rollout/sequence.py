@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from everstep.tool_settings import ToolSettings
-from everstep.v1 import common_pb2
+
+if TYPE_CHECKING:  # protobuf only where tools are used (benchmarks/gpu_check.py's machine has none)
+    from everstep.v1 import common_pb2
 
 
 class FinishReason(enum.IntEnum):

@@ -40,7 +40,8 @@ class StepStats:
     num_paused: int = 0
     """Sequences waiting for their tool calls (their KV cache kept)."""
     num_tool_evictions: int = 0
-    """Paused sequences evicted so far for queued ones (prefilled again after their replies); a running total."""
+    """Paused sequences evicted so far for queued ones (prefilled again after their replies); a running total. The
+    sglang engine: continuations whose history sglang's radix cache no longer held (prefilled again)."""
 
 
 class GenerationEngine(Protocol):

@@ -60,12 +60,28 @@ How it maps the engine interface (the same one `Engine` has, driven by `EngineLo
   converts them to uint8 [position][moe layer][k]. A request ended without routes (sglang collects them for a
   finished request; an abort that does not reach the scheduler's finish path has none) loses its output tokens
   beyond the positions it has routes for: a token is kept only with the routes of the input it was sampled from.
+- Multi-turn tool use (`GenerationRequest.tools`, docs/tools.md), as verl's sglang agent loop does it (token in,
+  token out; the trajectory so far is the next request's input_ids): each model turn is one sglang request whose
+  input_ids are the whole trajectory so far (prompt + model tokens + tool-reply tokens), with `stop_token_ids` =
+  the engine's EOS set (the torch engine's end-of-turn tokens). When a request stops at an end-of-turn token, the
+  turn goes to the same `ToolSession` the torch engine uses (`everstep.tool_calls` parses the calls, the calls run
+  on `ToolRuntime`'s threads, `everstep.tool_turns` renders the replies, same limits and error kinds); the sequence
+  has no request in sglang meanwhile, and every other request goes on decoding in sglang's batches. The replies'
+  tokens are appended (`output_tool_mask` True, log-prob 0, version -1) and the next turn is submitted.
+  sglang's radix cache (on unless --disable-radix-cache) keeps the finished request's KV (`cache_finished_req`
+  inserts `(origin_input_ids + output_ids)[:-1]`: the turn's last token was sampled, never fed), so the next
+  request's `match_prefix` finds the whole history but that token, and only it and the reply's tokens are
+  prefilled; `meta_info["cached_tokens"]` reports the hit, summed in `tool_continuation_cached_tokens` against
+  `tool_continuation_input_tokens`. Under memory pressure sglang evicts radix nodes by LRU, and a weight update
+  flushes the cache: a continuation whose cached tokens fall short of its history (but the last token) had its
+  history prefilled again, and is counted in `num_tool_evictions` (`everstep_rollout_tool_evictions_total`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
 import contextlib
 import dataclasses
 import logging
@@ -75,6 +91,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -89,6 +106,9 @@ from everstep_rollout.model_files import read_config, read_eos_token_ids
 from everstep_rollout.routing import RouteBuffer, check_routed_experts
 from everstep_rollout.sequence import FinishReason, GenerationRequest, SequenceResult
 
+if TYPE_CHECKING:
+    from everstep_rollout.tools import ToolRuntime, ToolSession
+
 log = logging.getLogger(__name__)
 
 GPU_EXTRA_HINT = ("sglang runs in an environment of its own on a CUDA machine: `make sglang-venv` (then run the "
@@ -96,6 +116,8 @@ GPU_EXTRA_HINT = ("sglang runs in an environment of its own on a CUDA machine: `
 _POLL_SECONDS = 0.005
 _ABORT_TIMEOUT_SECONDS = 60.0
 _ABORT_RETRY_SECONDS = 0.05
+_TOOL_POLL_SECONDS = 0.02
+"""How long a step with every sequence waiting for its tools waits for a reply (as the torch engine's)."""
 _FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORTED}
 
 
@@ -126,6 +148,19 @@ class _Request:
     """The first position the current sglang request returns routes for (its routed_experts_start_len)."""
     input_len: int = 0
     """Tokens the current sglang request was sent (prompt + earlier output)."""
+    tools: ToolSession | None = None
+    tool_mask: list[bool] | None = None
+    continues_trajectory: bool = False
+    """The current request follows a tool reply (its input extends the previous request's)."""
+    cached_tokens: int = 0
+    """sglang's `meta_info["cached_tokens"]` of the current request: its input tokens found in the radix cache."""
+    history_len: int = 0
+    """Tokens before the tool reply the current request continues from (the radix cache holds all but the last)."""
+
+    @property
+    def paused(self) -> bool:
+        """Waiting for its tool calls (no request in sglang meanwhile)."""
+        return self.tools is not None and self.tools.pending is not None
 
     @property
     def key(self) -> tuple[int, str]:
@@ -179,6 +214,13 @@ class SglangEngine:
         self._rid_counter = 0
         self._throughput = ThroughputWindow(window_seconds=10.0)
         self.last_step: StepStats | None = None
+        self._tool_runtime: ToolRuntime | None = None
+        self.tool_continuation_input_tokens = 0
+        """Input tokens of the requests that continued a trajectory after a tool reply (finished ones)."""
+        self.tool_continuation_cached_tokens = 0
+        """Of those, the tokens sglang's radix cache had (not prefilled again)."""
+        self.num_tool_evictions = 0
+        """Continuations whose history sglang prefilled again (evicted from its radix cache, or flushed)."""
         log.info("sglang engine over %s (%s, max_running %d)", self.model_dir, self.config.dtype,
                  self.config.max_running)
 
@@ -254,10 +296,6 @@ class SglangEngine:
         duplicates = {k for k in keys if k in self._live} | {k for k in keys if keys.count(k) > 1}
         if duplicates:
             raise ValueError(f"sequence ids already in flight: {sorted(k[1] for k in duplicates)[:5]}")
-        with_tools = [r.id for r in requests if r.tools is not None]
-        if with_tools:  # never a silent single turn
-            raise ValueError(f"sequence {with_tools[0]!r}: tools (multi-turn tool use) need the torch engine; the "
-                             "sglang engine does not run the tool loop yet")
         limit = self.config.max_running + self.config.max_queued
         if len(self._live) + len(requests) > limit:
             raise QueueFullError(
@@ -279,10 +317,42 @@ class SglangEngine:
             if r.sampling.return_routed_experts and self.moe is not None:
                 entry.routes = RouteBuffer(len(self.moe.moe_layers), self.moe.top_k, r.routed_experts,
                                            capacity=len(r.prompt_ids) + (r.sampling.max_new_tokens or 64))
+            if r.tools is not None:
+                entry.tool_mask = list(r.output_tool_mask) or [False] * len(r.output_ids)
+                entry.tools = self._tool_session(r, entry.tool_mask)
             if self._remaining(entry) <= 0:
                 self._finished_on_add.append(self._result(entry, FinishReason.LENGTH))
+            elif entry.tools is not None and entry.output_ids and entry.output_ids[-1] in self.eos_token_ids and not (
+                    entry.tool_mask and entry.tool_mask[-1]):
+                # a partial drained while its tool ran: the call runs again (docs/tools.md, carry-over)
+                if entry.tools.end_turn(entry.output_ids, self._tools().submit, counted=False):
+                    self._live[entry.key] = entry
+                else:
+                    self._finished_on_add.append(self._result(entry, FinishReason.STOP))
             else:
                 self._submit(entry)
+
+    def _tools(self) -> ToolRuntime:
+        """The tool threads and clients, made at the first request with tools: their modules need grpc and protobuf,
+        which an engine that never sees tools (benchmarks/gpu_check.py's machine has neither) does without."""
+        if self._tool_runtime is None:
+            from everstep_rollout.tools import ToolRuntime
+
+            self._tool_runtime = ToolRuntime(self.config.sandbox_endpoint)
+        return self._tool_runtime
+
+    def _tool_session(self, r: GenerationRequest, tool_mask: list[bool]) -> ToolSession:
+        """The torch engine's tool loop state for this sequence (the same class, runners and limits)."""
+        assert r.tools is not None
+        from everstep.v1 import common_pb2
+        from everstep_rollout.tools import ToolSession
+
+        trajectory = common_pb2.ToolTrajectory()
+        if r.tool_trajectory is not None:
+            trajectory.CopyFrom(r.tool_trajectory)
+        turn_start = max((i + 1 for i, is_tool in enumerate(tool_mask) if is_tool), default=0)
+        return ToolSession(r.tools, self._tools().client(r.tools, r.sandbox_address), self.tokenizer,
+                           trajectory, turn_start=turn_start)
 
     def _remaining(self, entry: _Request) -> int:
         r = entry.request
@@ -296,12 +366,16 @@ class SglangEngine:
         self._rid_counter += 1
         entry.rid = f"everstep-{self._rid_counter}"
         entry.version, entry.finish, entry.error, entry.new_tokens = self.version, None, "", 0
+        entry.cached_tokens = 0
         sampling_params = {
             "temperature": o.temperature, "top_p": o.top_p if 0 < o.top_p < 1 else 1.0,
             "top_k": o.top_k if o.top_k > 0 else -1, "max_new_tokens": self._remaining(entry),
         }
         if o.stop:
             sampling_params["stop"] = list(o.stop)
+        if entry.tools is not None:
+            # a turn ends at the tokens the torch engine ends it at (sglang's own EOS set stops it too)
+            sampling_params["stop_token_ids"] = sorted(self.eos_token_ids)
         input_ids = [*entry.request.prompt_ids, *entry.output_ids]
         entry.input_len = len(input_ids)
         entry.task = self._loop.create_task(self._consume(entry, input_ids, sampling_params))
@@ -336,6 +410,10 @@ class SglangEngine:
             entry.output_ids.append(int(token_id))
             entry.output_logprobs.append(float(logprob))
             entry.output_versions.append(entry.version)
+            if entry.tool_mask is not None:
+                entry.tool_mask.append(False)
+        if meta.get("cached_tokens") is not None:
+            entry.cached_tokens = int(meta["cached_tokens"])
         entry.new_tokens += new
         self._throughput.record(time.monotonic(), new)
         routed = meta.get("routed_experts")
@@ -349,11 +427,23 @@ class SglangEngine:
         if reason is not None:
             kind = reason.get("type") if isinstance(reason, Mapping) else str(reason)
             entry.finish = _FINISH_REASONS.get(kind, FinishReason.STOP)
+            if entry.continues_trajectory:
+                self.tool_continuation_input_tokens += entry.input_len
+                self.tool_continuation_cached_tokens += entry.cached_tokens
+                if entry.cached_tokens < entry.history_len - 1:
+                    self.num_tool_evictions += 1
 
     def drain(self, stream: int | None = None) -> list[SequenceResult]:
         """Abort every live request (of `stream`, or all) and return what each generated."""
         entries = [e for e in self._live.values() if stream is None or e.request.stream == stream]
         self._abort(entries)
+        for e in entries:
+            if e.tools is not None and e.tools.pending is not None:
+                e.tools.pending.cancel()  # a drained call runs again where the partial is continued
+                e.tools.pending = None
+                e.finish = FinishReason.ABORTED
+            elif e.finish == FinishReason.STOP and self._turn_ended_with_calls(e):
+                e.finish = FinishReason.ABORTED  # the partial ends with its calls; they run where it continues
         return [self._result(e, e.finish or FinishReason.ABORTED) for e in entries]
 
     def _abort(self, entries: list[_Request]) -> None:
@@ -401,13 +491,16 @@ class SglangEngine:
             names=names, dtypes=dtypes, shapes=shapes, group_name=group_name, flush_cache=True)), version)
 
     def _swap(self, update, version: int) -> None:
-        entries = list(self._live.values())
+        entries = [e for e in self._live.values() if not e.paused]  # paused ones have no request in sglang
         self._abort(entries)
         _check(update(), "weight update")
         self.version = version
         for e in entries:
             if self._trim_to_routes(e):
                 e.finish = None  # continued from the tokens it has routes for
+            if e.finish == FinishReason.STOP and self._pause_for_tools(e):
+                self._live[e.key] = e
+                continue
             if e.finish == FinishReason.ABORTED or e.finish is None:
                 if self._remaining(e) > 0:
                     self._submit(e)  # continues from prompt + output so far, under the new weights
@@ -421,15 +514,20 @@ class SglangEngine:
         """Let sglang run for a moment; return the sequences that finished meanwhile."""
         start = time.perf_counter()
         finished, self._finished_on_add = self._finished_on_add, []
+        finished += self._take_tool_replies()
         before = sum(len(e.output_ids) for e in self._live.values())
         tasks = [e.task for e in self._live.values() if e.task is not None]
         if tasks:
             self._run(asyncio.wait(tasks, timeout=_POLL_SECONDS, return_when=asyncio.FIRST_COMPLETED))
+        else:
+            self._wait_for_tools()  # nothing in sglang until a tool replies
         generated = sum(len(e.output_ids) for e in self._live.values()) - before
         reasons: dict[FinishReason, int] = {}
         for e in [e for e in self._live.values() if e.task is not None and e.task.done()]:
-            del self._live[e.key]
             reason = e.finish or FinishReason.ABORTED
+            if reason == FinishReason.STOP and self._pause_for_tools(e):
+                continue  # its tools run; its next turn is submitted when they reply
+            del self._live[e.key]
             if reason == FinishReason.ABORTED:
                 log.warning("sglang request %s (%s) ended without finishing: %s", e.rid, e.request.id,
                             e.error or "aborted")
@@ -437,18 +535,74 @@ class SglangEngine:
             reasons[reason] = reasons.get(reason, 0) + 1
         seconds = time.perf_counter() - start
         self.last_step = StepStats(num_decoded=generated, num_prefilled=0, decode_seconds=seconds,
-                                   step_seconds=seconds, finished=reasons)
+                                   step_seconds=seconds, finished=reasons,
+                                   num_paused=sum(1 for e in self._live.values() if e.paused),
+                                   num_tool_evictions=self.num_tool_evictions)
         return finished
+
+    # -- tools ------------------------------------------------------------------------------------------
+
+    def _pause_for_tools(self, e: _Request) -> bool:
+        """A request that stopped: when it ended a model turn with tool calls, its calls are submitted and it
+        waits for them (True; it has no request in sglang until they reply)."""
+        if e.tools is None or not e.output_ids or e.output_ids[-1] not in self.eos_token_ids:
+            return False
+        if not e.tools.end_turn(e.output_ids, self._tools().submit):
+            return False
+        e.task = None
+        return True
+
+    def _turn_ended_with_calls(self, e: _Request) -> bool:
+        """A drained request that stopped at the end of a turn with tool calls (counted as a turn, as the torch
+        engine counts a turn paused when drained); its calls are not run here."""
+        if e.tools is None or not e.output_ids or e.output_ids[-1] not in self.eos_token_ids:
+            return False
+        ended = e.tools.end_turn(e.output_ids, lambda *_: concurrent.futures.Future())
+        e.tools.pending = None
+        return ended
+
+    def _take_tool_replies(self) -> list[SequenceResult]:
+        """Sequences whose tool calls replied: the reply's tokens are appended and the next turn is submitted
+        (input = the whole trajectory; sglang's radix cache holds its history). Returns those that finished (the
+        environment ended the episode, or the reply would not fit), as the torch engine does."""
+        finished = []
+        for e in [e for e in self._live.values() if e.tools is not None and e.tools.pending is not None
+                  and e.tools.pending.done()]:
+            assert e.tools is not None and e.tool_mask is not None
+            end = e.tools.take_reply(e.output_ids)
+            reason = FinishReason.STOP if end.finished else (
+                FinishReason.LENGTH if len(end.reply_ids) >= self._remaining(e) else None)
+            if reason is not None:
+                del self._live[e.key]
+                finished.append(self._result(e, reason))
+                continue
+            e.history_len = len(e.request.prompt_ids) + len(e.output_ids)
+            e.output_ids.extend(end.reply_ids)
+            e.output_logprobs.extend([0.0] * len(end.reply_ids))
+            e.output_versions.extend([-1] * len(end.reply_ids))
+            e.tool_mask.extend([True] * len(end.reply_ids))
+            e.continues_trajectory = True
+            self._submit(e)
+        return finished
+
+    def _wait_for_tools(self) -> None:
+        pending = [e.tools.pending for e in self._live.values() if e.tools is not None and e.tools.pending is not None]
+        if pending:
+            concurrent.futures.wait(pending, timeout=_TOOL_POLL_SECONDS, return_when=concurrent.futures.FIRST_COMPLETED)
 
     def _result(self, e: _Request, reason: FinishReason) -> SequenceResult:
         r = e.request
         if self._trim_to_routes(e):
             reason = FinishReason.ABORTED  # no longer finished: it continues from the kept tokens
+        if e.tools is not None and reason != FinishReason.ABORTED:
+            e.tools.close(self._tools().submit)
         return SequenceResult(
             id=r.id, stream=r.stream, prompt_ids=list(r.prompt_ids), output_ids=e.output_ids,
             output_logprobs=e.output_logprobs, output_versions=e.output_versions, finish_reason=reason,
             output_text=self.tokenizer.decode(e.output_ids, skip_special_tokens=True),
             routed_experts=e.routes.to_bytes() if e.routes is not None else b"",
+            output_tool_mask=list(e.tool_mask or []),
+            tool_trajectory=e.tools.snapshot() if e.tools is not None else None,
         )
 
     def _trim_to_routes(self, e: _Request) -> bool:
@@ -458,11 +612,15 @@ class SglangEngine:
         if e.routes is None or not e.rid:  # not asked, or never sent to sglang (its routes are what it came with)
             return False
         keep = max(len(e.request.prompt_ids) - 1, e.routes.length) - len(e.request.prompt_ids) + 1
+        if e.tool_mask:  # tool tokens, like the prompt's, take their routes from whichever prefill computes them
+            keep = max(keep, max((i + 1 for i, is_tool in enumerate(e.tool_mask) if is_tool), default=0))
         if keep >= len(e.output_ids):
             return False
         log.warning("sequence %s: sglang returned no routes for its last %d output tokens; they are dropped",
                     e.request.id, len(e.output_ids) - keep)
         del e.output_ids[keep:], e.output_logprobs[keep:], e.output_versions[keep:]
+        if e.tool_mask is not None:
+            del e.tool_mask[keep:]
         return True
 
     def shutdown(self) -> None:
@@ -471,6 +629,8 @@ class SglangEngine:
             if self._live:
                 self._abort(list(self._live.values()))
         finally:
+            if self._tool_runtime is not None:
+                self._tool_runtime.shutdown()
             self._sgl.shutdown()
             self._close_loop()
 

@@ -39,12 +39,12 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from everstep.model_config import MAX_ROUTED_EXPERTS, position_limit
-from everstep.v1 import common_pb2
 from everstep_rollout.config import EngineConfig
 from everstep_rollout.engine.interface import QueueFullError, StepStats
 from everstep_rollout.engine.sampling import SamplingBatch, sample
@@ -54,7 +54,9 @@ from everstep_rollout.kv_cache import SlotAllocator
 from everstep_rollout.model_files import read_config, read_eos_token_ids
 from everstep_rollout.routing import RouteBuffer, check_routed_experts
 from everstep_rollout.sequence import FinishReason, GenerationRequest, SequenceResult
-from everstep_rollout.tools import ToolRuntime, ToolSession
+
+if TYPE_CHECKING:
+    from everstep_rollout.tools import ToolRuntime, ToolSession
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +130,7 @@ class Engine:
         self._needs_prefill: list[_Sequence] = []
         self._finished_on_add: list[SequenceResult] = []
         self._throughput = ThroughputWindow(window_seconds=_THROUGHPUT_WINDOW_SECONDS)
-        self._tool_runtime = ToolRuntime(self.config.sandbox_endpoint)
+        self._tool_runtime: ToolRuntime | None = None
         self._evicted: list[_Sequence] = []
         """Paused sequences that gave up their slot (memory pressure); prefilled again after their replies."""
         self.num_tool_evictions = 0
@@ -162,7 +164,8 @@ class Engine:
 
     def shutdown(self) -> None:
         """The tool threads stop; the weights and cache are freed with the engine."""
-        self._tool_runtime.shutdown()
+        if self._tool_runtime is not None:
+            self._tool_runtime.shutdown()
 
     # -- state ------------------------------------------------------------------------------------------
 
@@ -226,7 +229,7 @@ class Engine:
             elif seq.tools is not None and seq.output_ids and seq.output_ids[-1] in self.eos_token_ids and not (
                     seq.tool_mask and seq.tool_mask[-1]):
                 # a partial drained while its tool ran: the call runs again (docs/tools.md, carry-over)
-                if seq.tools.end_turn(seq.output_ids, self._tool_runtime.submit, counted=False):
+                if seq.tools.end_turn(seq.output_ids, self._tools().submit, counted=False):
                     self._queue.append(seq)
                     self._live[seq.key] = seq
                 else:
@@ -234,6 +237,15 @@ class Engine:
             else:
                 self._queue.append(seq)
                 self._live[seq.key] = seq
+
+    def _tools(self) -> ToolRuntime:
+        """The tool threads and clients, made at the first request with tools: their modules need grpc and protobuf,
+        which an engine that never sees tools (benchmarks/gpu_check.py's machine has neither) does without."""
+        if self._tool_runtime is None:
+            from everstep_rollout.tools import ToolRuntime
+
+            self._tool_runtime = ToolRuntime(self.config.sandbox_endpoint)
+        return self._tool_runtime
 
     def _new_sequence(self, r: GenerationRequest) -> _Sequence:
         generator = None
@@ -249,11 +261,14 @@ class Engine:
         tools = tool_mask = None
         if r.tools is not None:
             tool_mask = list(r.output_tool_mask) or [False] * len(r.output_ids)
+            from everstep.v1 import common_pb2
+            from everstep_rollout.tools import ToolSession
+
             trajectory = common_pb2.ToolTrajectory()
             if r.tool_trajectory is not None:
                 trajectory.CopyFrom(r.tool_trajectory)
             turn_start = max((i + 1 for i, is_tool in enumerate(tool_mask) if is_tool), default=0)
-            tools = ToolSession(r.tools, self._tool_runtime.client(r.tools, r.sandbox_address), self.tokenizer,
+            tools = ToolSession(r.tools, self._tools().client(r.tools, r.sandbox_address), self.tokenizer,
                                 trajectory, turn_start=turn_start)
         return _Sequence(
             request=r, token_ids=[*r.prompt_ids, *r.output_ids], output_ids=list(r.output_ids),
@@ -489,7 +504,7 @@ class Engine:
             self._append(s, token, sampled_logprobs[s.slot], version)
             reason = self._finish_reason(s, token)
             if reason == FinishReason.STOP and s.tools is not None and token in self.eos_token_ids and \
-                    s.tools.end_turn(s.output_ids, self._tool_runtime.submit):
+                    s.tools.end_turn(s.output_ids, self._tools().submit):
                 reason = None  # paused until its tools reply
             outcome.append((s, reason))
         return outcome
@@ -513,7 +528,7 @@ class Engine:
         while seq.forced:  # a partial returns its whole tool reply: the engine that continues it prefills it
             self._append(seq, seq.forced.popleft(), 0.0, -1, tool=True)
         if seq.tools is not None and reason != FinishReason.ABORTED:
-            seq.tools.close(self._tool_runtime.submit)
+            seq.tools.close(self._tools().submit)
         return SequenceResult(
             id=r.id, stream=r.stream, prompt_ids=list(r.prompt_ids), output_ids=seq.output_ids,
             output_logprobs=seq.output_logprobs, output_versions=seq.output_versions, finish_reason=reason,
