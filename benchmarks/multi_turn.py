@@ -153,6 +153,8 @@ class LoopRun:
     tool_tokens: int
     turns: int
     tool_calls: int
+    tool_errors: int
+    """Calls whose reply was an error (none expected: the environment answers every call)."""
     seconds: float
 
     @property
@@ -218,7 +220,9 @@ def run_loop(engine: Any, prompts: list[list[int]], tools: Any, *, mode: str, ma
     tool_tokens = sum(sum(r.output_tool_mask) for r in results)
     run = LoopRun(mode=mode, model_tokens=sum(len(r.output_ids) for r in results) - tool_tokens,
                   tool_tokens=tool_tokens, turns=sum(r.tool_trajectory.num_turns for r in results),
-                  tool_calls=sum(r.tool_trajectory.num_tool_calls for r in results), seconds=seconds)
+                  tool_calls=sum(r.tool_trajectory.num_tool_calls for r in results),
+                  tool_errors=sum(1 for r in results for call in r.tool_trajectory.calls if call.error),
+                  seconds=seconds)
     return run, {int(r.id.rsplit("-", 1)[1]): r.output_ids for r in results}
 
 
@@ -250,9 +254,9 @@ def bench_loop(args: argparse.Namespace, model: Path, url: str) -> dict[str, Any
                 run, outputs[mode] = run_loop(engine, prompts, tools, mode=mode, max_new_tokens=args.max_new_tokens,
                                               seed=args.seed + repeat, tag=f"{mode}-{repeat}")
                 runs.append(run)
-                log.info("(a) %s run %d/%d: %d model tokens (+%d tool), %d turns, %d calls in %.2fs = %.0f tokens/s",
-                         mode, repeat + 1, args.repeats, run.model_tokens, run.tool_tokens, run.turns, run.tool_calls,
-                         run.seconds, run.tokens_per_s)
+                log.info("(a) %s run %d/%d: %d model tokens (+%d tool), %d turns, %d calls (%d errors) in %.2fs = "
+                         "%.0f tokens/s", mode, repeat + 1, args.repeats, run.model_tokens, run.tool_tokens, run.turns,
+                         run.tool_calls, run.tool_errors, run.seconds, run.tokens_per_s)
             same = same and outputs["concurrent"] == outputs["turn_sync"] == outputs["step_sync"]
     finally:
         engine.shutdown()

@@ -29,7 +29,7 @@ def test_multi_turn_benchmark_reports_its_three_figures(tmp_path: Path) -> None:
     # every mode wrote exactly the same seeded tokens, and the trajectories did call the tool
     assert loop["same_sequences"] is True
     assert sorted(r["mode"] for r in loop["runs"]) == ["concurrent", "step_sync", "turn_sync"]
-    assert all(r["tool_calls"] > 0 and r["tool_tokens"] > 0 for r in loop["runs"])
+    assert all(r["tool_calls"] > 0 and r["tool_tokens"] > 0 and r["tool_errors"] == 0 for r in loop["runs"])
     assert len({(r["model_tokens"], r["turns"], r["tool_calls"]) for r in loop["runs"]}) == 1
     c3po = result["c3po"]
     assert c3po["reached_trained_samples"] is True
