@@ -20,8 +20,12 @@ the loop (tool latency, batching), not about a model's decode cost.
       baseline is a generous one);
     - `step_sync`: the batch stops whenever a call runs (the calls made at one step run in parallel, then the
       batch goes on).
-    Model tokens (tool replies excluded) per wall second; the runs alternate, `--repeats` times, medians reported.
-    `concurrent_vs_serial_ratio` = concurrent / turn_sync.
+    `--num-sequences` (256) sequences, `--max-running` (64) KV slots: the engine takes every sequence at once and
+    keeps its slots busy (a sequence paused for its tool gives its slot to a queued one when every slot is taken, and
+    is prefilled again after its reply: `tool_evictions`); the serial loops run static batches of `--max-running`.
+    With `--max-running` >= `--num-sequences` all three run one batch. Model tokens (tool replies excluded) per wall
+    second; the runs alternate, `--repeats` times, medians reported. `concurrent_vs_serial_ratio` = concurrent /
+    turn_sync.
 (b) C3PO++ against sync at equal trained samples through the real controller (benchmarks.c3po_real: Redis, the
     reward service, the controller's job runner, a real rollout engine and trainer over gRPC), the same tool task
     and environment, reward = the `tool_use` verifier with min_calls 1 (1 when the trajectory made a well-formed
@@ -66,20 +70,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--call-share", type=float, default=0.7, help="probability that a turn ends with a call")
     p.add_argument("--max-turns", type=int, default=None, help="model turns per trajectory (default 6; quick 4)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="per trajectory, replies included (default 320)")
-    p.add_argument("--num-sequences", type=int, default=None, help="(a): sequences (default 64; quick 16)")
+    p.add_argument("--num-sequences", type=int, default=None, help="(a): sequences (default 256; quick 32)")
+    p.add_argument("--max-running", type=int, default=None,
+                   help="(a): KV slots (default 64; quick 8); fewer than the sequences: the engine refills its slots "
+                        "(a paused sequence gives its slot to a queued one and is prefilled again after its reply), "
+                        "the serial loops run static batches of this many")
     p.add_argument("--repeats", type=int, default=None, help="(a): runs of each mode (default 3; quick 1)")
     p.add_argument("--group-size", type=int, default=None, help="(b): G (default 8; quick 4)")
     p.add_argument("--prompts-per-iteration", type=int, default=None, help="(b): prompts per step (default 8; quick 4)")
     p.add_argument("--trained-samples", type=int, default=None, help="(b): samples each run trains (default 640; "
                                                                       "quick 48)")
     p.add_argument("--retention", type=int, default=2, help="(b): sigma")
-    p.add_argument("--learning-rate", type=float, default=1e-3, help="(b)")
+    p.add_argument("--learning-rate", type=float, default=1e-4, help="(b) (1e-3 destabilised the tool model)")
     p.add_argument("--skip-c3po", action="store_true", help="run (a) only")
+    p.add_argument("--skip-loop", action="store_true", help="run (b) only")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path, default=None, help="also write the JSON result here")
     args = p.parse_args(argv)
     quick = args.quick
-    defaults = {"max_turns": 4 if quick else 6, "max_new_tokens": 320, "num_sequences": 16 if quick else 64,
+    defaults = {"max_turns": 4 if quick else 6, "max_new_tokens": 320,
+                "num_sequences": 32 if quick else 256, "max_running": 8 if quick else 64,
                 "repeats": 1 if quick else 3, "group_size": 4 if quick else 8,
                 "prompts_per_iteration": 4 if quick else 8, "trained_samples": 48 if quick else 640}
     for name, value in defaults.items():
@@ -206,13 +216,16 @@ def run_loop(engine: Any, prompts: list[list[int]], tools: Any, *, mode: str, ma
         requests = [GenerationRequest(id=f"{tag}-{i}", prompt_ids=p, tools=tools, sampling=SamplingOptions(
             temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens, seed=seed * 100_003 + i + 1))
             for i, p in enumerate(prompts)]
+        # the engine takes every sequence at once and refills its slots; a serial loop runs static batches
+        batch = len(requests) if deferred is None else engine.config.max_running
         start = time.perf_counter()
-        engine.add(requests)
         results = []
-        while engine.has_work:
-            results += engine.step()
-            if deferred is not None:
-                deferred.after_step(engine)
+        for first in range(0, len(requests), batch):
+            engine.add(requests[first : first + batch])
+            while engine.has_work:
+                results += engine.step()
+                if deferred is not None:
+                    deferred.after_step(engine)
         seconds = time.perf_counter() - start
     finally:
         if deferred is not None:
@@ -241,7 +254,7 @@ def bench_loop(args: argparse.Namespace, model: Path, url: str) -> dict[str, Any
     prompts = [list(tokenizer.apply_chat_template([{"role": "user", "content": "U " * (1 + i % 8)}], tools=tools_json,
                                                   add_generation_prompt=True, tokenize=True, return_dict=False))
                for i in range(args.num_sequences)]
-    engine = Engine(model, EngineConfig(max_running=args.num_sequences,
+    engine = Engine(model, EngineConfig(max_running=min(args.max_running, args.num_sequences), max_queued=len(prompts),
                                         max_seq_len=max(map(len, prompts)) + args.max_new_tokens))
     try:
         run_loop(engine, prompts[:2], tools, mode="concurrent", max_new_tokens=args.max_new_tokens, seed=0,
@@ -270,7 +283,8 @@ def bench_loop(args: argparse.Namespace, model: Path, url: str) -> dict[str, Any
         "concurrent_vs_step_sync_ratio": round(median("concurrent") / median("step_sync"), 3),
         "same_sequences": same,
         "runs": [{**asdict(r), "tokens_per_s": round(r.tokens_per_s, 1)} for r in runs],
-        "num_sequences": args.num_sequences, "repeats": args.repeats,
+        "num_sequences": args.num_sequences, "max_running": engine.config.max_running,
+        "tool_evictions": engine.num_tool_evictions, "repeats": args.repeats,
         "mean_prompt_tokens": round(sum(map(len, prompts)) / len(prompts), 1),
     }
 
@@ -300,11 +314,13 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="multi-turn-bench-") as tmp, Calculator(args.tool_latency) as calculator:
         model = build_model(Path(tmp) / "model", think=args.think, call_share=args.call_share)
-        log.info("(a) the engine's tool loop against serial loops: %d sequences", args.num_sequences)
-        loop = bench_loop(args, model, calculator.url)
-        print(f"(a) model tokens/s: {loop['tokens_per_s']}; concurrent / turn_sync = "
-              f"{loop['concurrent_vs_serial_ratio']}, concurrent / step_sync = {loop['concurrent_vs_step_sync_ratio']}",
-              flush=True)
+        loop = None
+        if not args.skip_loop:
+            log.info("(a) the engine's tool loop against serial loops: %d sequences", args.num_sequences)
+            loop = bench_loop(args, model, calculator.url)
+            print(f"(a) model tokens/s: {loop['tokens_per_s']}; concurrent / turn_sync = "
+                  f"{loop['concurrent_vs_serial_ratio']}, concurrent / step_sync = "
+                  f"{loop['concurrent_vs_step_sync_ratio']}", flush=True)
         c3po = None
         if not args.skip_c3po:
             log.info("(b) C3PO++ against sync, %d trained samples each", args.trained_samples)
@@ -313,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"(sync {c3po['reward_sync']}, c3po {c3po['reward_c3po']})", flush=True)
     report = {
         "benchmark": "multi_turn",
-        "concurrent_vs_serial_ratio": loop["concurrent_vs_serial_ratio"],
+        "concurrent_vs_serial_ratio": loop["concurrent_vs_serial_ratio"] if loop else None,
         "c3po_rollout_speedup": c3po["rollout_speedup"] if c3po else None,
         "c3po_reward_ratio": c3po["reward_ratio"] if c3po else None,
         "loop": loop, "c3po": c3po,
