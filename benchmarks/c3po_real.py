@@ -57,6 +57,8 @@ class RealConfig:
     verifiers: tuple[tuple[str, float], ...] = (("math", 1.0),)  # (name, weight) of the reward's verifiers
     micro_batch_tokens: int = 16384
     packing: bool = False
+    tools: dict[str, Any] | None = None  # the job spec's `tools` section (multi-turn rollouts)
+    verifier_params: dict[str, dict[str, Any]] | None = None  # verifier name -> its `params`
 
     @property
     def max_steps(self) -> int:
@@ -77,7 +79,11 @@ def _spec(config: RealConfig, mode: str, budget: int, checkpoint_dir: Path, *, o
     return JobSpec.model_validate({
         "name": f"c3po-benchmark-{name}", "model_path": config.model,
         "dataset": {"train_path": config.dataset, "answer_field": config.answer_field},
-        "reward": {"verifiers": [{"name": verifier, "weight": weight} for verifier, weight in config.verifiers]},
+        "reward": {"verifiers": [{"name": verifier, "weight": weight,
+                                  **({"params": config.verifier_params[verifier]}
+                                     if config.verifier_params and verifier in config.verifier_params else {})}
+                                 for verifier, weight in config.verifiers]},
+        **({"tools": config.tools} if config.tools else {}),
         "algorithm": {"group_size": config.group_size,
                       "drop_zero_signal_groups": not config.keep_zero_signal_groups},
         "sampling": {"temperature": config.temperature, "max_new_tokens": config.max_new_tokens},
@@ -187,6 +193,10 @@ def _summary(run: tuple[list[StepMetrics], float]) -> dict[str, Any]:
         "purged_samples": sum(m.num_samples_purged for m in history),
         "dropped_groups": sum(m.num_groups_dropped for m in history),
         "max_staleness": max(m.staleness_max for m in history),
+        **({"turns_per_sample": round(_mean([m.turns_per_sample for m in history
+                                             if m.turns_per_sample is not None]), 3),
+            "num_tool_calls": sum(m.num_tool_calls or 0 for m in history)}
+           if any(m.turns_per_sample is not None for m in history) else {}),
     }
 
 

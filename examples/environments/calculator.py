@@ -148,13 +148,18 @@ def handler(env: Environment) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class _Server(ThreadingHTTPServer):
+    # the standard library's backlog of 5 resets connections when a rollout engine's trajectories call at once
+    request_queue_size = 256
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--step-delay-seconds", type=float, default=0.0, help="extra latency of every step")
     args = p.parse_args()
-    server = ThreadingHTTPServer((args.host, args.port), handler(Environment(args.step_delay_seconds)))
+    server = _Server((args.host, args.port), handler(Environment(args.step_delay_seconds)))
     print(f"calculator environment on http://{args.host}:{args.port}", flush=True)
     server.serve_forever()
 
