@@ -92,7 +92,7 @@ def build_demo_model(out: Path, options: list[str] | None = None, module: str = 
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     print(f"building the demo model in {out} (8 to 12 minutes on 2 cores, the MoE one 15 to 20, the tools one "
-          f"3 to 6)", file=sys.stderr)
+          f"about 10)", file=sys.stderr)
     subprocess.run([sys.executable, "-m", module, "--out", str(partial), *(options or [])], check=True)
     shutil.rmtree(out, ignore_errors=True)
     partial.rename(out)
