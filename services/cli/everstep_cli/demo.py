@@ -1,7 +1,8 @@
 """`everstep demo`: the main job in one command.
 
 Checks the demo model the spec names (examples/demo-model, shipped with the repository: its
-build.json records the build and every file's sha256; examples/demo-moe-model for the MoE demo), or with
+build.json records the build and every file's sha256; examples/demo-moe-model for the MoE demo,
+examples/demo-tools-model for the tools demo), or with
 `rebuild` builds a fresh one into outputs/<its folder name> first, with the build options its build.json
 records (in a subprocess: the trainer package owns the build). Then brings the
 local stack up, submits the demo spec over REST, follows it, writes a plot, the per-step metrics
@@ -37,6 +38,16 @@ REBUILD_DIR = Path("outputs/demo-model")
 spec whose model folder has another name (demo-moe-model) is rebuilt into outputs/ under that name."""
 
 BUILD_MODULE = ("python", "-m", "everstep_trainer.demo")
+TOOLS_BUILD_MODULE = ("python", "-m", "everstep_trainer.demo.tools")
+"""The tools demo model's builder (examples/demo-tools-model)."""
+
+
+def rebuild_module(model_path: Path) -> str:
+    """The module that builds ``model_path``: the one its build.json's command runs (the tools demo model's
+    builder or the demo builder), else the demo builder."""
+    manifest = read_manifest(model_path)
+    words = tuple(shlex.split(manifest.command)[:3]) if manifest is not None else ()
+    return TOOLS_BUILD_MODULE[2] if words == TOOLS_BUILD_MODULE else BUILD_MODULE[2]
 
 
 def rebuild_options(model_path: Path) -> list[str]:
@@ -44,7 +55,7 @@ def rebuild_options(model_path: Path) -> list[str]:
     has no build.json or another command made it: the build's defaults, the shipped dense model's settings."""
     manifest = read_manifest(model_path)
     words = shlex.split(manifest.command) if manifest is not None else []
-    if tuple(words[:3]) != BUILD_MODULE:
+    if tuple(words[:3]) not in (BUILD_MODULE, TOOLS_BUILD_MODULE):
         return []
     options, rest = [], iter(words[3:])
     for word in rest:
@@ -74,15 +85,15 @@ def ensure_demo_model(model_path: Path) -> None:
     build_demo_model(model_path)
 
 
-def build_demo_model(out: Path, options: list[str] | None = None) -> None:
+def build_demo_model(out: Path, options: list[str] | None = None, module: str = BUILD_MODULE[2]) -> None:
     """Build the demo model into ``out`` (replacing what is there) with the build's defaults (the settings
-    of the shipped model) and ``options`` (`rebuild_options`). Built beside it first, so an interrupted build
-    leaves no half folder."""
+    of the shipped model) and ``options`` (`rebuild_options`), by ``module`` (`rebuild_module`). Built beside
+    it first, so an interrupted build leaves no half folder."""
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    print(f"building the demo model in {out} (8 to 12 minutes on 2 cores, the MoE one 15 to 20)", file=sys.stderr)
-    subprocess.run([sys.executable, "-m", "everstep_trainer.demo", "--out", str(partial), *(options or [])],
-                   check=True)
+    print(f"building the demo model in {out} (8 to 12 minutes on 2 cores, the MoE one 15 to 20, the tools one "
+          f"about 10)", file=sys.stderr)
+    subprocess.run([sys.executable, "-m", module, "--out", str(partial), *(options or [])], check=True)
     shutil.rmtree(out, ignore_errors=True)
     partial.rename(out)
 
@@ -106,7 +117,7 @@ def run_demo(spec_path: Path, out: Path, *, port: int = 0, rebuild: bool = False
     if rebuild:
         shipped = Path(spec["model_path"])
         target = REBUILD_DIR.with_name(shipped.name)
-        build_demo_model(target, rebuild_options(shipped))
+        build_demo_model(target, rebuild_options(shipped), rebuild_module(shipped))
         spec = use_demo_model(spec, target)
     model_path = Path(spec["model_path"])
     ensure_demo_model(model_path)
@@ -147,6 +158,7 @@ def run_demo(spec_path: Path, out: Path, *, port: int = 0, rebuild: bool = False
         "reward_last_steps": _mean([m.reward_mean for m in last]),
         "response_tokens_first_steps": _mean([_response_tokens(m) for m in first]),
         "response_tokens_last_steps": _mean([_response_tokens(m) for m in last]),
+        **_tool_use_summary(first, last),
         "job_seconds": round(job_seconds, 1),
         "wall_seconds": round(time.monotonic() - started, 1),
         "plot": str(out / "demo.png"),
@@ -191,6 +203,9 @@ def demo_figure(history: list[StepMetrics], evaluation: dict[int, Evaluation]) -
     lengths = ax.twinx()  # RL on the demo model learns to show its work: solutions get longer
     lengths.plot([m.step for m in history], [_response_tokens(m) for m in history], ":", color="gray",
                  label="response tokens (mean)")
+    if any(m.tool_use_rate is not None for m in history):  # a job with tools
+        ax.plot([m.step for m in history], [m.tool_use_rate or 0.0 for m in history], "--",
+                label="samples that called a tool")
     lengths.set_ylabel("response tokens")
     lengths.set_ylim(bottom=0)
     ax.set_title("everstep demo: GRPO + IcePop with C3PO++ rollouts")
@@ -205,6 +220,14 @@ def demo_figure(history: list[StepMetrics], evaluation: dict[int, Evaluation]) -
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
+
+
+def _tool_use_summary(first: list[StepMetrics], last: list[StepMetrics]) -> dict[str, float]:
+    """A job with tools: the share of samples that called one, in the first and the last fifth of the steps."""
+    if all(m.tool_use_rate is None for m in first + last):
+        return {}
+    return {"tool_use_rate_first_steps": _mean([m.tool_use_rate or 0.0 for m in first]),
+            "tool_use_rate_last_steps": _mean([m.tool_use_rate or 0.0 for m in last])}
 
 
 def _response_tokens(metrics: StepMetrics) -> float:

@@ -1,6 +1,7 @@
 """The demo: a tiny Llama (or Qwen3-MoE) warm-started on a synthetic arithmetic task with verifiable answers.
 
 `python -m everstep_trainer.demo --out DIR [--architecture qwen3_moe]` builds it; see `build.py` for what DIR holds.
+The tools demo's model (multiplication with the sandbox's `python` tool) has its own builder in `tools/`.
 """
 
 ARCHITECTURES = ("llama", "qwen3_moe")
