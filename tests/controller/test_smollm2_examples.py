@@ -74,3 +74,13 @@ def test_more_held_out_rows_than_questions_is_refused(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--test", "33"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode != 0 and "--test 33" in result.stderr
+
+
+def test_the_demo_plot_is_titled_after_the_spec_it_ran() -> None:
+    from everstep_cli.demo import demo_title
+
+    titles = [demo_title(JobSpec.model_validate(load_job_file(EXAMPLES / n)).model_dump(mode="json"))
+              for n in (*SPECS, "demo.yaml")]
+    assert titles == ["everstep demo smollm2-lora: GRPO + icepop (LoRA), sync rollouts",
+                      "everstep demo smollm2-full: GRPO + icepop (full), sync rollouts",
+                      "everstep demo demo: GRPO + icepop (full), C3PO++ rollouts"]
