@@ -16,7 +16,7 @@ from types import MappingProxyType
 __all__ = ["VERIFIER_PARAMS"]
 
 VERIFIER_PARAMS: Mapping[str, frozenset[str]] = MappingProxyType({
-    "math": frozenset(),
+    "math": frozenset({"extract"}),
     "code": frozenset({"reward_mode", "run_timeout_seconds", "compile_timeout_seconds", "memory_limit_mb"}),
     "format": frozenset({"require_think", "required_tags", "require_boxed", "repetition_min_repeats",
                          "repetition_min_words", "repetition_max_period"}),

@@ -62,7 +62,7 @@ def test_bad_spec_gives_422_naming_the_field(client: TestClient, patch: dict, fi
     [
         ([{"name": "mathh"}], ["body", "reward", "verifiers", 0, "name"], "unknown verifier 'mathh' (known: code, "),
         ([{"name": "math", "params": {"nonsense": 1}}], ["body", "reward", "verifiers", 0, "params", "nonsense"],
-         "params.nonsense: unknown option of the math verifier (known: none)"),
+         "params.nonsense: unknown option of the math verifier (known: extract)"),
         ([{"name": "math"}, {"name": "length", "params": {"max_length": 64, "max_tokens": 8}}],
          ["body", "reward", "verifiers", 1, "params", "max_tokens"],
          "(known: cache_length, fallback_unit, max_length)"),

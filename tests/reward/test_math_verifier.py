@@ -12,7 +12,7 @@ from misbehaving_checks import hang_or_check
 
 from everstep.v1 import reward_pb2
 from everstep_reward.verifiers import SpecError
-from everstep_reward.verifiers.math import MathVerifier, extract_boxed_answer, prepare_math_worker
+from everstep_reward.verifiers.math import MathVerifier, extract_boxed_answer, extract_last_number, prepare_math_worker
 from everstep_reward.verifiers.params import ParamsError
 from everstep_reward.verifiers.worker_pool import ProcessWorkerPool
 
@@ -116,3 +116,36 @@ def test_items_running_beside_a_hung_one_still_score() -> None:
         assert all(r.ok for r in results[1:])
     finally:
         pool.close()
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("2 x 6 = 12", "12"),
+    ("Answer: -3.5.", "-3.5"),
+    ("7 plus 5 is 12, not 13", "13"),
+    ("no number", None),
+])
+def test_extract_last_number(text: str, expected: str | None) -> None:
+    assert extract_last_number(text) == expected
+
+
+@pytest.mark.parametrize(("response", "answer", "boxed_score", "last_number_score"), [
+    ("2 x 6 = 12", "12", 0.0, 1.0),            # no box: only the lenient rule reads the number
+    ("The answer is 14 or maybe 13.", "14", 0.0, 0.0),  # the LAST number is the answer
+    ("\\boxed{12} since 2 x 6 = 12 and not 11", "12", 1.0, 1.0),  # a box wins over later numbers
+    ("It is 0.5", "\\frac{1}{2}", 0.0, 1.0),  # compared by math-verify, as a box is
+    ("I do not know.", "12", 0.0, 0.0),
+])
+def test_last_number_rule(pool: ProcessWorkerPool, response: str, answer: str, boxed_score: float,
+                          last_number_score: float) -> None:
+    verifier = MathVerifier(pool, timeout_seconds=20)
+    lenient = spec(answer)
+    lenient.params.update({"extract": "last_number"})
+    assert verifier.score(item(response), spec(answer)).score == boxed_score
+    assert verifier.score(item(response), lenient).score == last_number_score
+
+
+def test_unknown_extract_rule_names_the_param(pool: ProcessWorkerPool) -> None:
+    bad = spec("1")
+    bad.params.update({"extract": "first_number"})
+    with pytest.raises(ParamsError, match="params.extract"):
+        MathVerifier(pool, timeout_seconds=20).score(item("1"), bad)

@@ -22,7 +22,7 @@ SERVED = (MathVerifier, FormatVerifier, CodeVerifier, LengthVerifier, ModelVerif
 def test_the_shared_table_lists_each_served_verifier_with_its_param_models_keys() -> None:
     served = {v.name: frozenset(v.params_model.model_fields) for v in SERVED}
     assert served == dict(VERIFIER_PARAMS)
-    assert served["code"] >= {"reward_mode", "run_timeout_seconds"} and served["math"] == frozenset()
+    assert served["code"] >= {"reward_mode", "run_timeout_seconds"} and served["math"] == {"extract"}
 
 
 def test_a_verifier_the_table_does_not_describe_is_refused_at_the_services_start() -> None:

@@ -166,20 +166,30 @@ def run_demo(spec_path: Path, out: Path, *, port: int = 0, rebuild: bool = False
     }
     (out / "metrics.json").write_text(json.dumps(history, indent=1))
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    plot_demo(steps, evaluation, out / "demo.png")
+    plot_demo(steps, evaluation, out / "demo.png", title=demo_title(record["spec"]))
     return summary
 
 
-def plot_demo(history: list[StepMetrics], evaluation: dict[int, Evaluation], path: Path) -> None:
+def demo_title(spec: dict[str, Any]) -> str:
+    """The plot's title from the job's (normalized) spec: its name, trainer, loss correction and rollout mode."""
+    scheduler = "C3PO++" if spec["scheduler"]["mode"] == "c3po" else str(spec["scheduler"]["mode"])
+    trainer = "LoRA" if spec["trainer"].get("lora") else "full"
+    correction = str(spec["algorithm"]["loss"]["correction"])
+    return f"everstep demo {spec['name']}: GRPO + {correction} ({trainer}), {scheduler} rollouts"
+
+
+def plot_demo(history: list[StepMetrics], evaluation: dict[int, Evaluation], path: Path,
+              title: str = "everstep demo: GRPO + IcePop with C3PO++ rollouts") -> None:
     """Write demo.png: per-step reward and response length, held-out accuracy where it was evaluated."""
     import matplotlib.pyplot as plt
 
-    fig = demo_figure(history, evaluation)
+    fig = demo_figure(history, evaluation, title)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-def demo_figure(history: list[StepMetrics], evaluation: dict[int, Evaluation]) -> Figure:
+def demo_figure(history: list[StepMetrics], evaluation: dict[int, Evaluation],
+                title: str = "everstep demo: GRPO + IcePop with C3PO++ rollouts") -> Figure:
     """The figure of `plot_demo`; ``history`` is the job's per-step metrics, ``evaluation`` its record's
     evaluations by step."""
     import matplotlib
@@ -208,7 +218,7 @@ def demo_figure(history: list[StepMetrics], evaluation: dict[int, Evaluation]) -
                 label="samples that called a tool")
     lengths.set_ylabel("response tokens")
     lengths.set_ylim(bottom=0)
-    ax.set_title("everstep demo: GRPO + IcePop with C3PO++ rollouts")
+    ax.set_title(title)
     handles, labels = ax.get_legend_handles_labels()
     more_handles, more_labels = lengths.get_legend_handles_labels()
     # below the axes: inside, it hid the late steps of the curves

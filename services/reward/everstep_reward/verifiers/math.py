@@ -6,6 +6,11 @@ gives no answer and scores 0: an RL policy must not be rewarded for a number tha
 somewhere in its output (math-verify's own extraction would take the last one).
 The reference is parsed the same way, so `1/2`, `0.5` and `\\frac{1}{2}` agree.
 
+`params.extract: last_number` is the lenient rule, for small models that do not box their answers: the
+last box if there is one, else the last number written in the response (`-3`, `12`, `0.5`; `1,000` reads as
+`000`, so keep such tasks to answers without thousands separators). A job opts into it knowing that a
+number merely mentioned last counts as the answer.
+
 math-verify guards its sympy calls with signal.alarm, which only works on a main thread; we turn
 those timeouts off and run every check in a worker process instead (see worker_pool.py), with our
 own per-item timeout.
@@ -17,15 +22,24 @@ import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from everstep.v1 import reward_pb2
 from everstep_reward.verifiers.base import VerifierResult
-from everstep_reward.verifiers.params import NoParams, SpecError, read_params
+from everstep_reward.verifiers.params import SpecError, VerifierParams, read_params
 from everstep_reward.verifiers.worker_pool import ProcessWorkerPool, WorkerCrashed, WorkerTimeout
 
-__all__ = ["MathCheck", "MathVerifier", "check_math_answer", "extract_boxed_answer", "prepare_math_worker"]
+__all__ = ["MathCheck", "MathParams", "MathVerifier", "check_math_answer", "check_math_answer_last_number",
+           "extract_boxed_answer", "extract_last_number", "prepare_math_worker"]
 
 _BOXED = re.compile(r"\\boxed\s*\{")
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+class MathParams(VerifierParams):
+    extract: Literal["boxed", "last_number"] = "boxed"
+    """Where the response's answer is read: the last non-empty `\\boxed{}` only (no box: 0), or `last_number`,
+    that box if there is one, else the last number in the response."""
 
 
 @dataclass(frozen=True)
@@ -54,12 +68,28 @@ def extract_boxed_answer(text: str) -> str | None:
     return None
 
 
+def extract_last_number(text: str) -> str | None:
+    """The last number written in ``text`` (an optional minus sign, digits, an optional decimal part); None if
+    it has none."""
+    numbers = _NUMBER.findall(text)
+    return numbers[-1] if numbers else None
+
+
 def _as_latex(answer: str) -> str:
     return answer if "$" in answer or "\\boxed" in answer else f"${answer}$"
 
 
 def check_math_answer(response: str, reference: str) -> MathCheck:
     """Runs in a worker process (top-level so it pickles). Internal math-verify timeouts are off."""
+    return _check(response, reference, last_number=False)
+
+
+def check_math_answer_last_number(response: str, reference: str) -> MathCheck:
+    """`check_math_answer` with the lenient rule (`extract: last_number`)."""
+    return _check(response, reference, last_number=True)
+
+
+def _check(response: str, reference: str, *, last_number: bool) -> MathCheck:
     from math_verify import parse, verify
 
     reference_latex = _as_latex(reference)
@@ -67,6 +97,8 @@ def check_math_answer(response: str, reference: str) -> MathCheck:
         return MathCheck(False, None, reference_parsed=False)  # only a raw-string fallback: not math
     gold = parse(reference_latex, parsing_timeout=None)
     boxed = extract_boxed_answer(response)
+    if boxed is None and last_number:
+        boxed = extract_last_number(response)
     if boxed is None:
         return MathCheck(False, None, reference_parsed=True)  # no box, or an empty or cut-off one
     predicted = parse(f"${boxed}$", parsing_timeout=None)
@@ -87,20 +119,23 @@ class MathVerifier:
     """Scores 1.0 when the response's final answer equals `spec.answer`, else 0.0."""
 
     name = "math"
-    params_model = NoParams
+    params_model = MathParams
 
     def __init__(self, pool: ProcessWorkerPool, *, timeout_seconds: float,
-                 check: Callable[[str, str], MathCheck] = check_math_answer) -> None:
+                 check: Callable[[str, str], MathCheck] = check_math_answer,
+                 check_last_number: Callable[[str, str], MathCheck] = check_math_answer_last_number) -> None:
         self._pool = pool
         self._timeout_seconds = timeout_seconds
         self._check = check
+        self._check_last_number = check_last_number
 
     def score(self, item: reward_pb2.RewardItem, spec: reward_pb2.VerifierSpec) -> VerifierResult:
-        read_params(spec, self.params_model())
+        params = read_params(spec, self.params_model())
         if not spec.answer.strip():
             raise SpecError("`answer` is empty (math needs the reference answer)")
+        check = self._check_last_number if params.extract == "last_number" else self._check
         try:
-            result = self._pool.call(self._check, item.response, spec.answer, timeout_seconds=self._timeout_seconds)
+            result = self._pool.call(check, item.response, spec.answer, timeout_seconds=self._timeout_seconds)
         except WorkerTimeout:
             return VerifierResult.failure(reward_pb2.REWARD_ERROR_KIND_TIMEOUT, "timeout")
         except WorkerCrashed as e:
