@@ -23,8 +23,15 @@ def test_multi_turn_benchmark_reports_its_three_figures(tmp_path: Path) -> None:
     assert process.returncode == 0, process.stderr[-4000:]
     result = json.loads(process.stdout.strip().splitlines()[-1])
     assert json.loads(out.read_text()) == result
-    for field in ("concurrent_vs_serial_ratio", "c3po_rollout_speedup", "c3po_reward_ratio"):
+    for field in ("concurrent_vs_serial_ratio", "c3po_rollout_speedup"):
         assert isinstance(result[field], float) and result[field] > 0, (field, result[field])
+    # the reward ratio is c3po's late reward over sync's: at this size either may be 0 (two steps of a tiny model;
+    # CI saw c3po's at 0), and with sync's at 0 there is no ratio
+    c3po_run = result["c3po"]
+    if c3po_run["reward_sync"]:
+        assert result["c3po_reward_ratio"] == round(c3po_run["reward_c3po"] / c3po_run["reward_sync"], 3) >= 0
+    else:
+        assert result["c3po_reward_ratio"] is None
     loop = result["loop"]
     # every mode wrote exactly the same seeded tokens (the engine with 3 slots for 6 sequences, the serial loops in
     # two static batches), and the trajectories did call the tool
