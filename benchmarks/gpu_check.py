@@ -578,10 +578,7 @@ class GpuCheck:
             requests.put(("stop",))
             self.engine_process.join(timeout=max(1.0, until - time.monotonic()))
         finally:
-            if self.engine_process.is_alive():
-                self.engine_process.terminate()
-                self.engine_process.join(timeout=10)
-            self.engine_process = None
+            self._reap_engine_process()
         first_seconds, first, received = pushes[0]
         warm_seconds = statistics.median(p[0] for p in pushes[1:])
         sent = weight_checksums({n: t for n, t in trainer.named_weights() if n in received}, getattr(torch, self.dtype))
@@ -660,10 +657,7 @@ class GpuCheck:
             requests.put(("stop",))
             self.engine_process.join(timeout=max(1.0, until - time.monotonic()))
         finally:
-            if self.engine_process.is_alive():
-                self.engine_process.terminate()
-                self.engine_process.join(timeout=10)
-            self.engine_process = None
+            self._reap_engine_process()
         warm_seconds = statistics.median(p[0] for p in pushes[1:])
         adapter_bytes = pushes[0][1]["num_bytes"]
         return {
@@ -681,6 +675,13 @@ class GpuCheck:
         return run_sglang_tool_check(self.model_dir.parent, device=self.device,
                                      num_tool_requests=self.size.tool_requests, hidden=self.size.tool_hidden_size,
                                      until=self.deadline.part(0.6))
+
+    def _reap_engine_process(self) -> None:
+        """Terminates the push parts' engine process if it is still running (it was asked to stop), and forgets it."""
+        if self.engine_process.is_alive():
+            self.engine_process.terminate()
+            self.engine_process.join(timeout=10)
+        self.engine_process = None
 
     def _reply(self, replies: Any, expected: str, until: float) -> Any:
         while True:
