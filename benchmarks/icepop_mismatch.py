@@ -41,7 +41,6 @@ model shipped in examples/demo-model (a --model folder that has no model yet is 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import logging
 import math
@@ -291,43 +290,6 @@ def summarize(runs: list[RunResult]) -> dict[str, float | dict[str, float]]:
     }
 
 
-def plot(by_arm: dict[str, list[RunResult]], title: str, path: Path, *, routes: bool = False) -> None:
-    """One panel per figure over steps, one line per arm (mean over seeds, min-max band); with `routes`, the
-    routing disagreement replaces the gradient norm panel."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = [("steps", "mismatch_kl", "mismatch KL (k3)", True), ("steps", "logp_diff_max", "max |Δlogp|", False),
-              ("steps", "masked_fraction", "masked fraction (IcePop bounds)", False),
-              ("evals", "avg_at_4", "held-out avg@4", False), ("evals", "greedy", "held-out greedy accuracy", False),
-              ("steps", "routing_disagreement", "routing disagreement", False) if routes
-              else ("steps", "grad_norm", "gradient norm", False)]
-    fig, axes = plt.subplots(2, 3, figsize=(14, 7), sharex=True)
-    for ax, (kind, field, panel_title, log_scale) in zip(axes.flat, panels, strict=True):
-        # Arms that coincide (TIS and IcePop when nothing is masked or capped) stay visible: dashed, dotted.
-        for (arm, runs), style in zip(by_arm.items(), itertools.cycle(("-", "-", "--", ":", "-.")), strict=False):
-            records = [getattr(run, kind) for run in runs]
-            x = [r.step for r in records[0]]
-            columns = list(zip(*[[getattr(r, field) for r in rec] for rec in records], strict=True))
-            mean = [statistics.fmean(c) for c in columns]
-            (line,) = ax.plot(x, mean, style, label=arm)
-            ax.fill_between(x, [min(c) for c in columns], [max(c) for c in columns], color=line.get_color(),
-                            alpha=0.2, linewidth=0)
-        if log_scale:
-            ax.set_yscale("log")
-        ax.set_title(panel_title)
-        ax.grid(alpha=0.3)
-    for ax in axes[1]:
-        ax.set_xlabel("step")
-    axes[0][0].legend()
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def build_parser(prog: str, description: str | None, *, default_model: Path, model_help: str, default_out: Path,
                  quantizations: Sequence[str], default_quantization: str, quantization_help: str,
                  report: str) -> argparse.ArgumentParser:
@@ -354,8 +316,15 @@ def build_parser(prog: str, description: str | None, *, default_model: Path, mod
     parser.add_argument("--eval-prompts", type=int, default=None,
                         help="held-out prompts of eval.jsonl (default 50; quick 20)")
     parser.add_argument("--num-threads", type=int, default=0, help="torch threads (0: all cores but one)")
+    parser.add_argument("--only-arms", default="", metavar="ARM1,ARM2",
+                        help="run only these arms (names as in the summary; default: every arm)")
+    parser.add_argument("--seed-list", default="", metavar="S1,S2",
+                        help="run these seeds instead of 0..--seeds-1 (to split a full run across processes)")
     parser.add_argument("--summarize", type=Path, default=None, metavar="JSON",
                         help=f"run nothing: print the summary of a saved {report}, computed anew")
+    parser.add_argument("--combine", type=Path, nargs="+", default=None, metavar="JSON",
+                        help=f"run nothing: merge saved reports of runs split by --only-arms / --seed-list "
+                             f"(settings otherwise equal) into OUT/{report} and its PNG, and print the summary")
     return parser
 
 
@@ -370,7 +339,27 @@ def finish_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> ar
             parser.error(f"--{name.replace('_', '-')}: must be >= 1")
     if args.group_size < 2:
         parser.error("--group-size: must be >= 2 (GRPO advantages need a group)")
+    if args.seed_list:
+        try:
+            seeds = [int(s) for s in args.seed_list.split(",") if s.strip()]
+        except ValueError:
+            parser.error(f"--seed-list: comma-separated integers, got {args.seed_list!r}")
+        if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+            parser.error(f"--seed-list: distinct seeds >= 0, got {args.seed_list!r}")
+        args.seed_list = seeds
+    else:
+        args.seed_list = list(range(args.seeds))
+    args.only_arms = [a.strip() for a in args.only_arms.split(",") if a.strip()]
     return args
+
+
+def select_arms(arm_list: list[Arm], only: Sequence[str], parser: argparse.ArgumentParser) -> list[Arm]:
+    """The arms of `arm_list` named in `only` (all of them when it is empty), in `arm_list`'s order."""
+    names = [arm.name for arm in arm_list]
+    unknown = [name for name in only if name not in names]
+    if unknown:
+        parser.error(f"--only-arms: no arm {', '.join(unknown)}; the arms are {', '.join(names)}")
+    return [arm for arm in arm_list if not only or arm.name in only]
 
 
 def parse_betas(text: str, parser: argparse.ArgumentParser) -> list[float]:
@@ -402,11 +391,11 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Arg
 def resummarize(path: Path) -> dict:
     """The per-arm summary of a saved icepop_mismatch.json (or moe_mismatch.json), computed by this version of
     `summarize`."""
+    from benchmarks.mismatch_reports import load_runs
+
     by_arm: dict[str, list[RunResult]] = {}
-    for run in json.loads(path.read_text())["runs"]:
-        by_arm.setdefault(run["arm"], []).append(RunResult(
-            arm=run["arm"], seed=run["seed"], steps=[StepRecord(**s) for s in run["steps"]],
-            evals=[EvalRecord(**e) for e in run["evals"]]))
+    for run in load_runs(path):
+        by_arm.setdefault(run.arm, []).append(run)
     return {arm: summarize(runs) for arm, runs in by_arm.items()}
 
 
@@ -432,6 +421,9 @@ def run_experiment(args: argparse.Namespace, parser: argparse.ArgumentParser, ar
         summary = resummarize(args.summarize)
         print(json.dumps(summary))
         return summary
+    if args.combine is not None:
+        return _combine(args, parser, report=report, title=title)
+    arm_list = select_arms(arm_list, args.only_arms, parser)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import torch
 
@@ -443,7 +435,7 @@ def run_experiment(args: argparse.Namespace, parser: argparse.ArgumentParser, ar
         if not (args.model / name).is_file():
             parser.error(f"--model: {args.model} has no {name} (the demo task's prompts)")
     settings = Settings(
-        model=str(args.model), quantization=args.quantization, steps=args.steps, seeds=list(range(args.seeds)),
+        model=str(args.model), quantization=args.quantization, steps=args.steps, seeds=args.seed_list,
         prompts_per_step=args.prompts_per_step, group_size=args.group_size, max_new_tokens=args.max_new_tokens,
         learning_rate=args.learning_rate, temperature=args.temperature, alpha=args.alpha, beta=args.beta,
         tis_cap=args.tis_cap, eval_every=args.eval_every, eval_prompts=args.eval_prompts, num_threads=num_threads)
@@ -464,7 +456,25 @@ def run_experiment(args: argparse.Namespace, parser: argparse.ArgumentParser, ar
             # (`--summarize OUT/report.partial.json` summarises them)
             write_report(args.out / f"{report}.partial.json", settings, arm_list, by_arm, started)
     summary = write_report(args.out / f"{report}.json", settings, arm_list, by_arm, started)
+    from benchmarks.mismatch_reports import plot
+
     (args.out / f"{report}.partial.json").unlink()
+    plot(by_arm, f"{title} (mean over {len(settings.seeds)} seeds, band: min-max)", args.out / f"{report}.png",
+         routes=any(arm.routes for arm in arm_list))
+    print(json.dumps(summary))
+    return summary
+
+
+def _combine(args: argparse.Namespace, parser: argparse.ArgumentParser, *, report: str, title: str) -> dict:
+    """--combine: merge saved reports into OUT/`report`.json and .png; print and return the summary."""
+    from benchmarks.mismatch_reports import combine, plot
+
+    try:
+        settings, arm_list, by_arm = combine(args.combine)
+    except ValueError as error:
+        parser.error(str(error))
+    wall = sum(json.loads(path.read_text()).get("wall_seconds", 0.0) for path in args.combine)
+    summary = write_report(args.out / f"{report}.json", settings, arm_list, by_arm, time.perf_counter() - wall)
     plot(by_arm, f"{title} (mean over {len(settings.seeds)} seeds, band: min-max)", args.out / f"{report}.png",
          routes=any(arm.routes for arm in arm_list))
     print(json.dumps(summary))

@@ -118,3 +118,47 @@ def test_a_run_stopped_early_leaves_its_finished_runs_in_a_partial_report(
     partial = json.loads((out / "icepop_mismatch.partial.json").read_text())
     assert [run["arm"] for run in partial["runs"]] == finished == ["fp32-none", "int8-none"]
     assert list(benchmark.resummarize(out / "icepop_mismatch.partial.json")) == finished
+
+
+def test_a_run_split_by_arms_and_seeds_combines_into_the_one_run_it_replaces(
+        quick_demo_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    monkeypatch.syspath_prepend(str(REPO))
+    benchmark = importlib.import_module("benchmarks.icepop_mismatch")
+    tiny = ["--model", str(quick_demo_model), "--steps", "1", "--prompts-per-step", "2", "--group-size", "2",
+            "--max-new-tokens", "8", "--eval-prompts", "1", "--eval-every", "1", "--num-threads", "1"]
+
+    def run(out: Path, *flags: str) -> dict:
+        summary = benchmark.main([*tiny, "--out", str(out), *flags])
+        capsys.readouterr()
+        return summary
+
+    whole = run(tmp_path / "whole", "--seeds", "2", "--only-arms", "fp32-none,int8-icepop")
+    run(tmp_path / "a", "--seed-list", "0", "--only-arms", "int8-icepop,fp32-none")
+    run(tmp_path / "b", "--seed-list", "1", "--only-arms", "fp32-none")
+    run(tmp_path / "c", "--seed-list", "1", "--only-arms", "int8-icepop")
+    parts = [str(tmp_path / part / "icepop_mismatch.json") for part in "abc"]
+    combined = benchmark.main(["--combine", *parts, "--out", str(tmp_path / "combined")])
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == combined
+    # The same runs (same seeds, same settings) whether one process made them or three.
+    drop = ("seconds",)
+    assert {arm: {k: v for k, v in figures.items() if k not in drop} for arm, figures in combined.items()} == \
+        {arm: {k: v for k, v in figures.items() if k not in drop} for arm, figures in whole.items()}
+    report = json.loads((tmp_path / "combined" / "icepop_mismatch.json").read_text())
+    assert report["settings"]["seeds"] == [0, 1] and [a["name"] for a in report["arms"]] == ["fp32-none", "int8-icepop"]
+    assert (tmp_path / "combined" / "icepop_mismatch.png").read_bytes()[:4] == b"\x89PNG"
+
+    # A run in two reports, or reports whose settings differ, are refused naming the run or the setting.
+    with pytest.raises(SystemExit):
+        benchmark.main(["--combine", parts[0], parts[0], "--out", str(tmp_path / "twice")])
+    assert "the run of arm 'fp32-none' with seed 0 is in both" in capsys.readouterr().err
+    run(tmp_path / "d", "--seed-list", "2", "--only-arms", "fp32-none", "--learning-rate", "1e-3")
+    with pytest.raises(SystemExit):
+        benchmark.main(["--combine", parts[0], str(tmp_path / "d" / "icepop_mismatch.json"), "--out",
+                        str(tmp_path / "mixed")])
+    assert "setting 'learning_rate' is 0.001" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        benchmark.main([*tiny, "--only-arms", "int8-nothing"])
+    assert "--only-arms: no arm int8-nothing; the arms are fp32-none, int8-none" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        benchmark.main([*tiny, "--seed-list", "1,1"])
+    assert "--seed-list: distinct seeds" in capsys.readouterr().err
