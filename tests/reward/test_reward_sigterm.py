@@ -24,6 +24,7 @@ def _inflight(sandbox_url: str) -> float:
     return 0.0
 
 
+@pytest.mark.faults  # make test-faults: a service killed mid-call (~10 s)
 @pytest.mark.slow
 def test_sigterm_mid_scoring_stops_the_reward_service_within_its_bound(service_process) -> None:
     sandbox = service_process("sandbox", "--workers", "1")

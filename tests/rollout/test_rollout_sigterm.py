@@ -15,6 +15,7 @@ from everstep.v1 import rollout_pb2, rollout_pb2_grpc
 from everstep_rollout.__main__ import SIGTERM_STOP_SECONDS
 
 
+@pytest.mark.faults  # make test-faults: a service killed mid-call (~10 s)
 @pytest.mark.slow
 def test_sigterm_mid_generate_stops_the_server_within_its_bound(service_process, tiny_model_dir) -> None:
     service = service_process("rollout", "--model", str(tiny_model_dir), "--max-running", "4")

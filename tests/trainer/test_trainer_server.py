@@ -121,6 +121,7 @@ def test_trainer_service_end_to_end(service_process, tiny_model_dir: Path, tmp_p
     assert f"everstep_trainer_learning_rate {1e-3}" in metrics
 
 
+@pytest.mark.faults  # make test-faults: a service killed mid-step (~10 s)
 @pytest.mark.slow
 def test_sigterm_mid_train_step_stops_the_trainer_within_the_grace_period(service_process,
                                                                          tiny_model_dir: Path) -> None:
