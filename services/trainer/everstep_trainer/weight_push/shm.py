@@ -26,8 +26,10 @@ One copy (`one_copy=True`, the default): the buckets say `engine_may_keep`, and 
 it, so the trainer's write is the push's only copy. The trainer then never writes a segment that an
 engine may still read: it remembers, per endpoint, the segment of its last successful push, and
 writes the next version into one no endpoint holds (in steady state two segments alternate: the one
-the engines run on and the one being written). A failed push releases every segment (unlinked, never
-written again; an engine keeps what it maps) and forgets the endpoints. `one_copy=False`: one
+the engines run on and the one being written). A segment held only by endpoints a push leaves out is
+released (unlinked, never written again) at that push, so engines that are gone pin nothing. A
+failed push releases every segment (unlinked, never written again; an engine keeps what it maps) and
+forgets the endpoints. `one_copy=False`: one
 segment, rewritten by every push, and the engine copies out of it (two copies).
 """
 
@@ -264,6 +266,20 @@ class SharedMemoryWeightTransport(WeightTransport):
         self._segments.append(segment)
         return segment
 
+    def _forget_others(self, endpoints: Sequence[str]) -> None:
+        """Release the segments held only by endpoints this push leaves out (gone, or pushed to apart): never
+        written again, so no stopped engine pins one forever; a live one keeps its mapping until its next update."""
+        holders: dict[int, list[str]] = {}
+        for endpoint, segment in self._held.items():
+            holders.setdefault(id(segment), []).append(endpoint)
+        for segment in list(self._segments):
+            held_by = holders.get(id(segment), [])
+            if held_by and set(held_by).isdisjoint(endpoints):  # one holder in this push keeps every hold
+                for endpoint in held_by:
+                    del self._held[endpoint]
+                self._segments.remove(segment)
+                segment.release()
+
     def _release_all(self) -> None:
         for segment in self._segments:
             segment.release()
@@ -307,6 +323,7 @@ class SharedMemoryWeightTransport(WeightTransport):
             raise ValueError("endpoints: at least one endpoint is required")
         start = time.perf_counter()
         placements, total = layout_tensors(named_tensors)
+        self._forget_others(endpoints)
         segment = self._segment_for(total)
         succeeded = False
         try:
