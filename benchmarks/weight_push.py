@@ -1,5 +1,5 @@
 """Weight push throughput: `python -m benchmarks.weight_push [--mb 500] [--repeats 5] [--transport auto,grpc]
-[--lora-rank R]`.
+[--lora-rank R] [--shm-copies 1|2]`.
 
 As the platform does it: a real trainer process (`python -m everstep_trainer`) holding a random
 Llama of about --mb MB (float32), and a real rollout process (`python -m everstep_rollout`)
@@ -8,6 +8,10 @@ controller does, once to warm up, then --repeats times per transport, and takes 
 time of the call. Baseline, same run: `memcpy`, a plain in-process `dst.copy_(src)` of the same
 tensors into preallocated ones, after every timed push (so that both see the same load), with one
 torch thread and with torch's default count; the faster median of the two is memcpy_gb_per_s.
+
+--shm-copies 1|2: the trainer's setting of the same name: full shm pushes with one copy (the trainer writes the
+segment, the engine runs on it; the default) or two (the engine copies out of it). Each transport's result says
+`engine_copies`: 0 when the engine kept every timed push in place, else 1.
 
 Transports: comma-separated PushWeights settings; "auto" (the platform default) is reported under
 what it resolves to (shm on one host with a CPU engine). The engine's own metrics are read back to
@@ -213,12 +217,13 @@ def bench_transport(trainer: trainer_pb2_grpc.TrainerStub, rollout: ManagedProce
     warm = trainer.PushWeights(request, timeout=600)  # channels, segments, groups: set up once
     transport = warm.transports[rollout.grpc_address]
     before = applied_bytes(_metrics_url(rollout), transport)
-    wall, server = [], []
+    wall, server, kept = [], [], []
     for _ in range(repeats):
         start = time.perf_counter()
         response = trainer.PushWeights(request, timeout=600)
         wall.append(time.perf_counter() - start)
         server.append(response.seconds)
+        kept.append(response.num_kept_in_place)
         if response.num_bytes != num_bytes or response.transports[rollout.grpc_address] != transport:
             raise RuntimeError(f"{setting}: pushed {response.num_bytes} bytes over {dict(response.transports)}")
         baseline.measure()
@@ -229,7 +234,8 @@ def bench_transport(trainer: trainer_pb2_grpc.TrainerStub, rollout: ManagedProce
     seconds = statistics.median(wall)
     return {"transport": transport, "setting": setting, "seconds": round(seconds, 4),
             "gb_per_s": _significant(num_bytes / seconds / 1e9), "trainer_seconds": round(statistics.median(server), 4),
-            "min_seconds": round(min(wall), 4), "max_seconds": round(max(wall), 4), "median_seconds": seconds}
+            "min_seconds": round(min(wall), 4), "max_seconds": round(max(wall), 4), "median_seconds": seconds,
+            "engine_copies": 0 if kept and min(kept) == 1 else 1}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -244,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="also time adapter-only pushes of LoRA adapters of this rank (0: off)")
     parser.add_argument("--decode-batch", type=int, default=16,
                         help="--lora-rank: tokens of the decode step the unmerged adapters are timed on")
+    parser.add_argument("--shm-copies", type=int, default=1, choices=[1, 2],
+                        help="the trainer's --shm-copies: full shm pushes with one copy (the engine runs on the "
+                             "segment) or two (it copies out of it)")
     parser.add_argument("--device", default="cpu",
                         help="the rollout engine's device (cpu, cuda[:N]); the trainer uses CUDA whenever it has one")
     args = parser.parse_args(argv)
@@ -263,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         num_bytes = make_model(model_dir, args.mb)
         print(f"model: {num_bytes / 1e6:.1f} MB of float32 weights in {model_dir}", file=sys.stderr, flush=True)
         rollout = start_service("rollout", work / "rollout.log", "--model", str(model_dir), "--device", args.device)
-        trainer_service = start_service("trainer", work / "trainer.log")
+        trainer_service = start_service("trainer", work / "trainer.log", "--shm-copies", str(args.shm_copies))
         results: dict[str, dict] = {}
         baseline = MemcpyBaseline(model_dir, args.device)
         try:
@@ -318,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         "gb_per_s": default["gb_per_s"], "memcpy_gb_per_s": _significant(memcpy_gb_per_s),
         "ratio_to_memcpy": default["ratio_to_memcpy"], "default_transport": default["transport"],
         "transports": {r["transport"]: r for r in results.values()}, "num_bytes": num_bytes,
-        "repeats": args.repeats, "memcpy_threads": threads,
+        "repeats": args.repeats, "memcpy_threads": threads, "shm_copies_setting": args.shm_copies,
         "memcpy_gb_per_s_by_threads": {str(t): _significant(num_bytes / s / 1e9) for t, s in memcpy.items()},
         "cpu_count": os.cpu_count() or 1,
         "load_avg_1m_at_start": round(load_at_start, 2),

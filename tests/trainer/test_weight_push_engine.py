@@ -84,18 +84,24 @@ def assert_engine_runs(address: str, model_dir: Path, weights: dict[str, torch.T
         torch.testing.assert_close(torch.tensor(list(sequence.output_logprobs)), expected, atol=2e-4, rtol=0)
 
 
+def in_model_order(model_dir: Path, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`weights` in the order a trainer's state dict has them (q, k, v one after another), not the file's."""
+    return {name: weights[name] for name in hf_model(model_dir).state_dict() if name in weights}
+
+
 def segments_of_this_process() -> list[str]:
     return sorted(n for n in os.listdir(SHM_DIR) if n.startswith(f"{SEGMENT_PREFIX}{os.getpid()}-"))
 
 
-def test_shm_push_reaches_the_engine_and_keeps_one_warm_segment(engines, tiny_model_dir) -> None:
+def test_shm_push_reaches_the_engine_and_keeps_one_warm_segment_without_one_copy(engines, tiny_model_dir) -> None:
     engine = engines[0]
-    pusher = WeightPusher()  # auto: the engine reports this host's /dev/shm
+    pusher = WeightPusher(shm_one_copy=False)  # auto: the engine reports this host's /dev/shm
     try:
         weights = perturbed_weights(tiny_model_dir, seed=1)
         report = pusher.push(weights.items(), version=11, endpoints=[engine.grpc_address])
         assert report.transports == {engine.grpc_address: "shm"}
         assert report.num_bytes == sum(t.numel() * t.element_size() for t in weights.values())
+        assert [r.num_kept_in_place for r in report.results] == [0]  # the engine copied out of the segment
         assert_engine_runs(engine.grpc_address, tiny_model_dir, weights, 11)
         (kept,) = segments_of_this_process()
 
@@ -109,6 +115,66 @@ def test_shm_push_reaches_the_engine_and_keeps_one_warm_segment(engines, tiny_mo
     metrics = urllib.request.urlopen(_metrics_url(engine), timeout=10).read().decode()
     assert 'everstep_rollout_weight_update_bytes_total{transport="shm"}' in metrics
     assert 'everstep_rollout_weight_update_seconds_count{transport="shm"}' in metrics
+
+
+def test_one_copy_shm_pushes_alternate_two_segments_the_engine_runs_on(engines, tiny_model_dir) -> None:
+    engine = engines[0].grpc_address
+    transport = make_transport("shm", bucket_bytes=4096)  # one_copy by default; small buckets: many messages
+    try:
+        names: list[str] = []
+        for i, seed in enumerate((51, 52, 53, 54)):
+            weights = in_model_order(tiny_model_dir, perturbed_weights(tiny_model_dir, seed=seed))
+            result = transport.push(weights.items(), version=50 + i, endpoints=[engine])
+            assert result.num_kept_in_place == 1  # no copy on the engine's side
+            assert_engine_runs(engine, tiny_model_dir, weights, 50 + i)
+            names.append(transport.segment.name)
+        assert names[0] == names[2] and names[1] == names[3] and names[0] != names[1]
+        assert sorted(segments_of_this_process()) == sorted(names[:2])
+
+        # The engine runs on the segment itself: scribbling on it (which a trainer never does to the segment
+        # an engine holds) changes what the engine computes; the next push puts it right.
+        held = transport.segment
+        assert held is not None
+        original = held.buffer.clone()
+        held.buffer[: held.num_bytes // 2].zero_()
+        with pytest.raises(AssertionError):
+            assert_engine_runs(engine, tiny_model_dir, weights, 53)
+        held.buffer.copy_(original)
+        assert_engine_runs(engine, tiny_model_dir, weights, 53)
+    finally:
+        transport.close()
+    assert segments_of_this_process() == []
+    assert_engine_runs(engine, tiny_model_dir, weights, 53)  # its mapping outlives the trainer's name
+
+
+def test_one_copy_never_rewrites_a_segment_another_engine_runs_on(engines, tiny_model_dir) -> None:
+    first, second = (e.grpc_address for e in engines)
+    transport = make_transport("shm")
+    grpc_transport = make_transport("grpc")
+    try:
+        both = in_model_order(tiny_model_dir, perturbed_weights(tiny_model_dir, seed=61))
+        assert transport.push(both.items(), version=61, endpoints=[first, second]).num_kept_in_place == 2
+        for version, seed in ((62, 62), (63, 63), (64, 64)):  # the first engine alone, several versions
+            weights = in_model_order(tiny_model_dir, perturbed_weights(tiny_model_dir, seed=seed))
+            assert transport.push(weights.items(), version=version, endpoints=[first]).num_kept_in_place == 1
+            assert_engine_runs(first, tiny_model_dir, weights, version)
+        # The second engine's segment was released (its name is gone, never written again), not rewritten.
+        assert_engine_runs(second, tiny_model_dir, both, 61)
+        assert len(segments_of_this_process()) == 2  # the first's, and one being reused
+
+        # A copying update (gRPC) in between: the engine takes its weights back into its own memory first.
+        weights = perturbed_weights(tiny_model_dir, seed=65)
+        grpc_transport.push(weights.items(), version=65, endpoints=[first])
+        assert_engine_runs(first, tiny_model_dir, weights, 65)
+        partial = {k: v for k, v in perturbed_weights(tiny_model_dir, seed=66).items() if "layers.0." in k}
+        grpc_transport.push(partial.items(), version=66, endpoints=[first])
+        assert_engine_runs(first, tiny_model_dir, {**weights, **partial}, 66)
+        for segment in transport.segments:  # the engine no longer reads any of them
+            segment.buffer.zero_()
+        assert_engine_runs(first, tiny_model_dir, {**weights, **partial}, 66)
+    finally:
+        transport.close()
+        grpc_transport.close()
 
 
 def test_a_tensor_over_the_message_limit_is_chunked_and_reassembled_by_the_engine(engines, tiny_model_dir) -> None:

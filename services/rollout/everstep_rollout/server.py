@@ -220,7 +220,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
                 try:
                     update.add(bucket)
                     if bucket.last:
-                        loop.update_weights(self._weights_of(update), update.version)
+                        copied = loop.update_weights(self._weights_of(update), update.version,
+                                                     may_keep=update.engine_may_keep and update.lora is None)
+                        kept = update.engine_may_keep and update.lora is None and copied == 0 < update.num_bytes
                 except ValueError as e:
                     context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"weight update rejected: {e}")
                 except RuntimeError as e:  # a broadcast that failed or timed out: the group is unusable
@@ -229,10 +231,11 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
                 if bucket.last:
                     seconds = time.perf_counter() - start
                     metrics.observe_weight_update(update.transport, seconds, update.num_bytes)
-                    log.info("weights updated to version %d over %s: %d tensors, %.1f MiB in %.3fs", update.version,
-                             update.transport, len(update.tensors), update.num_bytes / 2**20, seconds)
+                    log.info("weights updated to version %d over %s: %d tensors, %.1f MiB in %.3fs%s", update.version,
+                             update.transport, len(update.tensors), update.num_bytes / 2**20, seconds,
+                             " (kept in the segment, no copy)" if kept else "")
                     return rollout_pb2.UpdateWeightsResponse(version=update.version, num_bytes=update.num_bytes,
-                                                             seconds=seconds)
+                                                             seconds=seconds, kept_in_place=kept)
         finally:
             update.close()
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, "weight stream ended without a bucket with last=true")

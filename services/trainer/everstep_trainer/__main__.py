@@ -35,6 +35,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="address engines reach this trainer at for a nccl/gloo weight group "
                              "(default: --host if specific, else 127.0.0.1, which only engines on this host reach: "
                              "remote engines need it set)")
+    parser.add_argument("--shm-copies", type=int, default=1, choices=[1, 2],
+                        help="full shm weight pushes: 1 (default) lets CPU engines run on the shared memory segment "
+                             "the trainer wrote (two segments alternate), 2 has them copy out of it (one segment); "
+                             "see docs/weight-push.md")
     add_transport_arguments(parser)
     parser.add_argument("--sample-log", default=os.environ.get("EVERSTEP_TRAINER_SAMPLE_LOG", ""),
                         help="append one JSON line per train step with its samples to this file ('{pid}' is replaced "
@@ -53,7 +57,7 @@ def _relaunch_under_torchrun(args: argparse.Namespace) -> None:
                "-m", "everstep_trainer", "--host", args.host, "--port", str(args.port),
                "--grpc-port", str(args.grpc_port), "--log-level", args.log_level,
                "--weight-transport", args.weight_transport, "--weight-group-host", args.weight_group_host,
-               "--sample-log", args.sample_log]
+               "--sample-log", args.sample_log, "--shm-copies", str(args.shm_copies)]
     os.execv(sys.executable, command)
 
 
@@ -70,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
 
     run = serve_distributed if world_size > 1 else serve
     run(host=args.host, port=args.port, grpc_port=args.grpc_port, weight_transport=args.weight_transport,
-        weight_group_host=args.weight_group_host, sample_log=args.sample_log)
+        weight_group_host=args.weight_group_host, sample_log=args.sample_log, shm_one_copy=args.shm_copies == 1)
 
 
 if __name__ == "__main__":

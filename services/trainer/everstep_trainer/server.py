@@ -189,8 +189,9 @@ class TrainerService(trainer_pb2_grpc.TrainerServicer):
             log.info("pushed version %d to %d endpoint(s) (%s): %d bytes in %.3fs", report.version,
                      len(report.transports), ", ".join(sorted(set(report.transports.values()))), report.num_bytes,
                      seconds)
-            return trainer_pb2.PushWeightsResponse(version=report.version, num_bytes=report.num_bytes,
-                                                   seconds=seconds, transports=report.transports)
+            return trainer_pb2.PushWeightsResponse(
+                version=report.version, num_bytes=report.num_bytes, seconds=seconds, transports=report.transports,
+                num_kept_in_place=sum(r.num_kept_in_place for r in report.results))
 
     def SaveCheckpoint(self, request: trainer_pb2.SaveCheckpointRequest, context: grpc.ServicerContext):  # noqa: N802
         if not request.path:
@@ -211,7 +212,8 @@ Kubernetes' default 30 s termination grace period)."""
 
 
 def _serve_grpc(runner: CommandRunner, *, host: str, port: int, grpc_port: int, max_workers: int,
-                weight_transport: str, weight_group_host: str, sample_log: str = "") -> None:
+                weight_transport: str, weight_group_host: str, sample_log: str = "",
+                shm_one_copy: bool = True) -> None:
     """Prometheus on `port`, gRPC (Trainer + health) on `grpc_port`, until SIGTERM/SIGINT.
 
     `weight_transport`: default transport of PushWeights ("auto" or a name, see weight_push).
@@ -219,10 +221,12 @@ def _serve_grpc(runner: CommandRunner, *, host: str, port: int, grpc_port: int, 
     bind address if it is a specific one, else 127.0.0.1 for engines on this host's loopback and an
     error naming group_host for remote ones; see weight_push/collective.py).
     `sample_log`: path of the record of trained samples ("": none; see sample_log.py).
+    `shm_one_copy`: full shm pushes let engines run on the segment (see weight_push/shm.py).
     """
     if not weight_group_host and host not in ("", "0.0.0.0", "::"):
         weight_group_host = host
-    service = TrainerService(runner, WeightPusher(setting=weight_transport, group_host=weight_group_host),
+    service = TrainerService(runner, WeightPusher(setting=weight_transport, group_host=weight_group_host,
+                                                        shm_one_copy=shm_one_copy),
                              SampleLog(sample_log) if sample_log else None)
     start_http_server(port, addr=host)
     server = new_server(max_workers, GRPC_MAX_MESSAGE_BYTES)
@@ -261,10 +265,11 @@ def _serve_grpc(runner: CommandRunner, *, host: str, port: int, grpc_port: int, 
 
 
 def serve(*, host: str, port: int, grpc_port: int, max_workers: int = 8, weight_transport: str = "auto",
-          weight_group_host: str = "", sample_log: str = "") -> None:
+          weight_group_host: str = "", sample_log: str = "", shm_one_copy: bool = True) -> None:
     """One rank, in this process."""
     _serve_grpc(CommandRunner(), host=host, port=port, grpc_port=grpc_port, max_workers=max_workers,
-                weight_transport=weight_transport, weight_group_host=weight_group_host, sample_log=sample_log)
+                weight_transport=weight_transport, weight_group_host=weight_group_host, sample_log=sample_log,
+                shm_one_copy=shm_one_copy)
 
 
 def _exit_with_launcher() -> None:
@@ -279,7 +284,7 @@ def _exit_with_launcher() -> None:
 
 
 def serve_distributed(*, host: str, port: int, grpc_port: int, max_workers: int = 8, weight_transport: str = "auto",
-                      weight_group_host: str = "", sample_log: str = "") -> None:
+                      weight_group_host: str = "", sample_log: str = "", shm_one_copy: bool = True) -> None:
     """Under torchrun: rank 0 serves (as `serve`) and broadcasts every operation; the other ranks
     follow. FSDP2 shards the model across all of them (gloo on CPU, nccl on CUDA)."""
     _exit_with_launcher()
@@ -291,7 +296,7 @@ def serve_distributed(*, host: str, port: int, grpc_port: int, max_workers: int 
             try:
                 _serve_grpc(runner, host=host, port=port, grpc_port=grpc_port, max_workers=max_workers,
                             weight_transport=weight_transport, weight_group_host=weight_group_host,
-                            sample_log=sample_log)
+                            sample_log=sample_log, shm_one_copy=shm_one_copy)
             finally:
                 runner.shutdown()
         else:

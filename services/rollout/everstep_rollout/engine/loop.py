@@ -144,8 +144,11 @@ class EngineLoop:
                     self._streams[stream_id].put(Withdrawn(ids))
         return partials
 
-    def update_weights(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> int:
-        return self.call(lambda engine: engine.update_weights(named_tensors, version))
+    def update_weights(self, named_tensors: Mapping[str, torch.Tensor], version: int, *,
+                       may_keep: bool = False) -> int:
+        """Between two steps, as every call: a decode step never sees half a version (nor, kept in place,
+        another version's memory)."""
+        return self.call(lambda engine: engine.update_weights(named_tensors, version, may_keep=may_keep))
 
     def status(self) -> EngineStatus:
         return self._status

@@ -468,8 +468,10 @@ class SglangEngine:
 
     # -- weights ----------------------------------------------------------------------------------------
 
-    def update_weights(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> int:
-        """Swap weights through `update_weights_from_tensor`; running requests continue under the new ones."""
+    def update_weights(self, named_tensors: Mapping[str, torch.Tensor], version: int, *,
+                       may_keep: bool = False) -> int:
+        """Swap weights through `update_weights_from_tensor` (always a copy: `may_keep` is not used); running
+        requests continue under the new ones."""
         num_bytes = sum(t.numel() * t.element_size() for t in named_tensors.values())
         owned = [(name, cuda_ipc.owned(t)) for name, t in named_tensors.items()]  # sglang re-shares them
         self._swap(lambda: self._sync(lambda: self._sgl.update_weights_from_tensor(named_tensors=owned,

@@ -301,14 +301,21 @@ class Engine:
 
     # -- weights ----------------------------------------------------------------------------------------
 
-    def update_weights(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> int:
+    def update_weights(self, named_tensors: Mapping[str, torch.Tensor], version: int, *,
+                       may_keep: bool = False) -> int:
         """Copy Hugging Face-named tensors into the existing parameters (in place) and set the version.
 
         Any subset of the parameters may be given; a tied model accepts either embedding name. Raises
         ValueError (nothing changed) on unknown names or shape mismatches. Returns the bytes copied.
+        `may_keep`: the tensors stay unchanged while the engine uses them (a one-copy shm push), so the weights
+        they hold in the engine's dtype and layout run on them without a copy (`WeightStore.adopt`; 0 bytes copied
+        when all do); a later copying update first takes them back into the engine's own memory.
         """
         with torch.no_grad():
-            num_bytes = self.weights.copy_in(named_tensors, require_all=False)
+            if may_keep:
+                num_bytes = self.weights.adopt(named_tensors)
+            else:
+                num_bytes = self.weights.copy_in(named_tensors, require_all=False)
         self.version = version
         if self.config.recompute_kv_on_update:
             self._needs_prefill = [s for s in self._slots if s is not None]

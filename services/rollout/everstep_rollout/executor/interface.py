@@ -84,6 +84,14 @@ class WeightStore(Protocol):
     def copy_in(self, tensors: Mapping[str, torch.Tensor], *, require_all: bool) -> int:
         """Copy by name into the existing storage; ValueError (nothing copied) on unknown names or shapes."""
 
+    def adopt(self, tensors: Mapping[str, torch.Tensor]) -> int:
+        """As `copy_in` (require_all=False), but every weight whose given tensor lies as the store holds it runs
+        on that memory from now on, without a copy (it must stay unchanged while the engine uses it: a one-copy
+        shm push; `executor/rebind.py`); the others are copied in. Returns the bytes copied."""
+
+    def own_memory(self) -> None:
+        """Back from adopted memory into allocations of the store's own (a no-op if nothing was adopted)."""
+
 
 class Executor(Protocol):
     name: str

@@ -21,6 +21,7 @@ quantized (`quantization.py`).
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ import torch.nn.functional as F
 
 from everstep.quantization import Quantization
 from everstep_rollout.config import resolve_max_seq_len
+from everstep_rollout.executor import rebind
 from everstep_rollout.executor.interface import ExecutorOptions, ExpertRouting, ForwardBatch, RoutingShape
 from everstep_rollout.executor.quantization import ExpertBlocks, QuantizedMatrix, RowRange
 from everstep_rollout.executor.tensors import long_tensor
@@ -40,6 +42,8 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe")
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
 _QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")
 # Buffers some checkpoints carry that are derived from the config, not weights.
+log = logging.getLogger(__name__)
+
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
@@ -207,6 +211,8 @@ class LlamaWeights:
 
         self.quantization = quantization
         self._held = held
+        self._adopted: set[int] = set()
+        """ids of the held tensors that are views into memory a push brought (`adopt`)."""
 
         s = spec
         q_out, kv_out = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
@@ -322,6 +328,41 @@ class LlamaWeights:
         [experts, 2 * moe_intermediate, hidden], `mlp.experts.down_proj`, as a transformers 5 state dict holds
         them) or per expert (`mlp.experts.E.gate_proj.weight`, ..., as checkpoints store them).
         """
+        wanted = self._checked(tensors, require_all=require_all)
+        self.own_memory()
+        return self._copy(wanted)
+
+    def adopt(self, tensors: Mapping[str, torch.Tensor]) -> int:
+        """As `copy_in`, but the weights whose pushed tensors lie as they are held (same dtype, fused parts back
+        to back) run on the pushed memory from now on, without a copy (`executor/rebind.py`); the others are
+        copied in. For memory the sender keeps unchanged while the engine uses it (one-copy shm). Returns the
+        bytes copied (0: all kept in place)."""
+        wanted = self._checked(tensors, require_all=False)
+        self._adopted, kept, reason = rebind.adopt(self._held, self.named, wanted, self._adopted)
+        if reason is not None:
+            log.info("weights copied, not kept in the pushed memory: %s", reason)
+        return self._copy({name: t for name, t in wanted.items() if name not in kept})
+
+    @property
+    def kept_in_place(self) -> bool:
+        """Some weights are views into memory a push brought (`adopt`), not allocations of their own."""
+        return bool(self._adopted)
+
+    def own_memory(self) -> None:
+        """After `adopt`: the weights back into memory of their own (one copy), before anything copies into them."""
+        held = [h for h in self._held if isinstance(h, torch.Tensor) and id(h) in self._adopted]
+        rebind.apply(rebind.private_plan(held, self.named))
+        self._adopted = set()
+
+    def _copy(self, wanted: Mapping[str, torch.Tensor]) -> int:
+        num_bytes = 0
+        for name, t in wanted.items():
+            self.named[name].copy_(t)
+            num_bytes += t.numel() * t.element_size()
+        return num_bytes
+
+    def _checked(self, tensors: Mapping[str, torch.Tensor], *, require_all: bool) -> dict[str, torch.Tensor]:
+        """The tensors to set (ignored names dropped); ValueError on unknown names, shapes, missing ones."""
         wanted = {k: v for k, v in tensors.items() if not k.endswith(_IGNORED_SUFFIXES)}
         unknown = sorted(set(wanted) - set(self.named))
         if unknown:
@@ -341,11 +382,7 @@ class LlamaWeights:
             missing = sorted(set(self.named) - covered)
             if missing:
                 raise ValueError(f"missing parameters: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
-        num_bytes = 0
-        for name, t in wanted.items():
-            self.named[name].copy_(t)
-            num_bytes += t.numel() * t.element_size()
-        return num_bytes
+        return wanted
 
 
 def _row_views(weight: torch.Tensor | QuantizedMatrix, sizes: tuple[int, ...]) -> list[torch.Tensor | RowRange]:

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from everstep_rollout.config import resolve_max_seq_len
+from everstep_rollout.executor import rebind
 from everstep_rollout.executor.interface import ExecutorOptions, ForwardBatch
 from everstep_rollout.executor.tensors import long_tensor
 
@@ -41,6 +42,8 @@ class TransformersWeights:
     def __init__(self, model: torch.nn.Module) -> None:
         self._model = model
         self.named: dict[str, torch.Tensor] = dict(model.state_dict(keep_vars=True))
+        self._adopted: set[int] = set()
+        """ids of the parameters that are views into memory a push brought (`adopt`)."""
 
     @property
     def num_parameters(self) -> int:
@@ -51,6 +54,31 @@ class TransformersWeights:
         return sum(p.numel() * p.element_size() for p in self._model.parameters())
 
     def copy_in(self, tensors: Mapping[str, torch.Tensor], *, require_all: bool) -> int:
+        self._check(tensors, require_all=require_all)
+        self.own_memory()
+        return self._copy(tensors)
+
+    def adopt(self, tensors: Mapping[str, torch.Tensor]) -> int:
+        """As the native executor's: the parameters whose pushed tensors can be used as they are run on them (no
+        copy), the others are copied in; returns the bytes copied."""
+        self._check(tensors, require_all=False)
+        self._adopted, kept, reason = rebind.adopt(self._held(), self.named, tensors, self._adopted)
+        if reason is not None:
+            log.info("weights copied, not kept in the pushed memory: %s", reason)
+        return self._copy({name: t for name, t in tensors.items() if name not in kept})
+
+    @property
+    def kept_in_place(self) -> bool:
+        return bool(self._adopted)
+
+    def own_memory(self) -> None:
+        rebind.apply(rebind.private_plan([t for t in self._held() if id(t) in self._adopted], self.named))
+        self._adopted = set()
+
+    def _held(self) -> list[torch.Tensor]:
+        return list({id(t): t for t in self.named.values()}.values())
+
+    def _check(self, tensors: Mapping[str, torch.Tensor], *, require_all: bool) -> None:
         unknown = sorted(set(tensors) - set(self.named))
         if unknown:
             raise ValueError(f"unknown parameter names: {unknown[:5]}{' ...' if len(unknown) > 5 else ''}")
@@ -62,6 +90,8 @@ class TransformersWeights:
             missing = sorted(name for name, t in self.named.items() if id(t) not in given)
             if missing:
                 raise ValueError(f"missing parameters: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+
+    def _copy(self, tensors: Mapping[str, torch.Tensor]) -> int:
         num_bytes = 0
         with torch.no_grad():
             for name, t in tensors.items():

@@ -4,12 +4,14 @@ The buckets of an update carry the bytes themselves (gRPC: whole tensors, or chu
 larger than a message, reassembled here; both decoded by `everstep.tensor_codec`, as the trainer
 encoded them) or only where the bytes are: a /dev/shm segment the trainer wrote (mapped here and
 viewed with torch.frombuffer: the engine then copies straight from the mapping into its
-parameters, no other copy), a broadcast of the trainer's weight group, or CUDA IPC handles. One
+parameters, no other copy; or, when the trainer promises `engine_may_keep`, keeps its parameters as
+those views, no copy at all), a broadcast of the trainer's weight group, or CUDA IPC handles. One
 update uses one carrier. Nothing reaches the engine before the last bucket, so a stream that fails
 halfway changes nothing.
 
 Shared memory: the engine only opens segments named `everstep-weights-*` directly under /dev/shm,
-for reading, and unmaps them when the update is done; it never creates or removes a segment (the
+for reading, and unmaps them when the update is done (a segment the engine's parameters were
+kept in stays mapped until a later update replaces them); it never creates or removes a segment (the
 trainer owns them), so an engine that dies leaks nothing.
 """
 
@@ -97,7 +99,10 @@ class _MappedSegment:
             self._mapping = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
-        self.buffer = torch.frombuffer(self._mapping, dtype=torch.uint8)
+        # Through numpy, whose array holds a buffer export of the mapping (torch.frombuffer holds none): while
+        # any view of it lives (parameters kept in the segment), `close` cannot unmap it under them; it is
+        # unmapped when the last view goes.
+        self.buffer = torch.from_numpy(np.frombuffer(self._mapping, dtype=np.uint8))
         try:
             self._mapping.madvise(_MADV_POPULATE_READ)
         except (OSError, ValueError):  # kernels before 5.14
@@ -126,6 +131,8 @@ class WeightUpdate:
         self.tensors: dict[str, torch.Tensor] = {}
         self.num_bytes = 0
         self.complete = False
+        self.engine_may_keep = False
+        """Every bucket was shm with `engine_may_keep`: the engine may run on views into the segment."""
         self.lora: rollout_pb2.LoraAdapter | None = None
         """Set when the update is a LoRA adapter (its last bucket says so): `tensors` are its A and B."""
         self._partial: _PartialTensor | None = None
@@ -213,6 +220,8 @@ class WeightUpdate:
             self._put(p.name, tensor_codec.from_bytes(memoryview(p.data), p.dtype, p.shape, tensor=p.name, copy=False))
 
     def _add_shared_memory(self, message: rollout_pb2.SharedMemoryWeights) -> None:
+        first = not self._segments
+        self.engine_may_keep = message.engine_may_keep and (first or self.engine_may_keep)
         segment = self._segments.get(message.segment)
         if segment is None:
             segment = _MappedSegment(message, self.shm_dir)

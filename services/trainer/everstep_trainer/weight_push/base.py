@@ -64,6 +64,8 @@ class PushResult:
     seconds: float
     num_endpoints: int
     transport: Transport = Transport.GRPC
+    num_kept_in_place: int = 0
+    """Engines that run on the pushed memory itself, without copying it (one-copy shm)."""
 
 
 class WeightTransport(abc.ABC):

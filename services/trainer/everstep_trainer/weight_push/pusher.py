@@ -83,11 +83,13 @@ class WeightPusher:
     `setting`: the default transport setting ("auto" or a transport name). `bucket_bytes`: data per
     gRPC message / broadcast buffer. `group_host`: address engines use to reach this trainer for a
     nccl/gloo group ("" = resolve the host name). `keep_shm_segment`: reuse the shared memory segment
-    across pushes (fast) instead of freeing it after each.
+    across pushes (fast) instead of freeing it after each. `shm_one_copy`: engines may keep their parameters
+    as views into the segment (one copy per push; two segments alternate), see `shm.py`.
     """
 
     def __init__(self, *, setting: str = Transport.AUTO, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  timeout_seconds: float = 600.0, group_host: str = "", keep_shm_segment: bool = True,
+                 shm_one_copy: bool = True,
                  max_message_bytes: int = GRPC_MAX_MESSAGE_BYTES) -> None:
         self.setting = validate_setting(setting)
         if bucket_bytes <= 0:
@@ -96,6 +98,7 @@ class WeightPusher:
         self.timeout_seconds = timeout_seconds
         self.group_host = group_host
         self.keep_shm_segment = keep_shm_segment
+        self.shm_one_copy = shm_one_copy
         self.max_message_bytes = max_message_bytes
         self._transports: dict[tuple[Transport, int], WeightTransport] = {}
         self._lock = threading.Lock()
@@ -109,7 +112,8 @@ class WeightPusher:
             if kind == Transport.GRPC:
                 options.update(bucket_bytes=bucket_bytes, max_message_bytes=self.max_message_bytes)
             elif kind == Transport.SHM:
-                options.update(bucket_bytes=bucket_bytes, keep_segment=self.keep_shm_segment)
+                options.update(bucket_bytes=bucket_bytes, keep_segment=self.keep_shm_segment,
+                               one_copy=self.shm_one_copy)
             elif kind in _COLLECTIVE:
                 options.update(bucket_bytes=bucket_bytes, group_host=self.group_host)
                 options["timeout_seconds"] = min(self.timeout_seconds, 300.0)

@@ -16,10 +16,21 @@ Lifecycle of a segment (`SharedMemorySegment`):
   created in the same directory removes every unlocked `everstep-weights-*` segment
   (`sweep_stale_segments`).
 
-By default (`keep_segment=True`) the segment outlives a successful push and is reused by the
-next one: the pages of a fresh tmpfs file cost several times a copy to allocate and fault in
-(measured here: 0.84 s to allocate and map 500 MB against 0.13 s to copy it into warm pages).
-`keep_segment=False` frees it after every push.
+By default (`keep_segment=True`) segments outlive a successful push and are reused by later ones:
+the pages of a fresh tmpfs file cost several times a copy to allocate and fault in (measured here:
+0.84 s to allocate and map 500 MB against 0.13 s to copy it into warm pages). `keep_segment=False`
+frees each after its push (an engine that kept views into it keeps the memory until it lets go).
+
+One copy (`one_copy=True`, the default): the buckets say `engine_may_keep`, and an engine that can
+(same dtype, unquantized) keeps its parameters as views into the segment instead of copying out of
+it, so the trainer's write is the push's only copy. The trainer then never writes a segment that an
+engine may still read: it remembers, per endpoint, the segment of its last successful push, and
+writes the next version into one no endpoint holds (in steady state two segments alternate: the one
+the engines run on and the one being written). A segment held only by endpoints a push leaves out is
+released (unlinked, never written again) at that push, so engines that are gone pin nothing. A
+failed push releases every segment (unlinked, never written again; an engine keeps what it maps) and
+forgets the endpoints. `one_copy=False`: one
+segment, rewritten by every push, and the engine copies out of it (two copies).
 """
 
 from __future__ import annotations
@@ -206,10 +217,11 @@ class SharedMemoryWeightTransport(WeightTransport):
 
     def __init__(self, *, timeout_seconds: float = 600.0, keep_segment: bool = True,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, directory: Path = SHM_DIR,
-                 copy_threads: int | None = None) -> None:
+                 copy_threads: int | None = None, one_copy: bool = True) -> None:
         """`bucket_bytes`: tensors written between two metadata messages, so that engines map the segment
-        while later ones are written. `keep_segment`: reuse the segment across pushes. `copy_threads`:
-        threads copying into the segment (default: the cores, at most 4)."""
+        while later ones are written. `keep_segment`: reuse segments across pushes. `copy_threads`:
+        threads copying into the segment (default: the cores, at most 4). `one_copy`: let engines keep
+        their parameters in the segment (see the module's doc)."""
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes: must be > 0, got {bucket_bytes}")
         copy_threads = copy_threads or default_copy_threads()
@@ -221,23 +233,58 @@ class SharedMemoryWeightTransport(WeightTransport):
         self.keep_segment = keep_segment
         self.bucket_bytes = bucket_bytes
         self.directory = Path(directory)
-        self._segment: SharedMemorySegment | None = None
+        self.one_copy = one_copy
+        self._segments: list[SharedMemorySegment] = []
+        """Every live segment this transport owns (one without one_copy)."""
+        self._held: dict[str, SharedMemorySegment] = {}
+        """one_copy: endpoint -> the segment of its last successful push (it may run on views into it)."""
 
     @property
     def segment(self) -> SharedMemorySegment | None:
-        """The segment kept for the next push, if any."""
-        return self._segment
+        """The segment of the last push, if kept."""
+        return self._segments[-1] if self._segments else None
+
+    @property
+    def segments(self) -> list[SharedMemorySegment]:
+        """Every segment kept, oldest first."""
+        return list(self._segments)
 
     def _segment_for(self, num_bytes: int) -> SharedMemorySegment:
+        """A segment of the right size that no endpoint may still read from (one_copy), else a new one."""
         size = max(_SIZE_GRANULE, -(-num_bytes // _SIZE_GRANULE) * _SIZE_GRANULE)
-        segment = self._segment
-        if segment is not None and (segment.num_bytes < size or segment.num_bytes > 2 * size):
+        held = {id(s) for s in self._held.values()}
+        for segment in list(self._segments):
+            if id(segment) in held:
+                continue
+            if size <= segment.num_bytes <= 2 * size:
+                self._segments.remove(segment)  # moved to the end: the newest
+                self._segments.append(segment)
+                return segment
+            self._segments.remove(segment)
             segment.release()
-            segment = None
-        if segment is None:
-            segment = SharedMemorySegment(size, directory=self.directory)
-            self._segment = segment
+        segment = SharedMemorySegment(size, directory=self.directory)
+        self._segments.append(segment)
         return segment
+
+    def _forget_others(self, endpoints: Sequence[str]) -> None:
+        """Release the segments held only by endpoints this push leaves out (gone, or pushed to apart): never
+        written again, so no stopped engine pins one forever; a live one keeps its mapping until its next update."""
+        holders: dict[int, list[str]] = {}
+        for endpoint, segment in self._held.items():
+            holders.setdefault(id(segment), []).append(endpoint)
+        for segment in list(self._segments):
+            held_by = holders.get(id(segment), [])
+            if held_by and set(held_by).isdisjoint(endpoints):  # one holder in this push keeps every hold
+                for endpoint in held_by:
+                    del self._held[endpoint]
+                self._segments.remove(segment)
+                segment.release()
+
+    def _release_all(self) -> None:
+        for segment in self._segments:
+            segment.release()
+        self._segments = []
+        self._held = {}
 
     def _buckets(self, segment: SharedMemorySegment, placements: list[TensorPlacement],
                  version: int) -> Iterator[rollout_pb2.WeightBucket]:
@@ -246,7 +293,8 @@ class SharedMemoryWeightTransport(WeightTransport):
 
         def bucket(items: list[TensorPlacement], last: bool) -> rollout_pb2.WeightBucket:
             return rollout_pb2.WeightBucket(version=version, last=last, shared_memory=rollout_pb2.SharedMemoryWeights(
-                segment=segment.name, segment_bytes=segment.num_bytes, tensors=[p.slot() for p in items]))
+                segment=segment.name, segment_bytes=segment.num_bytes, tensors=[p.slot() for p in items],
+                engine_may_keep=self.one_copy))
 
         for placement in placements:
             if group and group_bytes + placement.num_bytes > self.bucket_bytes:
@@ -275,6 +323,7 @@ class SharedMemoryWeightTransport(WeightTransport):
             raise ValueError("endpoints: at least one endpoint is required")
         start = time.perf_counter()
         placements, total = layout_tensors(named_tensors)
+        self._forget_others(endpoints)
         segment = self._segment_for(total)
         succeeded = False
         try:
@@ -283,18 +332,21 @@ class SharedMemoryWeightTransport(WeightTransport):
             raise_for_failures(streams)
             succeeded = True
         finally:
-            if not (succeeded and self.keep_segment):
-                # After a failure an engine may still be reading: never write this segment again.
-                self._segment = None
-                segment.release()
+            if not succeeded:
+                # An engine may still be reading (or running on) any of them: never write them again.
+                self._release_all()
+        if self.one_copy:
+            self._held.update(dict.fromkeys(endpoints, segment))
+        if not self.keep_segment:
+            self._segments.remove(segment)
+            segment.release()
         num_bytes = sum(p.num_bytes for p in placements)
+        kept = sum(1 for s in streams if s.response is not None and s.response.kept_in_place)
         return PushResult(version=version, num_bytes=num_bytes * len(endpoints), seconds=time.perf_counter() - start,
-                          num_endpoints=len(endpoints), transport=self.kind)
+                          num_endpoints=len(endpoints), transport=self.kind, num_kept_in_place=kept)
 
     def close(self) -> None:
-        if self._segment is not None:
-            self._segment.release()
-            self._segment = None
+        self._release_all()
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
