@@ -12,10 +12,22 @@ trained (`max_trained_samples`). The token budget Phi defaults to what a synchro
 generated on average (prompts x group size x its mean response length), so an iteration of either
 mode trains about as many samples. Times are the sums of the per-step metrics (no start-up, no
 evaluation), compared per trained sample.
+
+Rewards. `reward_ratio` compares the mean reward of the samples each run trained in its last 20% of
+steps. Under C3PO++ those samples are not a fair draw from the policy: an iteration trains what
+finished first (short responses) and carries the long ones over or purges them, so when reward
+depends on length the trained samples' reward is biased, and a few steps' samples are noisy. With
+`eval_dataset` set, both jobs also run the controller's held-out evaluation (spec.evaluation: avg@k
+at the training temperature, no greedy) before training and after it, on the same rows:
+`reward_ratio_eval` is c3po's final held-out reward over sync's, each over `eval_prompts` x
+`eval_samples_per_prompt` fresh samples of the final policy, with a standard error (binomial, an
+upper bound for rewards in [0, 1]). The two step-0 evaluations measure the same base model: their
+ratio shows the evaluation's own noise.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import tempfile
 import time
@@ -33,7 +45,7 @@ from everstep_controller.launchers.shared import SharedLauncher
 from everstep_controller.run.manager import JobManager
 from everstep_controller.spec.job_spec import JobSpec
 from everstep_controller.store.job_store import TERMINAL_STATES, JobStore
-from everstep_controller.store.step_metrics import StepMetrics
+from everstep_controller.store.step_metrics import Evaluation, StepMetrics
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +71,9 @@ class RealConfig:
     packing: bool = False
     tools: dict[str, Any] | None = None  # the job spec's `tools` section (multi-turn rollouts)
     verifier_params: dict[str, dict[str, Any]] | None = None  # verifier name -> its `params`
+    eval_dataset: str = ""  # held-out rows: both jobs are evaluated before and after training ('': not evaluated)
+    eval_prompts: int = 128  # rows of eval_dataset evaluated (spec.evaluation.num_prompts)
+    eval_samples_per_prompt: int = 8  # k of avg@k (spec.evaluation.samples_per_prompt)
 
     @property
     def max_steps(self) -> int:
@@ -78,7 +93,11 @@ def _spec(config: RealConfig, mode: str, budget: int, checkpoint_dir: Path, *, o
     name = f"{mode}-overlap{overlap}" if overlap else mode
     return JobSpec.model_validate({
         "name": f"c3po-benchmark-{name}", "model_path": config.model,
-        "dataset": {"train_path": config.dataset, "answer_field": config.answer_field},
+        "dataset": {"train_path": config.dataset, "answer_field": config.answer_field,
+                    **({"eval_path": config.eval_dataset} if config.eval_dataset else {})},
+        **({"evaluation": {"every": 0, "num_prompts": config.eval_prompts,
+                           "samples_per_prompt": config.eval_samples_per_prompt, "greedy": False}}
+           if config.eval_dataset else {}),
         "reward": {"verifiers": [{"name": verifier, "weight": weight,
                                   **({"params": config.verifier_params[verifier]}
                                      if config.verifier_params and verifier in config.verifier_params else {})}
@@ -154,8 +173,17 @@ class _Services:
         stop_processes(self.processes)
 
 
-def _run_job(manager: JobManager, store: JobStore, spec: JobSpec) -> tuple[list[StepMetrics], float]:
-    """The job's metrics rows, and its wall seconds from submission to its end."""
+@dataclass(frozen=True)
+class _JobRun:
+    history: list[StepMetrics]
+    wall_seconds: float
+    """From submission to the job's end (evaluations included)."""
+    evaluation: dict[str, Evaluation]
+    """By step (str), as the job record holds it: step 0 (the base model) and the last step."""
+
+
+def _run_job(manager: JobManager, store: JobStore, spec: JobSpec) -> _JobRun:
+    """The job's metrics rows, wall seconds and evaluations."""
     started = time.monotonic()
     job_id = manager.submit(spec).id
     last_step = -1
@@ -168,17 +196,40 @@ def _run_job(manager: JobManager, store: JobStore, spec: JobSpec) -> tuple[list[
         time.sleep(0.2)
     if record.state.value != "SUCCEEDED":
         raise RuntimeError(f"{spec.name} ended {record.state.value}: {record.error}")
-    return store.metrics(job_id), time.monotonic() - started
+    return _JobRun(store.metrics(job_id), time.monotonic() - started, dict(record.evaluation))
 
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def _summary(run: tuple[list[StepMetrics], float]) -> dict[str, Any]:
-    history, wall_seconds = run
+def _eval_summary(evaluation: Evaluation) -> dict[str, Any]:
+    num_samples = evaluation.num_prompts * evaluation.k - evaluation.num_unscored
+    reward = evaluation.accuracy or 0.0
+    return {"step": evaluation.step, "reward": round(reward, 4), "num_samples": num_samples,
+            "standard_error": round(_binomial_se(reward, num_samples), 4)}
+
+
+def _binomial_se(mean: float, n: int) -> float:
+    """Standard error of a mean of n rewards in [0, 1] (exact for 0/1 rewards, an upper bound otherwise)."""
+    return math.sqrt(max(0.0, mean * (1 - mean)) / n) if n else 0.0
+
+
+def _ratio(numerator: dict[str, Any], denominator: dict[str, Any]) -> tuple[float | None, float | None]:
+    """numerator / denominator of two evaluation summaries, and its standard error (delta method)."""
+    a, b = numerator["reward"], denominator["reward"]
+    if not b:
+        return None, None
+    ratio = a / b
+    relative = math.hypot(numerator["standard_error"] / a if a else 0.0, denominator["standard_error"] / b)
+    return round(ratio, 3), round(ratio * relative, 3)
+
+
+def _summary(run: _JobRun) -> dict[str, Any]:
+    history, wall_seconds = run.history, run.wall_seconds
     last = history[-max(1, round(len(history) * 0.2)):]
     trained = sum(m.num_samples_trained for m in history)
+    evaluations = sorted(run.evaluation.values(), key=lambda e: e.step)
     return {
         "steps": len(history),
         "trained_samples": trained,
@@ -190,6 +241,10 @@ def _summary(run: tuple[list[StepMetrics], float]) -> dict[str, Any]:
         "mean_response_tokens": round(sum(m.finished_tokens for m in history)
                                       / max(1, sum(m.num_finished_rollouts for m in history)), 2),
         "reward_last_20pct": round(_mean([m.reward_mean for m in last]), 4),
+        # every trained sample, weighted by the samples of each step
+        "reward_trained": round(sum(m.reward_mean * m.num_samples_trained for m in history) / max(1, trained), 4),
+        **({"eval_before": _eval_summary(evaluations[0]), "eval_after": _eval_summary(evaluations[-1])}
+           if len(evaluations) >= 2 else {}),
         "purged_samples": sum(m.num_samples_purged for m in history),
         "dropped_groups": sum(m.num_groups_dropped for m in history),
         "max_staleness": max(m.staleness_max for m in history),
@@ -229,6 +284,11 @@ def run_real(config: RealConfig) -> dict[str, Any]:
     def per_sample(run: dict[str, Any], key: str) -> float:
         return run[key] / max(1, run["trained_samples"])
 
+    evaluated = "eval_after" in sync and "eval_after" in c3po
+    if config.eval_dataset and not evaluated:
+        raise RuntimeError("a job ended without its evaluations before and after training")
+    eval_ratio, eval_ratio_se = _ratio(c3po["eval_after"], sync["eval_after"]) if evaluated else (None, None)
+    base_ratio, base_ratio_se = _ratio(c3po["eval_before"], sync["eval_before"]) if evaluated else (None, None)
     return {
         "benchmark": "c3po", "simulate": False,
         "rollout_speedup": round(per_sample(sync, "rollout_seconds") / per_sample(c3po, "rollout_seconds"), 3),
@@ -236,6 +296,10 @@ def run_real(config: RealConfig) -> dict[str, Any]:
         "reward_sync": sync["reward_last_20pct"], "reward_c3po": c3po["reward_last_20pct"],
         "reward_ratio": round(c3po["reward_last_20pct"] / sync["reward_last_20pct"], 3)
         if sync["reward_last_20pct"] else None,
+        "reward_ratio_trained": round(c3po["reward_trained"] / sync["reward_trained"], 3)
+        if sync["reward_trained"] else None,
+        **({"reward_ratio_eval": eval_ratio, "reward_ratio_eval_se": eval_ratio_se,
+            "base_reward_ratio_eval": base_ratio, "base_reward_ratio_eval_se": base_ratio_se} if evaluated else {}),
         "reached_trained_samples": min(sync["trained_samples"], c3po["trained_samples"]) >= config.trained_samples,
         "token_budget": budget, "sync": sync, "c3po": c3po, "config": asdict(config),
         # with overlap the steps' iteration_seconds overlap: its end-to-end speedup is by wall time (the job's,

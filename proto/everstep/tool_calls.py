@@ -1,8 +1,10 @@
 """Tool calls in a model's text, in the format its chat template declares, and their arguments' check.
 
-A format is found by what the template writes: Hermes-style `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
-(Qwen2.5, Qwen3, Hermes) is the one registered; `FORMATS` takes others (Llama 3's `<|python_tag|>`, Mistral's
-`[TOOL_CALLS]`) by name. Pure text and JSON: no tokenizer, no jinja2.
+A format is found by what the template writes. Registered: Hermes-style
+`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Qwen2.5, Qwen3, Hermes), and Llama 3.1/3.2's JSON tool
+calls, a turn that is one object `{"name": ..., "parameters": {...}}` (optionally after `<|python_tag|>`), whose
+replies come back in the `ipython` role. `FORMATS` takes others (Mistral's `[TOOL_CALLS]`) by name. Pure text and
+JSON: no tokenizer, no jinja2.
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["FORMATS", "HermesFormat", "MalformedCall", "ParsedCall", "ToolCallFormat", "check_arguments",
-           "format_for_template"]
+__all__ = ["FORMATS", "HermesFormat", "LlamaJsonFormat", "MalformedCall", "ParsedCall", "ToolCallFormat",
+           "check_arguments", "format_for_template"]
 
 
 @dataclass(frozen=True)
@@ -66,14 +68,50 @@ class HermesFormat:
         return calls
 
 
+class LlamaJsonFormat:
+    """Llama 3.1/3.2 with custom tools: the whole turn is one JSON object `{"name": "f", "parameters": {...}}`, maybe
+    after `<|python_tag|>`; the template renders an assistant's `tool_calls` that way and tool replies in the
+    `ipython` role (one call per turn: the template refuses more). A turn that does not start with `{` (or the tag) is
+    an answer; one that starts so but is not one such object is a malformed call."""
+
+    name = "llama3_json"
+    _TAG = "<|python_tag|>"
+
+    def declared_by(self, template_source: str) -> bool:
+        # what Meta's templates write: the call's "parameters" key and the ipython role's header
+        return '"parameters": ' in template_source and "ipython" in template_source
+
+    def parse(self, text: str) -> list[ParsedCall | MalformedCall]:
+        body = text.strip()
+        tagged = body.startswith(self._TAG)
+        if tagged:
+            body = body[len(self._TAG):].strip()
+        if not body.startswith("{"):
+            return [MalformedCall(body, 'after <|python_tag|> comes a JSON object {"name": ..., "parameters": '
+                                        '{...}}')] if tagged else []
+        try:
+            value, end = json.JSONDecoder().raw_decode(body)
+        except json.JSONDecodeError as e:
+            return [MalformedCall(body, f"the tool call is not valid JSON: {e.msg} at character {e.pos}")]
+        if body[end:].strip():
+            return [MalformedCall(body, "a tool call turn is one JSON object and nothing after it (one call per "
+                                        "turn)")]
+        return [_call_from_value(body, value, "parameters")]
+
+
 def _call_from_json(body: str) -> ParsedCall | MalformedCall:
     try:
         value = json.loads(body)
     except json.JSONDecodeError as e:
         return MalformedCall(body, f"the tool call is not valid JSON: {e.msg} at character {e.pos}")
+    return _call_from_value(body, value, "arguments")
+
+
+def _call_from_value(body: str, value: Any, key: str) -> ParsedCall | MalformedCall:
+    """`key`: where the format puts the arguments ("arguments"; Llama's "parameters", which also takes the other)."""
     if not isinstance(value, dict) or not isinstance(value.get("name"), str) or not value["name"]:
-        return MalformedCall(body, 'a tool call is a JSON object {"name": ..., "arguments": {...}}')
-    arguments = value.get("arguments", {})
+        return MalformedCall(body, f'a tool call is a JSON object {{"name": ..., "{key}": {{...}}}}')
+    arguments = value.get(key, value.get("arguments", {}))
     if isinstance(arguments, str):  # some models write the arguments as a JSON string
         try:
             arguments = json.loads(arguments)
@@ -84,7 +122,8 @@ def _call_from_json(body: str) -> ParsedCall | MalformedCall:
     return ParsedCall(value["name"], arguments)
 
 
-FORMATS: dict[str, ToolCallFormat] = {"hermes": HermesFormat()}
+FORMATS: dict[str, ToolCallFormat] = {"hermes": HermesFormat(), "llama3_json": LlamaJsonFormat()}
+"""By name, in the order `format_for_template` tries them."""
 
 
 def format_for_template(template_source: str) -> str | None:

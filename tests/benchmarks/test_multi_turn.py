@@ -18,20 +18,31 @@ def test_multi_turn_benchmark_reports_its_three_figures(tmp_path: Path) -> None:
     process = subprocess.run(
         [sys.executable, "-m", "benchmarks.multi_turn", "--tool-latency", "0.05", "--num-sequences", "6",
          "--max-running", "3", "--repeats", "1", "--max-turns", "3", "--max-new-tokens", "160", "--group-size", "2",
-         "--prompts-per-iteration", "2", "--trained-samples", "8", "--out", str(out)],
+         "--prompts-per-iteration", "2", "--trained-samples", "8", "--eval-prompts", "3", "--eval-samples-per-prompt",
+         "2", "--out", str(out)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert process.returncode == 0, process.stderr[-4000:]
     result = json.loads(process.stdout.strip().splitlines()[-1])
     assert json.loads(out.read_text()) == result
     for field in ("concurrent_vs_serial_ratio", "c3po_rollout_speedup"):
         assert isinstance(result[field], float) and result[field] > 0, (field, result[field])
-    # the reward ratio is c3po's late reward over sync's: at this size either may be 0 (two steps of a tiny model;
-    # CI saw c3po's at 0), and with sync's at 0 there is no ratio
+    # the reward ratio is the final policies' held-out reward, c3po's over sync's: both jobs were evaluated before and
+    # after training on 3 x 2 fresh samples (none unscored). At this size either reward may be 0, and with sync's at
+    # 0 there is no ratio. The trained samples' ratio (last 20% of steps) is kept beside it.
     c3po_run = result["c3po"]
-    if c3po_run["reward_sync"]:
-        assert result["c3po_reward_ratio"] == round(c3po_run["reward_c3po"] / c3po_run["reward_sync"], 3) >= 0
+    for mode in ("sync", "c3po"):
+        before, after = c3po_run[mode]["eval_before"], c3po_run[mode]["eval_after"]
+        assert before["step"] == 0 and after["step"] == c3po_run[mode]["steps"], (mode, before, after)
+        assert before["num_samples"] == after["num_samples"] == 6
+        assert 0 <= after["reward"] <= 1 and after["standard_error"] >= 0
+    sync_after, c3po_after = c3po_run["sync"]["eval_after"]["reward"], c3po_run["c3po"]["eval_after"]["reward"]
+    if sync_after:
+        assert result["c3po_reward_ratio"] == round(c3po_after / sync_after, 3) >= 0
+        assert result["c3po_reward_ratio_se"] >= 0
     else:
         assert result["c3po_reward_ratio"] is None
+    if c3po_run["reward_sync"]:
+        assert result["reward_ratio_last_20pct"] == round(c3po_run["reward_c3po"] / c3po_run["reward_sync"], 3) >= 0
     loop = result["loop"]
     # every mode wrote exactly the same seeded tokens (the engine with 3 slots for 6 sequences, the serial loops in
     # two static batches), and the trajectories did call the tool

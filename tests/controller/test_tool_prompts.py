@@ -12,7 +12,7 @@ import redis
 from fastapi.testclient import TestClient
 from step_rows import step_row
 from test_chat_template import SMOLLM2_TEMPLATE, _model_dir
-from tool_fixtures import QWEN25_TEMPLATE
+from tool_fixtures import LLAMA31_STYLE_TEMPLATE, QWEN25_TEMPLATE
 
 from everstep.tool_settings import ToolSettings
 from everstep.v1 import common_pb2, reward_pb2
@@ -26,6 +26,7 @@ from everstep_controller.data.reward_items import RewardItemBuilder
 from everstep_controller.data.submission_checks import JobInputError, check_job_input
 from everstep_controller.data.trajectories import new_sequence, num_model_tokens
 from everstep_controller.launchers.shared import SharedLauncher
+from everstep_controller.run.job_data import load_job_data
 from everstep_controller.run.manager import JobManager
 from everstep_controller.run.trajectory_report import TrajectoryStats, render_sample
 from everstep_controller.spec.job_spec import JobSpec, VerifierWeight
@@ -45,8 +46,13 @@ def _spec(model: Path, tmp_path: Path, **tools) -> JobSpec:
     return JobSpec(model_path=str(model), dataset={"train_path": str(data)}, tools={"environment": "python", **tools})
 
 
-def test_the_tools_are_rendered_into_the_prompt_as_transformers_does(tmp_path: Path) -> None:
-    model = _model_dir(tmp_path / "model", QWEN25_TEMPLATE, jinja_file=True)
+@pytest.mark.parametrize(("template", "call_format", "marker"), [
+    (QWEN25_TEMPLATE, "hermes", "<tools>"),
+    (LLAMA31_STYLE_TEMPLATE, "llama3_json", 'Environment: ipython\n'),
+], ids=["qwen25-hermes", "llama31-json"])
+def test_the_tools_are_rendered_into_the_prompt_as_transformers_does(tmp_path: Path, template: str, call_format: str,
+                                                                    marker: str) -> None:
+    model = _model_dir(tmp_path / "model", template, jinja_file=True)
     tools = ToolSettings(environment="python")
     encoder = load_prompt_encoder(str(model), load_tokenizer(str(model)), tools=tools)
     reference = transformers.AutoTokenizer.from_pretrained(str(model))
@@ -54,7 +60,10 @@ def test_the_tools_are_rendered_into_the_prompt_as_transformers_does(tmp_path: P
                                              add_generation_prompt=True, tokenize=True, return_dict=False)
     prompt = tuple(ChatMessage(m["role"], m["content"]) for m in QUESTION)
     assert list(encoder.encode(prompt)) == expected
-    assert '"name": "python"' in encoder.text(prompt) and "<tools>" in encoder.text(prompt)
+    assert '"name": "python"' in encoder.text(prompt) and marker in encoder.text(prompt)
+    # the job tells the engine how the template writes calls
+    data = load_job_data(_spec(model, tmp_path))
+    assert data.tool_config("sandbox:1").call_format == call_format
 
 
 def test_a_template_without_tool_support_is_refused_naming_it(tmp_path: Path) -> None:

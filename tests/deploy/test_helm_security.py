@@ -1,6 +1,7 @@
 """The chart's security objects, rendered offline: the sandbox's NetworkPolicy (its selectors admit the
-reward pods and no other), mutual TLS and REST HTTPS from existing Secrets (env, mounts, probes of
-every everstep pod, per-job templates included), all valid for Kubernetes 1.30."""
+reward pods and the rollout engines, shared and per-job, and no other), mutual TLS and REST HTTPS from
+existing Secrets (env, mounts, probes of every everstep pod, per-job templates included), all valid for
+Kubernetes 1.30."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ import kubernetes_validate
 import pytest
 from deploy_assets import CHART
 from test_helm_chart import KUBERNETES_VERSION, by_kind_name, pod_specs, render
+
+from everstep_controller.launchers import WorkerRequest
+from everstep_controller.launchers.kubernetes import build_worker_objects, pod_template_from_dict
+from everstep_controller.spec.job_spec import ResourcesSpec
 
 TLS_VALUES = Path(__file__).parent / "values-tls.yaml"
 TLS_DIR = "/var/run/secrets/everstep/tls"  # not under /etc, which the sandbox binds into every run
@@ -30,20 +35,38 @@ def tls_objects(helm: str) -> list[dict]:
 
 
 def _pod_labels(objects: list[dict]) -> dict[str, dict[str, str]]:
+    """Labels of every pod the release runs: its workloads' and the per-job engines and trainers the controller's
+    Kubernetes launcher makes from the PodTemplates (relabelled by the launcher's own code)."""
     labels = {}
     for o in objects:
         if o["kind"] in ("Deployment", "StatefulSet"):
             labels[o["metadata"]["name"]] = o["spec"]["template"]["metadata"]["labels"]
         elif o["kind"] == "PodTemplate":
             labels[f'template/{o["metadata"]["name"]}'] = o["template"]["metadata"]["labels"]
+            component = o["metadata"]["labels"]["everstep.io/workload-template"]
+            request = WorkerRequest(job_id="0a1b2c3d4e5f", max_running=8, max_seq_len=1024, seed=0,
+                                    resources=ResourcesSpec())
+            deployment, _ = build_worker_objects(pod_template_from_dict(o), request, component, "rl")
+            labels[f"job/{component}"] = deployment.spec.template.metadata.labels
     return labels
 
 
-def _matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
-    return all(labels.get(k) == v for k, v in selector.items())
+def _matches(selector: dict, labels: dict[str, str]) -> bool:
+    """A LabelSelector (matchLabels and matchExpressions) against a pod's labels."""
+    if not all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expression in selector.get("matchExpressions", []):
+        present, value = expression["key"] in labels, labels.get(expression["key"])
+        operator = expression["operator"]
+        ok = {"In": present and value in expression.get("values", []),
+              "NotIn": not present or value not in expression.get("values", []),
+              "Exists": present, "DoesNotExist": not present}[operator]
+        if not ok:
+            return False
+    return True
 
 
-def test_sandbox_is_reachable_only_from_the_reward_pods_by_default(default_objects: list[dict]) -> None:
+def test_sandbox_is_reachable_only_from_the_reward_pods_and_rollout_engines(default_objects: list[dict]) -> None:
     objects = by_kind_name(default_objects)
     policies = [o for o in default_objects if o["kind"] == "NetworkPolicy"]
     assert [p["metadata"]["name"] for p in policies] == ["rel-everstep-sandbox"]
@@ -55,17 +78,32 @@ def test_sandbox_is_reachable_only_from_the_reward_pods_by_default(default_objec
     assert rule["ports"] == [{"protocol": "TCP", "port": GRPC_PORTS["sandbox"]}], "the HTTP API is not admitted"
 
     pods = _pod_labels(default_objects)
-    governed = {name for name, labels in pods.items() if _matches(spec["podSelector"]["matchLabels"], labels)}
-    admitted = {name for name, labels in pods.items() if _matches(peer["podSelector"]["matchLabels"], labels)}
+    governed = {name for name, labels in pods.items() if _matches(spec["podSelector"], labels)}
+    admitted = {name for name, labels in pods.items() if _matches(peer["podSelector"], labels)}
     assert governed == {"rel-everstep-sandbox"}
-    assert admitted == {"rel-everstep-reward"}, "only the reward pods may call the sandbox"
+    # the reward pods (code verifier) and every rollout engine (the python tool of jobs with tools): the shared
+    # Deployment, the per-job engines made from its PodTemplate (the template object itself runs no pod, but its
+    # labels are the shared Deployment's); never the trainer, the controller or Redis
+    assert admitted == {"rel-everstep-reward", "rel-everstep-rollout", "template/rel-everstep-rollout",
+                        "job/rollout"}, admitted
     reward = objects[("Deployment", "rel-everstep-reward")]["spec"]["template"]["spec"]["containers"][0]
     assert f"--sandbox-endpoint=rel-everstep-sandbox:{GRPC_PORTS['sandbox']}" in reward["args"]
+    # the controller gives the engines the sandbox's address for the python tool (ToolConfig.sandbox_address)
+    controller = objects[("Deployment", "rel-everstep-controller")]["spec"]["template"]["spec"]["containers"][0]
+    assert f"--sandbox=rel-everstep-sandbox:{GRPC_PORTS['sandbox']}" in controller["args"]
 
     for name, pod in pod_specs(default_objects).items():  # TLS is off by default: plaintext and kubelet probes
         for container in pod["containers"]:
             assert not any(e["name"].startswith("EVERSTEP_GRPC_TLS") for e in container.get("env", [])), name
             assert "redis" in name or "exec" not in container.get("readinessProbe", {}), name
+
+
+def test_sandbox_policy_can_leave_the_rollout_engines_out(helm: str) -> None:
+    objects = render(helm, "--set", "sandbox.networkPolicy.admitRollout=false")
+    spec = by_kind_name(objects)[("NetworkPolicy", "rel-everstep-sandbox")]["spec"]
+    admitted = {name for name, labels in _pod_labels(objects).items()
+                if _matches(spec["ingress"][0]["from"][0]["podSelector"], labels)}
+    assert admitted == {"rel-everstep-reward"}
 
 
 def test_tls_from_existing_secrets_reaches_every_everstep_pod(tls_objects: list[dict]) -> None:

@@ -1,6 +1,7 @@
 """Tool-call parsing and tool-reply rendering (everstep.tool_calls, everstep.tool_turns): a whole conversation with
-tool calls, rendered and tokenized by transformers' apply_chat_template with Qwen2.5's template, equals the prompt,
-the model's turns and our tool-reply text, token for token."""
+tool calls, rendered and tokenized by transformers' apply_chat_template with Qwen2.5's template (Hermes calls) and
+with a template in Llama 3.1's tool format (JSON calls, the ipython role), equals the prompt, the model's turns and
+our tool-reply text, token for token."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from tool_fixtures import CONTROL_TOKENS, QWEN25_TEMPLATE, TOOL_TAGS, python_call_text
+from tool_fixtures import (
+    CONTROL_TOKENS,
+    LLAMA3_CONTROL_TOKENS,
+    LLAMA31_STYLE_TEMPLATE,
+    QWEN25_TEMPLATE,
+    TOOL_TAGS,
+    python_call_text,
+)
 
 from everstep.tool_calls import FORMATS, MalformedCall, ParsedCall, check_arguments, format_for_template
 from everstep.tool_settings import PYTHON_TOOL, ToolSettings, from_proto, to_proto
@@ -71,6 +79,74 @@ def test_prompt_turns_and_tool_replies_equal_transformers_token_for_token(qwen_t
     assert prompt + first_turn + reply + last_turn == expected
     decoded = qwen_tokenizer.decode(reply)
     assert decoded.startswith("\n<|im_start|>user\n<tool_response>\n") and decoded.endswith("<|im_start|>assistant\n")
+
+
+@pytest.fixture(scope="module")
+def llama_tokenizer(tmp_path_factory: pytest.TempPathFactory):
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(
+        vocab_size=500, special_tokens=LLAMA3_CONTROL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|begin_of_text|>",
+                                                eos_token="<|eot_id|>", pad_token="<|end_of_text|>")
+    fast.add_special_tokens({"additional_special_tokens": LLAMA3_CONTROL_TOKENS[2:]})
+    fast.chat_template = LLAMA31_STYLE_TEMPLATE
+    out = tmp_path_factory.mktemp("llama-tools")
+    fast.save_pretrained(str(out))
+    return transformers.AutoTokenizer.from_pretrained(str(out))
+
+
+@pytest.mark.parametrize("tagged", [False, True], ids=["plain", "python-tag"])
+def test_llama_json_calls_and_ipython_replies_equal_transformers_token_for_token(llama_tokenizer, tagged: bool) -> None:
+    """Llama 3.1's format: the call is the whole turn, `{"name": ..., "parameters": ...}<|eot_id|>` (a model may put
+    <|python_tag|> before it; the template writes none), the reply an ipython message, then the answer."""
+    call = {"name": "python", "arguments": {"code": "print(123 * 456)"}}
+    question = [{"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": "What is 123 * 456? Use the tool."}]
+    conversation = [*question, {"role": "assistant", "content": "", "tool_calls": [{"type": "function",
+                                                                                   "function": call}]},
+                    {"role": "tool", "name": "python", "content": "56088\n"},
+                    {"role": "assistant", "content": "The answer is 56088."}]
+    expected = llama_tokenizer.apply_chat_template(conversation, tools=TOOLS, tokenize=True, return_dict=False)
+
+    def render(messages, add_generation_prompt):
+        return llama_tokenizer.apply_chat_template(messages, tools=TOOLS, tokenize=False,
+                                                   add_generation_prompt=add_generation_prompt)
+
+    prompt = llama_tokenizer.apply_chat_template(question, tools=TOOLS, tokenize=True, add_generation_prompt=True,
+                                                 return_dict=False)
+    call_text = json.dumps({"name": call["name"], "parameters": call["arguments"]})
+    llama = FORMATS[format_for_template(LLAMA31_STYLE_TEMPLATE)]
+    assert llama.name == "llama3_json"
+    parsed = llama.parse(("<|python_tag|>" if tagged else "") + call_text)
+    assert parsed == [ParsedCall("python", call["arguments"])]
+    eot = llama_tokenizer.convert_tokens_to_ids("<|eot_id|>")
+    first_turn = _encode(llama_tokenizer, call_text) + [eot]
+    reply = _encode(llama_tokenizer, tool_reply_text(render, parsed, ["56088\n"], end_of_turn="<|eot_id|>"))
+    last_turn = _encode(llama_tokenizer, "The answer is 56088.<|eot_id|>")
+    assert prompt + first_turn + reply + last_turn == expected
+    decoded = llama_tokenizer.decode(reply)
+    assert decoded.startswith("<|start_header_id|>ipython<|end_header_id|>\n\n")
+    assert decoded.endswith("<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
+
+
+def test_llama_json_parsing_names_what_is_wrong() -> None:
+    llama = FORMATS["llama3_json"]
+    assert llama.parse("The answer is 42.") == []
+    assert llama.parse(' {"name": "f", "parameters": {"x": 1}} ') == [ParsedCall("f", {"x": 1})]
+    assert llama.parse('{"name": "f", "arguments": {"x": 1}}') == [ParsedCall("f", {"x": 1})]
+    assert llama.parse('{"name": "f", "parameters": "{\\"x\\": 1}"}') == [ParsedCall("f", {"x": 1})]
+    assert llama.parse('{"name": "f"}') == [ParsedCall("f", {})]
+    bad_json, = llama.parse('{"name": "f", "parameters": {')
+    assert isinstance(bad_json, MalformedCall) and "not valid JSON" in bad_json.reason
+    no_name, = llama.parse('{"parameters": {}}')
+    assert isinstance(no_name, MalformedCall) and '"parameters"' in no_name.reason
+    two, = llama.parse('{"name": "f", "parameters": {}}; {"name": "g", "parameters": {}}')
+    assert isinstance(two, MalformedCall) and "one call per turn" in two.reason
+    tag_only, = llama.parse("<|python_tag|>print(1)")
+    assert isinstance(tag_only, MalformedCall) and "JSON object" in tag_only.reason
+    assert format_for_template(QWEN25_TEMPLATE) == "hermes"  # Qwen's template is Hermes, whatever else it holds
 
 
 def test_hermes_parsing_names_what_is_wrong() -> None:

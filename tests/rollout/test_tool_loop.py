@@ -13,7 +13,14 @@ from pathlib import Path
 
 import pytest
 import transformers
-from tool_fixtures import CALL_WORDS, make_successor_model, make_tool_moe_model
+from tool_fixtures import (
+    CALL_WORDS,
+    LLAMA31_STYLE_TEMPLATE,
+    LLAMA_CALL_WORDS,
+    LLAMA_VOCABULARY,
+    make_successor_model,
+    make_tool_moe_model,
+)
 
 from everstep.tool_settings import ToolSettings
 from everstep.v1 import common_pb2
@@ -129,6 +136,54 @@ def test_python_tool_reply_is_appended_as_transformers_renders_the_conversation(
     assert (t.num_turns, t.num_tool_calls, len(t.calls)) == (2, 1, 1)
     assert (t.calls[0].name, t.calls[0].reply, t.calls[0].error) == ("python", "42\n", 0)
     assert engine.num_prefilled_total == 1 and engine.num_tool_evictions == 0
+
+
+def test_llama_json_calls_run_and_reply_in_the_ipython_role_as_transformers_renders(tmp_path: Path,
+                                                                                    sandbox_address: str) -> None:
+    """The call format travels with the request (ToolConfig.call_format, from the template): a model with a Llama
+    3.1-style template writes `{"name": ..., "parameters": ...}<|eot_id|>` after its assistant header."""
+    model = make_successor_model(tmp_path / "m", chain("<|end_header_id|>", *LLAMA_CALL_WORDS),
+                                 template=LLAMA31_STYLE_TEMPLATE, vocabulary=LLAMA_VOCABULARY)
+    engine = Engine(model, EngineConfig(max_running=4, sandbox_endpoint=sandbox_address))
+    tools = ToolSettings(environment="python", max_turns=2)
+    reference = transformers.AutoTokenizer.from_pretrained(str(model))
+    question = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+    tools_json = [t.model_dump() for t in tools.offered()]
+    prompt_ids = reference.apply_chat_template(question, tools=tools_json, add_generation_prompt=True,
+                                               tokenize=True, return_dict=False)
+    engine.add([GenerationRequest(id="a", prompt_ids=prompt_ids, sampling=GREEDY, tools=tools,
+                                  tool_call_format="llama3_json")])
+    result = run(engine)["a"]
+
+    call = {"type": "function", "function": {"name": "python", "arguments": {"code": "print(6*7)"}}}
+    conversation = [*question, {"role": "assistant", "content": "", "tool_calls": [call]},
+                    {"role": "tool", "name": "python", "content": "42\n"},
+                    {"role": "assistant", "content": "", "tool_calls": [call]}]
+    expected = reference.apply_chat_template(conversation, tools=tools_json, tokenize=True, return_dict=False)
+    assert result.finish_reason == FinishReason.STOP
+    assert result.prompt_ids + result.output_ids == expected  # the last turn's call is not run: max_turns
+    reply = words(engine, [t for t, tool in zip(result.output_ids, result.output_tool_mask, strict=True) if tool])
+    assert reply == ["<|start_header_id|>", "ipython", "<|end_header_id|>", '"42\\n"', "<|eot_id|>",
+                     "<|start_header_id|>", "assistant", "<|end_header_id|>"]
+    t = result.tool_trajectory
+    assert (t.num_turns, t.num_tool_calls, len(t.calls)) == (2, 1, 1)
+    assert (t.calls[0].name, t.calls[0].reply, t.calls[0].error) == ("python", "42\n", 0)
+
+    # the same model read as Hermes finds no call in that turn: the format decides
+    engine.add([GenerationRequest(id="b", prompt_ids=prompt_ids, sampling=GREEDY, tools=tools)])
+    hermes = run(engine)["b"]
+    assert hermes.tool_trajectory.num_tool_calls == 0 and not any(hermes.output_tool_mask)
+    engine.shutdown()
+
+
+def test_an_unknown_call_format_is_refused_naming_the_field() -> None:
+    from everstep_rollout.proto_convert import request_from_proto
+
+    sequence, python = common_pb2.Sequence(id="a", prompt_ids=[1]), ToolSettings(environment="python")
+    with pytest.raises(ValueError, match="tools.call_format 'mistral' is not a tool-call format"):
+        request_from_proto(sequence, GREEDY, 0, python, "", "mistral")
+    assert request_from_proto(sequence, GREEDY, 0, python, "", "llama3_json").tool_call_format == "llama3_json"
+    assert request_from_proto(sequence, GREEDY, 0, python).tool_call_format == "hermes"  # "": an older controller
 
 
 @pytest.mark.parametrize("executor", ["native", "transformers"])

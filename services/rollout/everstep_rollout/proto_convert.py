@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from everstep.tool_calls import FORMATS
 from everstep.tool_settings import ToolSettings
 from everstep.v1 import common_pb2
 from everstep_rollout.sequence import GenerationRequest, SamplingOptions, SequenceResult
@@ -18,15 +19,21 @@ def sampling_from_proto(p: common_pb2.SamplingParams) -> SamplingOptions:
 
 
 def request_from_proto(seq: common_pb2.Sequence, sampling: SamplingOptions, stream: int,
-                       tools: ToolSettings | None = None, sandbox_address: str = "") -> GenerationRequest:
-    """The sequence's own seed, when it has one, replaces the message's."""
+                       tools: ToolSettings | None = None, sandbox_address: str = "",
+                       call_format: str = "") -> GenerationRequest:
+    """The sequence's own seed, when it has one, replaces the message's. `call_format` "": Hermes (a controller that
+    predates the field); one this engine cannot parse is a ValueError naming it."""
+    if call_format and call_format not in FORMATS:
+        raise ValueError(f"tools.call_format {call_format!r} is not a tool-call format this engine parses "
+                         f"({', '.join(FORMATS)})")
     if seq.seed:
         sampling = replace(sampling, seed=seq.seed)
     return GenerationRequest(
         id=seq.id, prompt_ids=list(seq.prompt_ids), output_ids=list(seq.output_ids),
         output_logprobs=list(seq.output_logprobs), output_versions=list(seq.output_versions),
         routed_experts=bytes(seq.routed_experts), sampling=sampling, stream=stream, tools=tools,
-        sandbox_address=sandbox_address, output_tool_mask=list(seq.output_tool_mask),
+        sandbox_address=sandbox_address, tool_call_format=call_format or "hermes",
+        output_tool_mask=list(seq.output_tool_mask),
         tool_trajectory=seq.tool_trajectory if seq.HasField("tool_trajectory") else None,
     )
 

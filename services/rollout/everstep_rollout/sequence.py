@@ -75,6 +75,8 @@ class GenerationRequest:
     """Multi-turn tool use (docs/tools.md); None: one turn, as before."""
     sandbox_address: str = ""
     """The python tool's sandbox ("": the engine's --sandbox-endpoint)."""
+    tool_call_format: str = "hermes"
+    """How the model writes tool calls (`everstep.tool_calls.FORMATS`; ToolConfig.call_format)."""
     output_tool_mask: list[bool] = field(default_factory=list)
     """True on each earlier output token that a tool wrote (empty: none did)."""
     tool_trajectory: common_pb2.ToolTrajectory | None = None

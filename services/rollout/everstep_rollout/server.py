@@ -146,8 +146,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
                         try:
                             sampling = sampling_from_proto(message.sampling)
                             tools = tool_settings.from_proto(message.tools) if message.HasField("tools") else None
-                            sandbox = message.tools.sandbox_address
-                            requests = [request_from_proto(s, sampling, stream_id, tools, sandbox)
+                            sandbox, call_format = message.tools.sandbox_address, message.tools.call_format
+                            requests = [request_from_proto(s, sampling, stream_id, tools, sandbox, call_format)
                                         for s in message.sequences]
                             with lock:
                                 outstanding.update(r.id for r in requests)

@@ -118,7 +118,8 @@ def tool_template(model_path: str, tools: ToolSettings) -> ChatTemplate:
                          "template that has it, e.g. Qwen2.5's")
     if format_for_template(template.source) is None:
         raise ValueError(f"{where} writes tool calls in a format everstep cannot parse (known: "
-                         f"{', '.join(FORMATS)}: Hermes-style <tool_call>...</tool_call>)")
+                         f"{', '.join(FORMATS)}: Hermes-style <tool_call>...</tool_call>, Llama 3.1's JSON "
+                         "{\"name\": ..., \"parameters\": ...} with the ipython role)")
     return template
 
 

@@ -352,7 +352,7 @@ class SglangEngine:
             trajectory.CopyFrom(r.tool_trajectory)
         turn_start = max((i + 1 for i, is_tool in enumerate(tool_mask) if is_tool), default=0)
         return ToolSession(r.tools, self._tools().client(r.tools, r.sandbox_address), self.tokenizer,
-                           trajectory, turn_start=turn_start)
+                           trajectory, turn_start=turn_start, call_format=r.tool_call_format)
 
     def _remaining(self, entry: _Request) -> int:
         r = entry.request

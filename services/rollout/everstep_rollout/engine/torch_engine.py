@@ -269,7 +269,7 @@ class Engine:
                 trajectory.CopyFrom(r.tool_trajectory)
             turn_start = max((i + 1 for i, is_tool in enumerate(tool_mask) if is_tool), default=0)
             tools = ToolSession(r.tools, self._tools().client(r.tools, r.sandbox_address), self.tokenizer,
-                                trajectory, turn_start=turn_start)
+                                trajectory, turn_start=turn_start, call_format=r.tool_call_format)
         return _Sequence(
             request=r, token_ids=[*r.prompt_ids, *r.output_ids], output_ids=list(r.output_ids),
             output_logprobs=list(r.output_logprobs), output_versions=list(r.output_versions),

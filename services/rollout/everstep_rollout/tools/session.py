@@ -37,14 +37,14 @@ class ToolSession:
     """Not thread safe: the engine thread calls it; only `_run_calls` runs on a tool thread."""
 
     def __init__(self, settings: ToolSettings, client: ToolEnvironmentClient, tokenizer: Any,
-                 trajectory: common_pb2.ToolTrajectory, *, turn_start: int) -> None:
+                 trajectory: common_pb2.ToolTrajectory, *, turn_start: int, call_format: str = "hermes") -> None:
         self.settings = settings
         self.trajectory = trajectory
         self.turn_start = turn_start
         """Index in the output of the current model turn's first token."""
         self._client = client
         self._tokenizer = tokenizer
-        self._format = FORMATS["hermes"]
+        self._format = FORMATS[call_format]
         self._tools = {t.function.name: t.function for t in settings.offered()}
         self._tools_json = [t.model_dump() for t in settings.offered()]
         self.pending: Future[list[ToolOutcome]] | None = None
