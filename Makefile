@@ -15,7 +15,7 @@ TORCH_INDEX_URL ?=
 SGLANG_VENV ?= .venv-sglang
 SGLANG_PIP := $(SGLANG_VENV)/bin/pip
 
-.PHONY: install install-dev test test-faults test-real-model test-sandbox-all-languages real-model lint demo proto clean sglang-venv
+.PHONY: install install-dev test test-stack test-faults test-real-model test-sandbox-all-languages real-model lint demo proto clean sglang-venv
 
 $(VENV)/.installed: proto/pyproject.toml proto/setup.py $(wildcard proto/everstep/*.py proto/everstep/v1/*.proto) $(foreach s,$(SERVICES),services/$(s)/pyproject.toml)
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -66,10 +66,14 @@ proto:
 lint: install-dev
 	$(VENV)/bin/ruff check .
 
-# scripts/test.sh starts the end-to-end tests' demo-model build first, so it overlaps the last
-# installs (.installed-dev, -deploy, -toolchains), then runs ruff and pytest.
+# scripts/test.sh runs the last installs (.installed-dev, -deploy, -toolchains), ruff and pytest. make test: every
+# test but those marked faults, real_model and stack (tests/e2e/ and tests/benchmarks/, which make test-stack runs,
+# starting the end-to-end tests' demo-model build first so that it overlaps the installs).
 test: $(VENV)/.installed
-	VENV=$(VENV) bash scripts/test.sh
+	VENV=$(VENV) TEST_MARKERS="not faults and not real_model and not stack" bash scripts/test.sh
+
+test-stack: $(VENV)/.installed
+	VENV=$(VENV) TEST_MARKERS="stack and not faults and not real_model" PREBUILD_DEMO_MODEL=1 bash scripts/test.sh
 
 # Fault tests (marker faults: tests/faults/ and each service's SIGTERM test beside its other tests;
 # docs/reliability.md): real processes killed, hung and restarted.

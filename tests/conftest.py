@@ -93,8 +93,25 @@ class DemoModelBuild:
 DEMO_BUILD = pytest.StashKey[DemoModelBuild]()
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests that need the demo model go last, and its build starts now, in the background."""
+STACK_FOLDERS = ("e2e", "benchmarks")
+"""Folders of tests/ whose tests carry the `stack` marker (`make test-stack`)."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks the tests of STACK_FOLDERS `stack` before `-m` selects, so that no file can forget it."""
+    tests_dir = Path(__file__).parent
+    for item in items:
+        relative = item.path.relative_to(tests_dir) if item.path.is_relative_to(tests_dir) else None
+        if relative is not None and relative.parts[0] in STACK_FOLDERS:
+            item.add_marker(pytest.mark.stack)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Tests that need the demo model go last, and its build starts now, in the background; only when
+    `-m` kept one of them."""
+    config, items = session.config, session.items
     needs_model = [item for item in items if "demo_model_build" in getattr(item, "fixturenames", ())]
     if needs_model and DEMO_BUILD not in config.stash:
         items[:] = [item for item in items if item not in needs_model] + needs_model
