@@ -5,21 +5,15 @@ directory and, with --merge, as a plain Hugging Face model, which peft and trans
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import grpc
 import httpx
 import pytest
 import torch
-from stack_jobs import run_job
+from stack_jobs import everstep_up, run_job
 
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc
-from everstep_cli.local_stack import free_port
-
-EVERSTEP = str(Path(sys.executable).parent / "everstep")
 
 
 @pytest.mark.slow
@@ -31,14 +25,7 @@ def test_a_lora_job_pushes_adapters_and_exports_its_checkpoints(tmp_path: Path, 
     train = tmp_path / "train.jsonl"
     train.write_text("".join(json.dumps({"prompt": f"{a} + {b} =", "answer": str(a + b)}) + "\n"
                              for a in range(6) for b in range(6)))
-    env = {**os.environ, "EVERSTEP_HOME": str(tmp_path / "home")}
-    env.pop("REDIS_URL", None)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    up = subprocess.run([EVERSTEP, "up", "--port", str(port)], env=env, capture_output=True, text=True, timeout=300)
-    assert up.returncode == 0, up.stderr
-    state = json.loads((tmp_path / "home" / "stack" / "state.json").read_text())
-    try:
+    with everstep_up(tmp_path / "home") as stack:
         spec = {
             "name": "lora-e2e",
             "model_path": str(model_dir),
@@ -53,7 +40,7 @@ def test_a_lora_job_pushes_adapters_and_exports_its_checkpoints(tmp_path: Path, 
             "steps": 3,
             "seed": 3,
         }
-        api = httpx.Client(base_url=url, timeout=30)
+        api = httpx.Client(base_url=stack.url, timeout=30)
         job = run_job(api, spec, timeout_seconds=600)
         assert job["state"] == "SUCCEEDED", job["error"]
         history = api.get(f"/v1/jobs/{job['id']}/metrics").json()
@@ -61,24 +48,18 @@ def test_a_lora_job_pushes_adapters_and_exports_its_checkpoints(tmp_path: Path, 
         assert trained, history
         assert [c["step"] for c in job["checkpoints"]] == [2, 3]
 
-        rollout_address = next(f"127.0.0.1:{p['grpc_port']}" for p in state["processes"] if p["name"] == "rollout")
-        with grpc.insecure_channel(rollout_address) as channel:
+        with grpc.insecure_channel(stack.address("rollout")) as channel:
             status = rollout_pb2_grpc.RolloutStub(channel).GetStatus(rollout_pb2.GetStatusRequest(), timeout=10)
         assert status.version == len(trained)  # every trained step's adapters reached the engine
 
         adapter_dir, merged_dir = tmp_path / "adapter", tmp_path / "merged"
         for extra, out in (([], adapter_dir), (["--merge"], merged_dir)):
-            exported = subprocess.run([EVERSTEP, "model", "export", job["id"], "--out", str(out), "--url", url,
-                                       *extra], env=env, capture_output=True, text=True, timeout=300)
+            exported = stack.everstep("model", "export", job["id"], "--out", str(out), "--url", stack.url, *extra)
             assert exported.returncode == 0, exported.stderr
         assert (adapter_dir / "adapter_config.json").is_file() and not (adapter_dir / "config.json").exists()
-        missing = subprocess.run([EVERSTEP, "model", "export", job["id"], "--step", "1", "--out",
-                                  str(tmp_path / "none"), "--url", url], env=env, capture_output=True, text=True,
-                                 timeout=120)
+        missing = stack.everstep("model", "export", job["id"], "--step", "1", "--out", str(tmp_path / "none"),
+                                 "--url", stack.url, timeout=120)
         assert missing.returncode != 0 and "no checkpoint of step 1" in missing.stderr
-    finally:
-        down = subprocess.run([EVERSTEP, "down"], env=env, capture_output=True, text=True, timeout=120)
-    assert down.returncode == 0, down.stderr
 
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     with_adapters = PeftModel.from_pretrained(base, adapter_dir).eval()

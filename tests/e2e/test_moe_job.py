@@ -5,20 +5,14 @@ the engine records every token's experts, they cross Redis to the trainer, and t
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import grpc
 import httpx
 import pytest
-from stack_jobs import run_job
+from stack_jobs import everstep_up, run_job
 
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc
-from everstep_cli.local_stack import free_port
-
-EVERSTEP = str(Path(sys.executable).parent / "everstep")
 
 
 @pytest.mark.slow
@@ -27,13 +21,7 @@ def test_a_random_qwen3_moe_trains_with_routing_replay_through_the_stack(tmp_pat
     train = tmp_path / "train.jsonl"
     train.write_text("".join(json.dumps({"prompt": f"{a} + {b} =", "answer": str(a + b)}) + "\n"
                              for a in range(6) for b in range(6)))
-    env = {**os.environ, "EVERSTEP_HOME": str(tmp_path / "home")}
-    env.pop("REDIS_URL", None)
-    port = free_port()
-    up = subprocess.run([EVERSTEP, "up", "--port", str(port)], env=env, capture_output=True, text=True, timeout=300)
-    assert up.returncode == 0, up.stderr
-    state = json.loads((tmp_path / "home" / "stack" / "state.json").read_text())
-    try:
+    with everstep_up(tmp_path / "home") as stack:
         spec = {
             "name": "moe-e2e",
             "model_path": str(model_dir),
@@ -49,7 +37,7 @@ def test_a_random_qwen3_moe_trains_with_routing_replay_through_the_stack(tmp_pat
             "steps": 5,
             "seed": 3,
         }
-        api = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
+        api = httpx.Client(base_url=stack.url, timeout=30)
         job = run_job(api, spec, timeout_seconds=600)
         assert job["state"] == "SUCCEEDED", job["error"]
         history = api.get(f"/v1/jobs/{job['id']}/metrics").json()
@@ -63,11 +51,7 @@ def test_a_random_qwen3_moe_trains_with_routing_replay_through_the_stack(tmp_pat
             assert 0.0 <= m["routing_disagreement"] <= 1.0 and 0.0 <= m["routing_disagreement_stale"] <= 1.0
         assert any(m["partial_buffer_size"] > 0 for m in history), ("C3PO++ carried rollouts over", history)
 
-        rollout_address = next(f"127.0.0.1:{p['grpc_port']}" for p in state["processes"] if p["name"] == "rollout")
-        with grpc.insecure_channel(rollout_address) as channel:
+        with grpc.insecure_channel(stack.address("rollout")) as channel:
             status = rollout_pb2_grpc.RolloutStub(channel).GetStatus(rollout_pb2.GetStatusRequest(), timeout=10)
         assert (status.executor, status.architecture) == ("native", "qwen3_moe")
         assert status.version == len(trained)
-    finally:
-        down = subprocess.run([EVERSTEP, "down"], env=env, capture_output=True, text=True, timeout=120)
-    assert down.returncode == 0, down.stderr

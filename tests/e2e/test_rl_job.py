@@ -4,10 +4,6 @@ the torch engine (int8 weights: a real engine mismatch), math rewards, IcePop tr
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,15 +11,13 @@ from typing import TYPE_CHECKING
 import grpc
 import httpx
 import pytest
-from stack_jobs import run_job
+from stack_jobs import everstep_up, run_job
 
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc
-from everstep_cli.local_stack import free_port
 
 if TYPE_CHECKING:
     from conftest import DemoModelBuild
 
-EVERSTEP = str(Path(sys.executable).parent / "everstep")
 
 
 def _alive(pid: int) -> bool:
@@ -39,17 +33,11 @@ def _mean(values: list[float]) -> float:
 
 @pytest.mark.slow
 def test_rl_job_through_all_services(tmp_path: Path, demo_model_build: DemoModelBuild) -> None:
-    env = {**os.environ, "EVERSTEP_HOME": str(tmp_path / "home")}
-    env.pop("REDIS_URL", None)
-    port = free_port()
-    up = subprocess.run([EVERSTEP, "up", "--port", str(port)], env=env, capture_output=True, text=True, timeout=300)
-    state_file = tmp_path / "home" / "stack" / "state.json"
-    assert up.returncode == 0, up.stderr
-    state = json.loads(state_file.read_text())
-    pids = [p["pid"] for p in state["processes"]]
-    assert {p["name"] for p in state["processes"]} == {"redis", "sandbox", "reward", "trainer", "rollout", "controller"}
-    assert len(set(pids)) == 6 and all(_alive(pid) for pid in pids), "every service is its own OS process"
-    try:
+    with everstep_up(tmp_path / "home") as stack:
+        pids = [p["pid"] for p in stack.state["processes"]]
+        assert {p["name"] for p in stack.state["processes"]} == {"redis", "sandbox", "reward", "trainer", "rollout",
+                                                                 "controller"}
+        assert len(set(pids)) == 6 and all(_alive(pid) for pid in pids), "every service is its own OS process"
         demo_model_dir = demo_model_build.wait()  # the stack came up while the build finished
         spec = {
             "name": "e2e",
@@ -62,7 +50,7 @@ def test_rl_job_through_all_services(tmp_path: Path, demo_model_build: DemoModel
             "steps": 10,
             "seed": 1,
         }
-        api = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
+        api = httpx.Client(base_url=stack.url, timeout=30)
         job = run_job(api, spec, timeout_seconds=600)
         job_id = job["id"]
         assert job["state"] == "SUCCEEDED", job["error"]
@@ -72,8 +60,7 @@ def test_rl_job_through_all_services(tmp_path: Path, demo_model_build: DemoModel
         # the policy version reached the rollout engine
         trained_steps = sum(1 for m in history if m["num_samples_trained"] > 0)
         assert trained_steps >= 8 and history[-1]["policy_version"] == trained_steps
-        rollout_address = next(f"127.0.0.1:{p['grpc_port']}" for p in state["processes"] if p["name"] == "rollout")
-        with grpc.insecure_channel(rollout_address) as channel:
+        with grpc.insecure_channel(stack.address("rollout")) as channel:
             status = rollout_pb2_grpc.RolloutStub(channel).GetStatus(rollout_pb2.GetStatusRequest(), timeout=10)
         assert status.version == trained_steps
         assert status.quantization == rollout_pb2.QUANTIZATION_INT8  # the job's setting reached the engine
@@ -96,11 +83,8 @@ def test_rl_job_through_all_services(tmp_path: Path, demo_model_build: DemoModel
                 assert 0.0 <= m[f"masked_fraction_{group}"] <= 1.0 and m[f"mismatch_kl_{group}"] >= 0.0
         # Carried-over rollouts (staleness >= 1 above) are the stale tokens.
         assert any(m["num_tokens_stale"] > 0 for m in trained)
-    finally:
-        down = subprocess.run([EVERSTEP, "down"], env=env, capture_output=True, text=True, timeout=120)
-    assert down.returncode == 0, down.stderr
     deadline = time.monotonic() + 10
     while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(pid) for pid in pids), "everstep down left a process behind"
-    assert not state_file.exists()
+    assert not stack.state_file.exists()

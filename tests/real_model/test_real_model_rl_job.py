@@ -5,23 +5,18 @@ rewards, IcePop, a weight push into the float32 engine."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import grpc
 import httpx
 import torch
 from safetensors.torch import load_file
-from stack_jobs import run_job
+from stack_jobs import everstep_up, run_job
 
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc
 from everstep_cli.job_file import load_job_file
-from everstep_cli.local_stack import free_port
 
 REPO = Path(__file__).resolve().parents[2]
-EVERSTEP = str(Path(sys.executable).parent / "everstep")
 CONTROL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
 
 
@@ -36,16 +31,10 @@ def test_two_steps_on_the_real_model(tmp_path: Path, smollm2_dir: Path) -> None:
     spec["checkpoint"] = {"dir": str(tmp_path / "checkpoints")}
     assert spec["prompt"]["format"] == "chat" and spec["dataset"]["answer_field"] == "reward_model.ground_truth"
 
-    env = {**os.environ, "EVERSTEP_HOME": str(tmp_path / "home"), "OMP_NUM_THREADS": "1",
-           "EVERSTEP_REWARD_ITEM_LOG": str(tmp_path / "reward-items.jsonl"),
-           "EVERSTEP_TRAINER_SAMPLE_LOG": str(tmp_path / "trainer-samples.jsonl")}
-    env.pop("REDIS_URL", None)
-    port = free_port()
-    up = subprocess.run([EVERSTEP, "up", "--port", str(port)], env=env, capture_output=True, text=True, timeout=300)
-    assert up.returncode == 0, up.stderr
-    state = json.loads((tmp_path / "home" / "stack" / "state.json").read_text())
-    try:
-        api = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
+    with everstep_up(tmp_path / "home", OMP_NUM_THREADS="1",
+                     EVERSTEP_REWARD_ITEM_LOG=str(tmp_path / "reward-items.jsonl"),
+                     EVERSTEP_TRAINER_SAMPLE_LOG=str(tmp_path / "trainer-samples.jsonl")) as stack:
+        api = httpx.Client(base_url=stack.url, timeout=30)
         job = run_job(api, spec, timeout_seconds=480, poll_seconds=2)
         job_id = job["id"]
         assert job["state"] == "SUCCEEDED", job["error"]
@@ -55,14 +44,10 @@ def test_two_steps_on_the_real_model(tmp_path: Path, smollm2_dir: Path) -> None:
         assert all(m["num_samples_trained"] > 0 for m in history), history
 
         # the new version reached the engine
-        rollout = next(f"127.0.0.1:{p['grpc_port']}" for p in state["processes"] if p["name"] == "rollout")
-        with grpc.insecure_channel(rollout) as channel:
+        with grpc.insecure_channel(stack.address("rollout")) as channel:
             status = rollout_pb2_grpc.RolloutStub(channel).GetStatus(rollout_pb2.GetStatusRequest(), timeout=10)
         assert status.version == history[-1]["policy_version"] == 2
         assert status.dtype == "float32" and status.max_seq_len > 128  # the job's longest prompt + max_new_tokens
-    finally:
-        down = subprocess.run([EVERSTEP, "down"], env=env, capture_output=True, text=True, timeout=120)
-    assert down.returncode == 0, down.stderr
 
     # the weights changed
     (checkpoint,) = (tmp_path / "checkpoints").iterdir()
