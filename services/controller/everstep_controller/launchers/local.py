@@ -3,13 +3,16 @@
 Each runs in its own process group on free loopback ports, with its log under
 `<work_dir>/<job id>/`. They outlive a controller killed with SIGKILL, so the controller that
 takes the job over re-attaches to them (checked by PID and process start time); a controller
-that shuts down cleanly stops them (`everstep down` leaves nothing behind).
+that shuts down cleanly stops them (`everstep down` leaves nothing behind): `close` stops every worker this
+launcher started and did not stop, including those of a job whose start was still under way (which its job
+thread, left behind, would otherwise finish starting after the controller had stopped the workers it knew).
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import threading
 from pathlib import Path
 
 from everstep_controller.launchers.base import Launcher, ProcessHandle, WorkerRequest, Workers
@@ -39,6 +42,9 @@ class LocalLauncher(Launcher):
         self.work_dir, self.max_jobs = Path(work_dir), max_jobs
         self.threads_per_worker, self.ready_timeout_seconds, self.python = (
             threads_per_worker, ready_timeout_seconds, python)
+        self._lock = threading.Lock()
+        self._closed = False
+        self._started: dict[int, ManagedProcess] = {}  # pid -> every worker started here and not stopped
 
     def launch(self, request: WorkerRequest) -> Workers:
         for role, wanted in (("rollout", request.resources.rollout), ("trainer", request.resources.trainer)):
@@ -52,7 +58,8 @@ class LocalLauncher(Launcher):
         Those of `roles` are killed, not asked to stop: they failed, and a hung one would not stop."""
         handles = {p.name: _managed(p) for p in workers.processes}
         renew = {r for r in ROLES if r in roles or r not in handles or not is_alive(handles[r])}
-        killed = kill_processes([handles[r] for r in renew if r in handles])
+        killed = kill_processes(doomed := [handles[r] for r in renew if r in handles])
+        self._forget(doomed)
         if killed:
             log.info("job %s: killed %s to start anew", request.job_id, ", ".join(killed))
         started = {p.name: p for p in self._start(request, [r for r in ROLES if r in renew])}
@@ -70,14 +77,20 @@ class LocalLauncher(Launcher):
         try:
             for name in roles:
                 http_port, grpc_port = free_port(), free_port()
-                started.append(spawn(name, ["-m", f"everstep_{name}", "--host", "127.0.0.1", "--port", str(http_port),
-                                            "--grpc-port", str(grpc_port), *extra_args[name]],
-                                     logs / f"{name}.log", executable=self.python, http_port=http_port,
-                                     grpc_port=grpc_port, env=env))
+                with self._lock:
+                    if self._closed:
+                        raise RuntimeError(f"job {request.job_id}: the launcher is closed (the controller is "
+                                           "stopping); no worker started")
+                    process = spawn(name, ["-m", f"everstep_{name}", "--host", "127.0.0.1", "--port", str(http_port),
+                                           "--grpc-port", str(grpc_port), *extra_args[name]],
+                                    logs / f"{name}.log", executable=self.python, http_port=http_port,
+                                    grpc_port=grpc_port, env=env)
+                    self._started[process.pid] = process
+                started.append(process)
             for process in started:
                 wait_grpc_serving(process, self.ready_timeout_seconds)
         except BaseException:
-            stop_processes(started)
+            self._stop_processes(started)
             raise
         for process in started:
             log.info("job %s: %s pid %d (%s)", request.job_id, process.name, process.pid, process.grpc_address)
@@ -92,9 +105,28 @@ class LocalLauncher(Launcher):
         return bool(workers.processes) and all(is_alive(_managed(p)) for p in workers.processes)
 
     def stop(self, workers: Workers) -> None:
-        stopped = stop_processes([_managed(p) for p in workers.processes])
+        stopped = self._stop_processes([_managed(p) for p in workers.processes])
         if stopped:
             log.info("stopped %s (pids %s)", ", ".join(stopped), [p.pid for p in workers.processes])
+
+    def close(self) -> None:
+        """Stops every worker started here and not stopped since; no worker starts after it."""
+        with self._lock:
+            self._closed = True
+            left = list(self._started.values())
+        stopped = self._stop_processes(left)
+        if stopped:
+            log.info("closing: stopped %s (pids %s)", ", ".join(stopped), [p.pid for p in left])
+
+    def _stop_processes(self, processes: list[ManagedProcess]) -> list[str]:
+        stopped = stop_processes(processes)
+        self._forget(processes)
+        return stopped
+
+    def _forget(self, processes: list[ManagedProcess]) -> None:
+        with self._lock:
+            for process in processes:
+                self._started.pop(process.pid, None)
 
 
 def _managed(handle: ProcessHandle) -> ManagedProcess:
