@@ -25,6 +25,14 @@ one per step (`_Sequence.forced`): the history is never prefilled again. Only wh
 every slot is taken are paused sequences evicted (`num_tool_evictions`); they are prefilled again once their
 replies came. Tool tokens are marked in `output_tool_mask`, with log-prob 0 and version -1.
 
+Prompt sharing (`EngineConfig.share_prompt_prefill`, the RL case of G samples per prompt): fresh sequences (no
+output yet) admitted in the same step with the same prompt token ids are prefilled once. The first of them (the
+leader) is prefilled in a pass of its own before the decode pass, and its keys and values are copied into the
+other copies' slots (`Executor.move_slot`), with its routed experts for the prompt positions; then every copy
+decodes in its own row with its own sampling. A continued (carried-over, re-admitted or recomputed) sequence is
+never shared, nor are copies that arrive in different steps. All sequences of an engine run on the same weights
+(adapters are merged into them), so equal prompt ids mean equal keys and values.
+
 A prefilled sequence's last token is not prefilled: it is the input of the next decode step, so new,
 continued and recomputed sequences join the decode batch the same way. The engine is not thread safe;
 `EngineLoop` drives it from one thread.
@@ -136,6 +144,10 @@ class Engine:
         self.num_tool_evictions = 0
         self.num_prefilled_total = 0
         """Sequences prefilled since the start (admitted, re-admitted after an eviction, or recomputed)."""
+        self.num_prefill_tokens_total = 0
+        """Positions written by prefill passes since the start (every prefilled sequence's tokens but its last)."""
+        self.num_prefill_tokens_shared_total = 0
+        """Prompt positions not prefilled because a copy of the prompt was (`share_prompt_prefill`)."""
         self.last_step: StepStats | None = None
         log.info(
             "loaded %s (%s, %s executor, %d parameters, %s, quantization %s, weights %.1f MiB on %s); "
@@ -331,17 +343,29 @@ class Engine:
         finished += self._take_tool_replies()
         self._evict_paused_for_queued()
         to_prefill, self._needs_prefill = self._needs_prefill, []
+        admitted = []
         while self._queue and self._free_slots.num_free:
             seq = self._queue.popleft()
             seq.slot = self._free_slots.allocate()
             self._slots[seq.slot] = seq
-            to_prefill.append(seq)
+            admitted.append(seq)
+        to_prefill += admitted
         self._compact_slots()
         self.num_prefilled_total += len(to_prefill)
         running = [s for s in self._slots if s is not None]
         if not to_prefill and all(s.paused for s in running):
             self._wait_for_tools()  # nothing to decode until a tool replies
             running = []
+        sharers = self._shared_prompts(admitted) if self.config.share_prompt_prefill else {}
+        followers = {f for group in sharers.values() for f in group}
+        to_prefill = [s for s in to_prefill if s not in followers]
+        num_prefill_tokens = sum(max(0, len(s.token_ids) - 1) for s in to_prefill)
+        num_shared_tokens = sum(len(f.token_ids) - 1 for f in followers)
+        self.num_prefill_tokens_total += num_prefill_tokens
+        self.num_prefill_tokens_shared_total += num_shared_tokens
+        if sharers:
+            self._prefill_and_share(sharers)
+            to_prefill = [s for s in to_prefill if s not in sharers]
         fused = self._prefill_all_but_last_chunk(to_prefill)
         decode_start = time.perf_counter()
         reasons: collections.Counter[FinishReason] = collections.Counter(r.finish_reason for r in finished)
@@ -358,6 +382,7 @@ class Engine:
             num_decoded=num_decoded, num_prefilled=len(to_prefill), decode_seconds=end - decode_start,
             step_seconds=end - start, finished=dict(reasons),
             num_paused=sum(1 for s in self._live.values() if s.paused), num_tool_evictions=self.num_tool_evictions,
+            num_prefill_tokens=num_prefill_tokens, num_prefill_tokens_shared=num_shared_tokens,
         )
         return finished
 
@@ -434,10 +459,41 @@ class Engine:
             self._free_slots.release(high)
             seq.slot = low
 
+    @staticmethod
+    def _shared_prompts(admitted: list[_Sequence]) -> dict[_Sequence, list[_Sequence]]:
+        """Fresh sequences (no output) with equal prompts, admitted together: leader -> the other copies. Prompts of
+        one token have nothing to prefill."""
+        groups: dict[tuple[int, ...], list[_Sequence]] = {}
+        for s in admitted:
+            if not s.output_ids and len(s.token_ids) > 1:
+                groups.setdefault(tuple(s.token_ids), []).append(s)
+        return {g[0]: g[1:] for g in groups.values() if len(g) > 1}
+
+    def _prefill_and_share(self, sharers: dict[_Sequence, list[_Sequence]]) -> None:
+        """Prefill the leaders in passes of their own (their keys and values must be in the cache before the decode
+        pass, where the copies attend to them), then copy them, and their routes, to the other copies' slots."""
+        for chunk in self._chunks(list(sharers)):
+            self.executor.forward(ForwardBatch(prefill_rows=[s.token_ids[:-1] for s in chunk],
+                                               prefill_slots=[s.slot for s in chunk]))
+            self._record_routes(chunk, [], sharers)
+        for leader, followers in sharers.items():
+            for f in followers:
+                self.executor.move_slot(leader.slot, f.slot, len(leader.token_ids) - 1)
+
     def _prefill_all_but_last_chunk(self, sequences: list[_Sequence]) -> list[_Sequence]:
         """Prefill in chunks of at most prefill_max_tokens padded tokens; returns the last chunk, which the
         decode pass prefills itself (a sequence's last token is its decode input, so a one-token sequence
         needs no prefill)."""
+        chunks = self._chunks(sequences)
+        for chunk in chunks[:-1]:
+            self.executor.forward(ForwardBatch(prefill_rows=[s.token_ids[:-1] for s in chunk],
+                                            prefill_slots=[s.slot for s in chunk]))
+            self._record_routes(chunk, [])
+        return chunks[-1] if chunks else []
+
+    def _chunks(self, sequences: list[_Sequence]) -> list[list[_Sequence]]:
+        """The sequences to prefill (all but one-token ones) in chunks of at most prefill_max_tokens padded
+        tokens, shortest first."""
         rows = sorted((s for s in sequences if len(s.token_ids) > 1), key=lambda s: len(s.token_ids))
         budget = self.config.prefill_max_tokens
         chunks = []
@@ -448,18 +504,16 @@ class Engine:
                 n += 1
             chunks.append(rows[:n])
             rows = rows[n:]
-        for chunk in chunks[:-1]:
-            self.executor.forward(ForwardBatch(prefill_rows=[s.token_ids[:-1] for s in chunk],
-                                            prefill_slots=[s.slot for s in chunk]))
-            self._record_routes(chunk, [])
-        return chunks[-1] if chunks else []
+        return chunks
 
-    def _record_routes(self, prefill: list[_Sequence], decode: list[_Sequence]) -> None:
+    def _record_routes(self, prefill: list[_Sequence], decode: list[_Sequence],
+                       sharers: Mapping[_Sequence, list[_Sequence]] | None = None) -> None:
         """Hand the last forward pass's routes to the sequences that record them: prefill row j is `prefill[j]`
-        (positions 0..len-2), each decoded sequence's row is its slot (its input token's position). Rows of free
-        slots and of sequences that do not ask are skipped; one device-to-host copy per pass, and none when no
-        sequence needs a position it lacks."""
-        wanted = [(j, s) for j, s in enumerate(prefill)
+        (positions 0..len-2) and the copies of its prompt in `sharers`, each decoded sequence's row is its slot (its
+        input token's position). Rows of free slots and of sequences that do not ask are skipped; one
+        device-to-host copy per pass, and none when no sequence needs a position it lacks."""
+        sharers = sharers or {}
+        wanted = [(j, s) for j, leader in enumerate(prefill) for s in (leader, *sharers.get(leader, ()))
                   if s.routes is not None and s.routes.length < len(s.token_ids) - 1]
         decoded = [s for s in decode if s.routes is not None and s.routes.length < len(s.token_ids)]
         if not wanted and not decoded:
