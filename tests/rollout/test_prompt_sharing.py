@@ -37,9 +37,10 @@ def workload(sampling: Callable[[int], SamplingOptions]) -> list[GenerationReque
 ExecutorName = Literal["auto", "native", "transformers"]
 
 
-def engine(model_dir: Path, *, share: bool, max_running: int = 16, executor: ExecutorName = "auto") -> Engine:
+def engine(model_dir: Path, *, share: bool, max_running: int = 16, executor: ExecutorName = "auto",
+           prefill_max_tokens: int = 8192) -> Engine:
     return Engine(model_dir, EngineConfig(max_running=max_running, max_seq_len=64, seed=3, share_prompt_prefill=share,
-                                          executor=executor))
+                                          executor=executor, prefill_max_tokens=prefill_max_tokens))
 
 
 def run(eng: Engine, requests: list[GenerationRequest]) -> dict[str, SequenceResult]:
@@ -65,20 +66,22 @@ def assert_same_results(shared: dict[str, SequenceResult], alone: dict[str, Sequ
 
 
 @pytest.mark.parametrize("architecture", ARCHITECTURES)
-@pytest.mark.parametrize("max_running", [16, 3], ids=["all-at-once", "3-slots"])
-def test_shared_prefill_equals_separate_prefills(architecture: str, max_running: int,
+@pytest.mark.parametrize(("max_running", "prefill_max_tokens"), [(16, 8192), (3, 8192), (16, 12)],
+                         ids=["all-at-once", "3-slots", "chunked-prefill"])
+def test_shared_prefill_equals_separate_prefills(architecture: str, max_running: int, prefill_max_tokens: int,
                                                  tiny_model_dirs: Callable[[str], Path]) -> None:
     """Seeded samples at T = 1 (and greedy): the same tokens and log-probs with sharing on and off; for Qwen3-MoE the
     same routed experts, the prompt's the same for every copy. With 3 slots, copies join as others finish: only
-    copies admitted in the same step share."""
+    copies admitted in the same step share. With a prefill budget of 12 tokens, the leaders are prefilled in passes
+    before the decode pass (one row each), whose keys and values reach the copies' slots there."""
     model_dir = tiny_model_dirs(architecture)
     routed = architecture == "qwen3_moe"
 
     def sampling(i: int) -> SamplingOptions:
         return SamplingOptions(temperature=1.0, max_new_tokens=12, seed=100 + i, return_routed_experts=routed)
 
-    on, off = engine(model_dir, share=True, max_running=max_running), engine(model_dir, share=False,
-                                                                             max_running=max_running)
+    on = engine(model_dir, share=True, max_running=max_running, prefill_max_tokens=prefill_max_tokens)
+    off = engine(model_dir, share=False, max_running=max_running, prefill_max_tokens=prefill_max_tokens)
     shared, alone = run(on, workload(sampling)), run(off, workload(sampling))
     assert_same_results(shared, alone)
     assert off.num_prefill_tokens_shared_total == 0

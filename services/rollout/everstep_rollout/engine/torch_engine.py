@@ -27,9 +27,10 @@ replies came. Tool tokens are marked in `output_tool_mask`, with log-prob 0 and 
 
 Prompt sharing (`EngineConfig.share_prompt_prefill`, the RL case of G samples per prompt): fresh sequences (no
 output yet) admitted in the same step with the same prompt token ids are prefilled once. The first of them (the
-leader) is prefilled in a pass of its own before the decode pass, and its keys and values are copied into the
-other copies' slots (`Executor.move_slot`), with its routed experts for the prompt positions; then every copy
-decodes in its own row with its own sampling. A continued (carried-over, re-admitted or recomputed) sequence is
+leader) is prefilled as any sequence is (in the decode pass, or a prefill pass before it), and the executor writes
+its keys and values into the other copies' slots too (`ForwardBatch.prefill_copies`), before any decode row
+attends; its routed experts for the prompt positions go to every copy that records them. Every copy then decodes
+in its own row with its own sampling. A continued (carried-over, re-admitted or recomputed) sequence is
 never shared, nor are copies that arrive in different steps. All sequences of an engine run on the same weights
 (adapters are merged into them), so equal prompt ids mean equal keys and values.
 
@@ -363,14 +364,11 @@ class Engine:
         num_shared_tokens = sum(len(f.token_ids) - 1 for f in followers)
         self.num_prefill_tokens_total += num_prefill_tokens
         self.num_prefill_tokens_shared_total += num_shared_tokens
-        if sharers:
-            self._prefill_and_share(sharers)
-            to_prefill = [s for s in to_prefill if s not in sharers]
-        fused = self._prefill_all_but_last_chunk(to_prefill)
+        fused = self._prefill_all_but_last_chunk(to_prefill, sharers)
         decode_start = time.perf_counter()
         reasons: collections.Counter[FinishReason] = collections.Counter(r.finish_reason for r in finished)
         if running:
-            for seq, reason in self._decode(running, fused):
+            for seq, reason in self._decode(running, fused, sharers):
                 if reason is not None:
                     self._remove(seq)
                     finished.append(self._result(seq, reason))
@@ -469,26 +467,26 @@ class Engine:
                 groups.setdefault(tuple(s.token_ids), []).append(s)
         return {g[0]: g[1:] for g in groups.values() if len(g) > 1}
 
-    def _prefill_and_share(self, sharers: dict[_Sequence, list[_Sequence]]) -> None:
-        """Prefill the leaders in passes of their own (their keys and values must be in the cache before the decode
-        pass, where the copies attend to them), then copy them, and their routes, to the other copies' slots."""
-        for chunk in self._chunks(list(sharers)):
-            self.executor.forward(ForwardBatch(prefill_rows=[s.token_ids[:-1] for s in chunk],
-                                               prefill_slots=[s.slot for s in chunk]))
-            self._record_routes(chunk, [], sharers)
-        for leader, followers in sharers.items():
-            for f in followers:
-                self.executor.move_slot(leader.slot, f.slot, len(leader.token_ids) - 1)
+    @staticmethod
+    def _forward_batch(prefill: list[_Sequence], sharers: Mapping[_Sequence, list[_Sequence]], *,
+                       decode_tokens: list[int] | None = None,
+                       decode_positions: list[int] | None = None) -> ForwardBatch:
+        """These prefill rows (each sequence's tokens but its last, its slot, its prompt copies' slots) and decode
+        rows."""
+        copies = [[f.slot for f in sharers.get(s, ())] for s in prefill] if sharers else []
+        return ForwardBatch(decode_tokens=decode_tokens or [], decode_positions=decode_positions or [],
+                            prefill_rows=[s.token_ids[:-1] for s in prefill], prefill_slots=[s.slot for s in prefill],
+                            prefill_copies=copies)
 
-    def _prefill_all_but_last_chunk(self, sequences: list[_Sequence]) -> list[_Sequence]:
+    def _prefill_all_but_last_chunk(self, sequences: list[_Sequence],
+                                    sharers: Mapping[_Sequence, list[_Sequence]]) -> list[_Sequence]:
         """Prefill in chunks of at most prefill_max_tokens padded tokens; returns the last chunk, which the
         decode pass prefills itself (a sequence's last token is its decode input, so a one-token sequence
-        needs no prefill)."""
+        needs no prefill). `sharers`: leader -> the copies of its prompt, whose slots get its keys and values."""
         chunks = self._chunks(sequences)
         for chunk in chunks[:-1]:
-            self.executor.forward(ForwardBatch(prefill_rows=[s.token_ids[:-1] for s in chunk],
-                                            prefill_slots=[s.slot for s in chunk]))
-            self._record_routes(chunk, [])
+            self.executor.forward(self._forward_batch(chunk, sharers))
+            self._record_routes(chunk, [], sharers)
         return chunks[-1] if chunks else []
 
     def _chunks(self, sequences: list[_Sequence]) -> list[list[_Sequence]]:
@@ -529,7 +527,8 @@ class Engine:
             assert s.routes is not None
             s.routes.record(len(s.token_ids) - 1, ids[s.slot : s.slot + 1])
 
-    def _decode(self, running: list[_Sequence], prefill: list[_Sequence]) -> list[
+    def _decode(self, running: list[_Sequence], prefill: list[_Sequence],
+                sharers: Mapping[_Sequence, list[_Sequence]]) -> list[
         tuple[_Sequence, FinishReason | None]
     ]:
         num_rows = max(s.slot for s in running) + 1
@@ -544,11 +543,9 @@ class Engine:
             # a row whose token is dropped (paused) or given (a tool reply) draws nothing from the sequence's own
             # generator: a seeded trajectory samples the same tokens however long its tools take
             generators[slot] = None if s.paused or s.forced else s.generator
-        logits = self.executor.forward(ForwardBatch(
-            decode_tokens=tokens, decode_positions=positions,
-            prefill_rows=[s.token_ids[:-1] for s in prefill], prefill_slots=[s.slot for s in prefill],
-        ))
-        self._record_routes(prefill, running)
+        logits = self.executor.forward(self._forward_batch(prefill, sharers, decode_tokens=tokens,
+                                                           decode_positions=positions))
+        self._record_routes(prefill, running, sharers)
         params = SamplingBatch(temperature=temperature, top_p=top_p, top_k=top_k, generators=generators)
         sampled, logprobs = sample(logits, params, self._generator)
         sampled_ids, sampled_logprobs = sampled.tolist(), logprobs.tolist()
