@@ -59,6 +59,55 @@ def test_quantized_engines_run_side_by_side(tiny_model_dir: Path, tmp_path: Path
     assert figures["int8"]["weight_bytes"] < 0.5 * figures["none"]["weight_bytes"]
 
 
+def test_samples_per_prompt_and_prompt_sharing_side_by_side(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """G copies of each prompt on both sides; our engine once with prompt sharing and once without, in every repeat:
+    the shared run prefills each prompt once, the unshared one every copy."""
+    prompts = tmp_path / "prompts.jsonl"
+    words = ["0 + 1 =", "2 + 3 = 5 and", "4 + 5 ="]
+    prompts.write_text("".join(json.dumps({"prompt": w}) + "\n" for w in words))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    process = subprocess.run(
+        [sys.executable, "-m", "benchmarks.rollout_throughput", "--model", str(tiny_model_dir), "--prompts",
+         str(prompts), "--num-prompts", "8", "--samples-per-prompt", "3", "--max-new-tokens", "4", "--batch-size",
+         "8", "--max-running", "8", "--repeats", "1", "--prompt-sharing", "on,off", "--num-threads", "1"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
+    )
+    assert process.returncode == 0, process.stderr[-4000:]
+    report = json.loads(process.stdout.strip().splitlines()[-1])
+    assert (report["num_prompts"], report["samples_per_prompt"], report["num_distinct_prompts"]) == (8, 3, 3)
+    assert [(r["system"], r["prompt_sharing"]) for r in report["runs"]] == [("hf", False), ("ours", True),
+                                                                            ("ours", False)]
+    figures = report["prompt_sharing"]
+    assert figures["on"]["speed_ratio"] == 1.0 and figures["off"]["tokens_per_s"] > 0
+    # 8 sequences: the three prompts 3, 3 and 2 times (the last group cut to make 8); all admitted in one step.
+    from transformers import AutoTokenizer
+
+    lengths = [len(AutoTokenizer.from_pretrained(tiny_model_dir)(w).input_ids) - 1 for w in words]
+    assert figures["off"]["prefill_tokens"] == 3 * lengths[0] + 3 * lengths[1] + 2 * lengths[2]
+    assert figures["off"]["prefill_tokens_shared"] == 0
+    assert figures["on"]["prefill_tokens"] == sum(lengths)
+    assert figures["on"]["prefill_tokens_shared"] == 2 * lengths[0] + 2 * lengths[1] + lengths[2]
+
+
+def test_prompt_flags_are_checked() -> None:
+    code = """
+from benchmarks.rollout_throughput import parse_args, grouped
+args = parse_args([])
+print(args.samples_per_prompt, args.prompt_sharing)
+print(parse_args(["--prompt-sharing", "off,on"]).prompt_sharing, grouped(["x", "y"], 3, 2))
+"""
+    process = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                             capture_output=True, text=True, timeout=60)
+    assert process.returncode == 0, process.stderr[-4000:]
+    assert process.stdout.split("\n")[:2] == ["8 [True]", "[False, True] ['x', 'x', 'y']"]
+    for bad, message in ((["--prompt-sharing", "yes"], "--prompt-sharing"), (["--samples-per-prompt", "0"],
+                                                                           "--samples-per-prompt")):
+        process = subprocess.run([sys.executable, "-m", "benchmarks.rollout_throughput", *bad], cwd=REPO,
+                                 env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                                 timeout=60)
+        assert process.returncode == 2 and message in process.stderr
+
+
 def test_missing_model_says_how_to_build_it(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     process = subprocess.run(

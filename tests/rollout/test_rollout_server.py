@@ -156,7 +156,7 @@ def test_load_generate_drain_update_status(service_process, tiny_model_dir):
     assert "everstep_rollout_policy_version 7.0" in metrics
     assert 'everstep_rollout_finished_sequences_total{reason="aborted"}' in metrics
     for name in ("generated_tokens_total", "decode_step_seconds_bucket", "weight_update_seconds_count",
-                 "running_sequences", "queued_sequences"):
+                 "running_sequences", "queued_sequences", "prefill_tokens_total", "prefill_tokens_shared_total"):
         assert f"everstep_rollout_{name}" in metrics
     channel.close()
 

@@ -66,6 +66,12 @@ class EngineConfig:
     recompute_kv_on_update: bool = True
     """After update_weights, recompute the KV cache of running sequences with the new weights, so that
     every recorded log-prob is exactly that of the version it is tagged with."""
+    share_prompt_prefill: bool = True
+    """Torch engine only. Sequences with identical prompt token ids (G samples of one prompt) that are admitted in
+    the same step and have no output yet are prefilled once: one copy's prompt keys and values (and routed
+    experts) are copied into the others' KV cache slots, then each decodes and samples on its own. Log-probs and
+    routes equal those of separate prefills (within float tolerance). Continued (carried-over) sequences and copies
+    admitted in different steps are prefilled separately. False: every sequence prefills its own prompt."""
     mem_fraction_static: float = 0.0
     """sglang engine only: the fraction of the GPU's memory sglang takes for weights and KV cache
     (sglang's `mem_fraction_static`); 0: sglang's own default, which takes most of the GPU. Set it when a

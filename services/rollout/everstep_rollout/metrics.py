@@ -50,6 +50,12 @@ PAUSED_SEQUENCES = Gauge("everstep_rollout_paused_sequences",
                          "Sequences waiting for their tool calls, their KV cache kept.")
 TOOL_EVICTIONS = Counter("everstep_rollout_tool_evictions_total",
                          "Paused sequences that gave up their KV cache slot to a queued one (prefilled again later).")
+PREFILL_TOKENS = Counter("everstep_rollout_prefill_tokens_total",
+                         "Token positions prefilled (each prefilled sequence's tokens but its last, which its first "
+                         "decode step takes).")
+PREFILL_TOKENS_SHARED = Counter("everstep_rollout_prefill_tokens_shared_total",
+                                "Prompt token positions not prefilled because a copy of the same prompt admitted in "
+                                "the same step was (their keys and values copied).")
 _evictions_seen = 0
 
 
@@ -60,6 +66,8 @@ def observe_step(stats: StepStats) -> None:
         TOOL_EVICTIONS.inc(stats.num_tool_evictions - _evictions_seen)
     _evictions_seen = stats.num_tool_evictions
     GENERATED_TOKENS.inc(stats.num_decoded)
+    PREFILL_TOKENS.inc(stats.num_prefill_tokens)
+    PREFILL_TOKENS_SHARED.inc(stats.num_prefill_tokens_shared)
     if stats.num_decoded:
         DECODE_STEP_SECONDS.observe(stats.decode_seconds)
     for reason, count in stats.finished.items():

@@ -42,6 +42,12 @@ class StepStats:
     num_tool_evictions: int = 0
     """Paused sequences evicted so far for queued ones (prefilled again after their replies); a running total. The
     sglang engine: continuations whose history sglang's radix cache no longer held (prefilled again)."""
+    num_prefill_tokens: int = 0
+    """Positions this step's prefill passes wrote (each prefilled sequence's tokens but its last, which its decode
+    row takes); torch engine only."""
+    num_prefill_tokens_shared: int = 0
+    """Prompt positions not prefilled because a copy of the same prompt was (`share_prompt_prefill`); with it, the
+    count each would have been prefilled alone is num_prefill_tokens + num_prefill_tokens_shared."""
 
 
 class GenerationEngine(Protocol):

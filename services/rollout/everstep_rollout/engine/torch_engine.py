@@ -25,6 +25,15 @@ one per step (`_Sequence.forced`): the history is never prefilled again. Only wh
 every slot is taken are paused sequences evicted (`num_tool_evictions`); they are prefilled again once their
 replies came. Tool tokens are marked in `output_tool_mask`, with log-prob 0 and version -1.
 
+Prompt sharing (`EngineConfig.share_prompt_prefill`, the RL case of G samples per prompt): fresh sequences (no
+output yet) admitted in the same step with the same prompt token ids are prefilled once. The first of them (the
+leader) is prefilled as any sequence is (in the decode pass, or a prefill pass before it), and the executor writes
+its keys and values into the other copies' slots too (`ForwardBatch.prefill_copies`), before any decode row
+attends; its routed experts for the prompt positions go to every copy that records them. Every copy then decodes
+in its own row with its own sampling. A continued (carried-over, re-admitted or recomputed) sequence is
+never shared, nor are copies that arrive in different steps. All sequences of an engine run on the same weights
+(adapters are merged into them), so equal prompt ids mean equal keys and values.
+
 A prefilled sequence's last token is not prefilled: it is the input of the next decode step, so new,
 continued and recomputed sequences join the decode batch the same way. The engine is not thread safe;
 `EngineLoop` drives it from one thread.
@@ -136,6 +145,10 @@ class Engine:
         self.num_tool_evictions = 0
         self.num_prefilled_total = 0
         """Sequences prefilled since the start (admitted, re-admitted after an eviction, or recomputed)."""
+        self.num_prefill_tokens_total = 0
+        """Positions written by prefill passes since the start (every prefilled sequence's tokens but its last)."""
+        self.num_prefill_tokens_shared_total = 0
+        """Prompt positions not prefilled because a copy of the prompt was (`share_prompt_prefill`)."""
         self.last_step: StepStats | None = None
         log.info(
             "loaded %s (%s, %s executor, %d parameters, %s, quantization %s, weights %.1f MiB on %s); "
@@ -331,22 +344,31 @@ class Engine:
         finished += self._take_tool_replies()
         self._evict_paused_for_queued()
         to_prefill, self._needs_prefill = self._needs_prefill, []
+        admitted = []
         while self._queue and self._free_slots.num_free:
             seq = self._queue.popleft()
             seq.slot = self._free_slots.allocate()
             self._slots[seq.slot] = seq
-            to_prefill.append(seq)
+            admitted.append(seq)
+        to_prefill += admitted
         self._compact_slots()
         self.num_prefilled_total += len(to_prefill)
         running = [s for s in self._slots if s is not None]
         if not to_prefill and all(s.paused for s in running):
             self._wait_for_tools()  # nothing to decode until a tool replies
             running = []
-        fused = self._prefill_all_but_last_chunk(to_prefill)
+        sharers = self._shared_prompts(admitted) if self.config.share_prompt_prefill else {}
+        followers = {f for group in sharers.values() for f in group}
+        to_prefill = [s for s in to_prefill if s not in followers]
+        num_prefill_tokens = sum(max(0, len(s.token_ids) - 1) for s in to_prefill)
+        num_shared_tokens = sum(len(f.token_ids) - 1 for f in followers)
+        self.num_prefill_tokens_total += num_prefill_tokens
+        self.num_prefill_tokens_shared_total += num_shared_tokens
+        fused = self._prefill_all_but_last_chunk(to_prefill, sharers)
         decode_start = time.perf_counter()
         reasons: collections.Counter[FinishReason] = collections.Counter(r.finish_reason for r in finished)
         if running:
-            for seq, reason in self._decode(running, fused):
+            for seq, reason in self._decode(running, fused, sharers):
                 if reason is not None:
                     self._remove(seq)
                     finished.append(self._result(seq, reason))
@@ -358,6 +380,7 @@ class Engine:
             num_decoded=num_decoded, num_prefilled=len(to_prefill), decode_seconds=end - decode_start,
             step_seconds=end - start, finished=dict(reasons),
             num_paused=sum(1 for s in self._live.values() if s.paused), num_tool_evictions=self.num_tool_evictions,
+            num_prefill_tokens=num_prefill_tokens, num_prefill_tokens_shared=num_shared_tokens,
         )
         return finished
 
@@ -434,10 +457,41 @@ class Engine:
             self._free_slots.release(high)
             seq.slot = low
 
-    def _prefill_all_but_last_chunk(self, sequences: list[_Sequence]) -> list[_Sequence]:
+    @staticmethod
+    def _shared_prompts(admitted: list[_Sequence]) -> dict[_Sequence, list[_Sequence]]:
+        """Fresh sequences (no output) with equal prompts, admitted together: leader -> the other copies. Prompts of
+        one token have nothing to prefill."""
+        groups: dict[tuple[int, ...], list[_Sequence]] = {}
+        for s in admitted:
+            if not s.output_ids and len(s.token_ids) > 1:
+                groups.setdefault(tuple(s.token_ids), []).append(s)
+        return {g[0]: g[1:] for g in groups.values() if len(g) > 1}
+
+    @staticmethod
+    def _forward_batch(prefill: list[_Sequence], sharers: Mapping[_Sequence, list[_Sequence]], *,
+                       decode_tokens: list[int] | None = None,
+                       decode_positions: list[int] | None = None) -> ForwardBatch:
+        """These prefill rows (each sequence's tokens but its last, its slot, its prompt copies' slots) and decode
+        rows."""
+        copies = [[f.slot for f in sharers.get(s, ())] for s in prefill] if sharers else []
+        return ForwardBatch(decode_tokens=decode_tokens or [], decode_positions=decode_positions or [],
+                            prefill_rows=[s.token_ids[:-1] for s in prefill], prefill_slots=[s.slot for s in prefill],
+                            prefill_copies=copies)
+
+    def _prefill_all_but_last_chunk(self, sequences: list[_Sequence],
+                                    sharers: Mapping[_Sequence, list[_Sequence]]) -> list[_Sequence]:
         """Prefill in chunks of at most prefill_max_tokens padded tokens; returns the last chunk, which the
         decode pass prefills itself (a sequence's last token is its decode input, so a one-token sequence
-        needs no prefill)."""
+        needs no prefill). `sharers`: leader -> the copies of its prompt, whose slots get its keys and values."""
+        chunks = self._chunks(sequences)
+        for chunk in chunks[:-1]:
+            self.executor.forward(self._forward_batch(chunk, sharers))
+            self._record_routes(chunk, [], sharers)
+        return chunks[-1] if chunks else []
+
+    def _chunks(self, sequences: list[_Sequence]) -> list[list[_Sequence]]:
+        """The sequences to prefill (all but one-token ones) in chunks of at most prefill_max_tokens padded
+        tokens, shortest first."""
         rows = sorted((s for s in sequences if len(s.token_ids) > 1), key=lambda s: len(s.token_ids))
         budget = self.config.prefill_max_tokens
         chunks = []
@@ -448,18 +502,16 @@ class Engine:
                 n += 1
             chunks.append(rows[:n])
             rows = rows[n:]
-        for chunk in chunks[:-1]:
-            self.executor.forward(ForwardBatch(prefill_rows=[s.token_ids[:-1] for s in chunk],
-                                            prefill_slots=[s.slot for s in chunk]))
-            self._record_routes(chunk, [])
-        return chunks[-1] if chunks else []
+        return chunks
 
-    def _record_routes(self, prefill: list[_Sequence], decode: list[_Sequence]) -> None:
+    def _record_routes(self, prefill: list[_Sequence], decode: list[_Sequence],
+                       sharers: Mapping[_Sequence, list[_Sequence]] | None = None) -> None:
         """Hand the last forward pass's routes to the sequences that record them: prefill row j is `prefill[j]`
-        (positions 0..len-2), each decoded sequence's row is its slot (its input token's position). Rows of free
-        slots and of sequences that do not ask are skipped; one device-to-host copy per pass, and none when no
-        sequence needs a position it lacks."""
-        wanted = [(j, s) for j, s in enumerate(prefill)
+        (positions 0..len-2) and the copies of its prompt in `sharers`, each decoded sequence's row is its slot (its
+        input token's position). Rows of free slots and of sequences that do not ask are skipped; one
+        device-to-host copy per pass, and none when no sequence needs a position it lacks."""
+        sharers = sharers or {}
+        wanted = [(j, s) for j, leader in enumerate(prefill) for s in (leader, *sharers.get(leader, ()))
                   if s.routes is not None and s.routes.length < len(s.token_ids) - 1]
         decoded = [s for s in decode if s.routes is not None and s.routes.length < len(s.token_ids)]
         if not wanted and not decoded:
@@ -475,7 +527,8 @@ class Engine:
             assert s.routes is not None
             s.routes.record(len(s.token_ids) - 1, ids[s.slot : s.slot + 1])
 
-    def _decode(self, running: list[_Sequence], prefill: list[_Sequence]) -> list[
+    def _decode(self, running: list[_Sequence], prefill: list[_Sequence],
+                sharers: Mapping[_Sequence, list[_Sequence]]) -> list[
         tuple[_Sequence, FinishReason | None]
     ]:
         num_rows = max(s.slot for s in running) + 1
@@ -490,11 +543,9 @@ class Engine:
             # a row whose token is dropped (paused) or given (a tool reply) draws nothing from the sequence's own
             # generator: a seeded trajectory samples the same tokens however long its tools take
             generators[slot] = None if s.paused or s.forced else s.generator
-        logits = self.executor.forward(ForwardBatch(
-            decode_tokens=tokens, decode_positions=positions,
-            prefill_rows=[s.token_ids[:-1] for s in prefill], prefill_slots=[s.slot for s in prefill],
-        ))
-        self._record_routes(prefill, running)
+        logits = self.executor.forward(self._forward_batch(prefill, sharers, decode_tokens=tokens,
+                                                           decode_positions=positions))
+        self._record_routes(prefill, running, sharers)
         params = SamplingBatch(temperature=temperature, top_p=top_p, top_k=top_k, generators=generators)
         sampled, logprobs = sample(logits, params, self._generator)
         sampled_ids, sampled_logprobs = sampled.tolist(), logprobs.tolist()

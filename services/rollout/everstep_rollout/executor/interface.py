@@ -25,12 +25,21 @@ class ForwardBatch:
     Prefill rows: `prefill_rows[j]` (positions 0..len-1) is written to slot `prefill_slots[j]`. A
     sequence may be prefilled and decoded in the same batch (its last token is the decode row): the
     prefill keys are in the cache before any decode row attends.
+    Prefill copies: `prefill_copies[j]` (empty, or one list per prefill row) are further slots that receive prefill
+    row j's keys and values too (copies of the same prompt, `EngineConfig.share_prompt_prefill`), also before any
+    decode row attends.
     """
 
     decode_tokens: list[int] = field(default_factory=list)
     decode_positions: list[int] = field(default_factory=list)
     prefill_rows: list[list[int]] = field(default_factory=list)
     prefill_slots: list[int] = field(default_factory=list)
+    prefill_copies: list[list[int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.prefill_copies and len(self.prefill_copies) != len(self.prefill_rows):
+            raise ValueError(f"prefill_copies: {len(self.prefill_copies)} lists for {len(self.prefill_rows)} "
+                             "prefill rows (give one per row, or none)")
 
 
 @dataclass(frozen=True, kw_only=True)

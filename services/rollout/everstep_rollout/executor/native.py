@@ -552,6 +552,20 @@ class LlamaExecutor:
         token_t, position_t, slot_t = (long_tensor(v, device) for v in (tokens, positions, slots))
         # Keys and values of row n go to rows write_index[n, kind, head] of the layer's flat storage.
         write_index = ((slot_t * self._slot_stride + position_t)[:, None, None] + self._kv_base).view(-1)
+        copy_source = None
+        if any(batch.prefill_copies):
+            # Shared prompts: a prefill row's keys and values go to its copies' slots too, in the same index_copy_.
+            copy_rows, copy_slots, copy_positions = [], [], []
+            for j, extra in enumerate(batch.prefill_copies):
+                n, base = len(batch.prefill_rows[j]), num_decode + j * length
+                for slot in extra:
+                    copy_rows += range(base, base + n)
+                    copy_slots += [slot] * n
+                    copy_positions += range(n)
+            rows_t, cslot_t, cpos_t = (long_tensor(v, device) for v in (copy_rows, copy_slots, copy_positions))
+            write_index = torch.cat((write_index, ((cslot_t * self._slot_stride + cpos_t)[:, None, None]
+                                                   + self._kv_base).view(-1)))
+            copy_source = (rows_t[:, None] * (2 * nkv) + torch.arange(2 * nkv, device=device)).view(-1)
         all_heads = nh + nkv
         cos = torch.cat((self._cos[position_t][:, None].expand(num_rows, all_heads, d),
                          self._v_cos.expand(num_rows, nkv, d)), dim=1)
@@ -579,7 +593,10 @@ class LlamaExecutor:
                                  _rms_norm(qkv[:, nh : nh + nkv], layer.k_norm, s.rms_norm_eps),
                                  qkv[:, nh + nkv :]), dim=1)
             qkv = torch.addcmul(qkv * cos, qkv.roll(d // 2, dims=-1), sin)
-            self._layer_rows[li].index_copy_(0, write_index, qkv[:, nh:].reshape(-1, d))
+            kv = qkv[:, nh:].reshape(-1, d)
+            if copy_source is not None:
+                kv = torch.cat((kv, kv.index_select(0, copy_source)))
+            self._layer_rows[li].index_copy_(0, write_index, kv)
             if li == last:
                 if not num_decode:
                     return None  # prefill only: the last layer's keys and values were all that was needed

@@ -229,6 +229,10 @@ class TransformersExecutor:
     def forward(self, batch: ForwardBatch) -> torch.Tensor | None:
         if batch.prefill_rows:
             self._prefill(batch.prefill_rows, batch.prefill_slots)
+            if batch.prefill_copies:  # shared prompts: the row's keys and values into its copies' slots
+                for row, slot, extra in zip(batch.prefill_rows, batch.prefill_slots, batch.prefill_copies, strict=True):
+                    for copy in extra:
+                        self.move_slot(slot, copy, len(row))
         if not batch.decode_tokens:
             return None
         device = self._device
