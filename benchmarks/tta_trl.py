@@ -68,12 +68,13 @@ class MathReward:
         self.num_calls = 0
         self.num_unscored = 0
 
-    def __call__(self, prompts: list[str], completions: list[str], completion_ids: list[list[int]],
+    def __call__(self, prompts: list[Any], completions: list[Any], completion_ids: list[list[int]],
                  row_index: list[int], **_: Any) -> list[float]:
         self.num_calls += 1
         by_id = {f"trl-{self.num_calls}-{i}": self.rows[r] for i, r in enumerate(row_index)}
-        items = [self.builder(item_id, row, common_pb2.Sequence(output_text=text, output_ids=ids))
-                 for (item_id, row), text, ids in zip(by_id.items(), completions, completion_ids, strict=True)]
+        items = [self.builder(item_id, row, common_pb2.Sequence(output_text=completion_text(completion),
+                                                                 output_ids=ids))
+                 for (item_id, row), completion, ids in zip(by_id.items(), completions, completion_ids, strict=True)]
         scored = scored_results(self.client.score(items), by_id)
         self.num_unscored += len(by_id) - len(scored)
         # an unscorable completion (a verifier timeout) gets 0: TRL has no way to leave it out of its group
@@ -117,18 +118,75 @@ def _generate(model: Any, tokenizer: Any, rows: list[PromptRow], config: TtaConf
     attention = torch.tensor([[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in rows])
     options: dict[str, Any] = ({"do_sample": True, "temperature": config.temperature, "top_k": 0, "top_p": 1.0}
                                if sample else {"do_sample": False})
+    eos = stop_token_ids(model, tokenizer)
     generated = model.generate(input_ids=input_ids, attention_mask=attention, max_new_tokens=config.max_new_tokens,
-                               pad_token_id=pad, eos_token_id=tokenizer.eos_token_id, **options)
+                               pad_token_id=pad, eos_token_id=eos, **options)
     sequences = []
     for ids in generated[:, width:].tolist():
-        if tokenizer.eos_token_id in ids:
-            ids = ids[: ids.index(tokenizer.eos_token_id) + 1]
+        end = next((i for i, token in enumerate(ids) if token in eos), None)
+        if end is not None:
+            ids = ids[: end + 1]
         text = tokenizer.decode(ids, skip_special_tokens=True)
         sequences.append(common_pb2.Sequence(output_text=text, output_ids=ids))
     return sequences
 
 
-def _train_dataset(rows: list[PromptRow], tokenizer: Any) -> Any:
+def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
+    """The ids that end a response: the model's generation_config's (SmolLM2: <|im_end|> and <|endoftext|>, as
+    everstep's engine stops), else the tokenizer's eos."""
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    return [eos] if isinstance(eos, int) else list(eos)
+
+
+def completion_text(completion: Any) -> str:
+    """A completion's text: TRL hands a string for a plain prompt, [{"role": "assistant", "content": ...}] for a
+    conversational one."""
+    if isinstance(completion, str):
+        return completion
+    return "".join(str(m.get("content") or "") for m in completion if m.get("role", "assistant") == "assistant")
+
+
+def conversation(row: PromptRow, system: str | None) -> list[dict[str, str]]:
+    """The row's prompt as chat messages, as everstep renders it: its messages (or its string as one user message),
+    after the job's `prompt.system` unless the row has a system message of its own."""
+    messages = [{"role": m.role, "content": m.content} for m in row.messages] or [{"role": "user",
+                                                                                    "content": row.prompt}]
+    if system is not None and not any(m["role"] == "system" for m in messages):
+        messages = [{"role": "system", "content": system}, *messages]
+    return messages
+
+
+def _chat_ids(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[int, ...] | None:
+    if getattr(tokenizer, "chat_template", None) is None:
+        return None
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+    return tuple(ids["input_ids"])
+
+
+def trl_prompts(rows: list[PromptRow], tokenizer: Any, system: str | None) -> list[Any]:
+    """Each row's prompt as TRL takes it, chosen so that TRL's tokenization gives everstep's prompt ids exactly:
+    chat messages (TRL renders them with `apply_chat_template(add_generation_prompt=True)`) when everstep
+    rendered the chat template, the string (TRL calls the tokenizer on it) when it tokenized the raw prompt.
+    ValueError naming the row when neither matches: the arms would not see the same prompts."""
+    prompts: list[Any] = []
+    for row in rows:
+        messages = conversation(row, system)
+        if _chat_ids(tokenizer, messages) == row.prompt_ids:
+            prompts.append(messages)
+        elif not row.messages and tuple(tokenizer(row.prompt)["input_ids"]) == row.prompt_ids:
+            prompts.append(row.prompt)
+        else:
+            raise ValueError(f"row {row.index}: neither TRL's chat rendering nor its tokenizer call gives everstep's "
+                             f"prompt ids {list(row.prompt_ids)}; the arms would not see the same prompts")
+    kinds = {isinstance(p, str) for p in prompts}
+    if len(kinds) > 1:
+        raise ValueError("the rows mix chat and raw prompts; TRL takes one kind per dataset")
+    return prompts
+
+
+def _train_dataset(rows: list[PromptRow], tokenizer: Any, system: str | None) -> Any:
     """The training rows as a `datasets.Dataset`, built column-wise with an explicit fingerprint.
 
     `Dataset.from_dict` never pickles the rows to fingerprint them, and with caching off no transform
@@ -138,13 +196,8 @@ def _train_dataset(rows: list[PromptRow], tokenizer: Any) -> Any:
     import datasets
 
     datasets.disable_caching()
-    check = rows[:256]
-    ids = tokenizer([r.prompt for r in check])["input_ids"]
-    for row, row_ids in zip(check, ids, strict=True):
-        if tuple(row_ids) != row.prompt_ids:
-            raise ValueError(f"row {row.index}: TRL would tokenize the prompt as {row_ids}, everstep as "
-                             f"{list(row.prompt_ids)}; the arms would not see the same prompts")
-    return datasets.Dataset.from_dict({"prompt": [r.prompt for r in rows], "row_index": [r.index for r in rows]})
+    return datasets.Dataset.from_dict({"prompt": trl_prompts(rows, tokenizer, system),
+                                       "row_index": [r.index for r in rows]})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -301,7 +354,7 @@ def run_trl_arm(config: TtaConfig, arm: Arm, spec: JobSpec, reward_address: str)
 
             peft_config = LoraConfig(**peft_kwargs)
         trainer = EverstepScheduleTrainer(model=model, reward_funcs=reward_function, args=args,
-                                          train_dataset=_train_dataset(data.train.rows, tokenizer),
+                                          train_dataset=_train_dataset(data.train.rows, tokenizer, spec.prompt.system),
                                           processing_class=tokenizer, callbacks=[Evaluations()],
                                           peft_config=peft_config)
         policy["model"] = trainer.model

@@ -372,3 +372,37 @@ def test_lora_arms_side_by_side_at_tiny_size(tmp_path: Path) -> None:
     assert [p["step"] for p in runs["trl-lora"]["curve"]] == [0, 1, 2]
     lines = (tmp_path / "runs.jsonl").read_text().splitlines()
     assert len(lines) == 3 and {json.loads(line)["run"]["arm"] for line in lines[1:]} == set(runs)
+
+
+def test_trl_gets_each_prompt_in_the_form_that_gives_everstep_ids(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(REPO))
+    trl = importlib.import_module("benchmarks.tta_trl")
+    dataset = importlib.import_module("everstep_controller.data.dataset")
+    chat = importlib.import_module("everstep_controller.data.chat_template")
+
+    class Tokenizer:  # ids: one per character; the chat template wraps "<role>content" and ends with "A"
+        chat_template = "t"
+
+        def __call__(self, text: str) -> dict:
+            return {"input_ids": [ord(c) for c in text]}
+
+        def apply_chat_template(self, messages, add_generation_prompt, tokenize, return_dict):
+            assert add_generation_prompt and tokenize and return_dict
+            return {"input_ids": [ord(c) for m in messages for c in f"<{m['role']}>{m['content']}"] + [ord("A")]}
+
+    tokenizer = Tokenizer()
+    ids = lambda text: tuple(ord(c) for c in text)  # noqa: E731
+    messages = (chat.ChatMessage(role="user", content="2+2?"),)
+    chat_row = dataset.PromptRow(index=0, prompt="2+2?", answer="4", prompt_ids=ids("<user>2+2?A"), messages=messages)
+    assert trl.trl_prompts([chat_row], tokenizer, None) == [[{"role": "user", "content": "2+2?"}]]
+    system_row = dataset.PromptRow(index=1, prompt="2+2?", answer="4", prompt_ids=ids("<system>S<user>2+2?A"))
+    assert trl.trl_prompts([system_row], tokenizer, "S") == [[{"role": "system", "content": "S"},
+                                                               {"role": "user", "content": "2+2?"}]]
+    raw_row = dataset.PromptRow(index=2, prompt="2+2=", answer="4", prompt_ids=ids("2+2="))
+    assert trl.trl_prompts([raw_row], tokenizer, None) == ["2+2="]
+    with pytest.raises(ValueError, match="mix"):
+        trl.trl_prompts([chat_row, raw_row], tokenizer, None)
+    other = dataset.PromptRow(index=3, prompt="2+2=", answer="4", prompt_ids=ids("2+2= "))
+    with pytest.raises(ValueError, match="row 3: .*not see the same prompts"):
+        trl.trl_prompts([other], tokenizer, None)
+    assert trl.completion_text([{"role": "assistant", "content": "4"}]) == "4" and trl.completion_text("4") == "4"
