@@ -143,6 +143,16 @@ def seconds_to_target(run: ArmRun, target: float) -> float | None:
     return next((p.seconds for p in run.curve if p.accuracy is not None and p.accuracy >= target - 1e-9), None)
 
 
+def speedup(theirs: float | None, mine: float | None) -> float | None:
+    """Their seconds to a target over mine; None when either did not reach it, or when I reached it before
+    training (0 s) and they did not. Both at 0 s: 1."""
+    if theirs is None or mine is None:
+        return None
+    if mine == 0:
+        return 1.0 if theirs == 0 else None
+    return round(theirs / mine, 3)
+
+
 def _median(values: list[float | None]) -> float | None:
     known = [v for v in values if v is not None]
     return round(statistics.median(known), 4) if known else None
@@ -184,7 +194,7 @@ def summarize(config: TtaConfig, runs: list[ArmRun], target: float | None) -> di
     trl_seconds = {arm.value: arms[arm.value]["seconds_to_target"] for arm in trl_arms}
     for values in arms.values():
         mine = values["seconds_to_target"]
-        values["speedup_vs"] = {name: round(theirs / mine, 3) if theirs and mine else None
+        values["speedup_vs"] = {name: speedup(theirs, mine)
                                 for name, theirs in trl_seconds.items()}
         values["speedup_vs_trl"] = values["speedup_vs"].get(Arm.trl.value)
     return {"target_accuracy": target, "target_source": target_source, "arms": arms,
@@ -203,7 +213,7 @@ def milestones(by_arm: dict[Arm, list[ArmRun]], reference: Arm) -> list[dict[str
         seconds = {arm.value: _median([seconds_to_target(r, best) for r in runs]) for arm, runs in by_arm.items()}
         mine = seconds[reference.value]
         rows.append({"accuracy": best, "reference_step": point.step, "seconds": seconds,
-                     f"speedup_vs_{reference.value}": {arm: round(mine / s, 3) if mine and s else None
+                     f"speedup_vs_{reference.value}": {arm: speedup(mine, s)
                                                        for arm, s in seconds.items()}})
     return rows
 

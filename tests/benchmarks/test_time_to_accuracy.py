@@ -74,6 +74,9 @@ def test_summary_gives_seconds_to_target_and_speedup_against_trl(tta: ModuleType
     assert first["seconds"] == {"trl": 85, "c3po": 15}  # trl: 50 and 120; c3po: 10 and 20
     assert first["speedup_vs_trl"] == {"trl": 1.0, "c3po": round(85 / 15, 3)}
     assert second["seconds"]["c3po"] == 25
+    # an arm whose step-0 evaluation already reached the target (0 s): equal to itself, no ratio against others
+    assert (tta.speedup(0.0, 0.0), tta.speedup(10.0, 0.0), tta.speedup(0.0, 5.0), tta.speedup(10.0, 4.0)) == (
+        1.0, None, 0.0, 2.5)
 
 
 def test_a_saved_result_is_summarized_again(tta: ModuleType, tmp_path: Path) -> None:
