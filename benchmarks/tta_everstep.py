@@ -16,11 +16,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.tta_config import Arm, ArmRun, CurvePoint, TtaConfig, job_spec
+from benchmarks.tta_config import Arm, ArmRun, CurvePoint, TtaConfig, job_spec, lr_schedule_of
 from everstep_cli.follow import TERMINAL
 from everstep_cli.local_stack import LocalStack, StackState, free_port
 from everstep_cli.rest_client import ControllerClient
+from everstep_controller.spec.job_spec import JobSpec
 from everstep_controller.store.step_metrics import Evaluation, StepMetrics
+
+EVERSTEP_SCHEDULE = ("everstep trainer: learning_rate_at(train step, warmup_steps, total_steps = the job's steps) "
+                     "(services/trainer/everstep_trainer/optim.py), set once per step before its num_minibatches "
+                     "x ppo_epochs optimizer steps (policy_trainer.train_step)")
 
 
 def start_stack(root: Path, config: TtaConfig) -> tuple[LocalStack, StackState]:
@@ -34,7 +39,8 @@ def run_everstep_arm(state: StackState, config: TtaConfig, arm: Arm, root: Path)
     client = ControllerClient(state.controller_url)
     try:
         started = time.monotonic()
-        job_id = client.submit(job_spec(config, arm, root / "checkpoints"))["id"]
+        spec = job_spec(config, arm, root / "checkpoints")
+        job_id = client.submit(spec)["id"]
         step_seen: dict[int, float] = {}
         eval_seen: dict[int, float] = {}
         while True:
@@ -63,7 +69,10 @@ def run_everstep_arm(state: StackState, config: TtaConfig, arm: Arm, root: Path)
     print(f"  {arm.value}: {last} steps, {train_seconds:.1f} s of training, final avg@{config.eval_samples} "
           f"{curve[-1].accuracy}, greedy {curve[-1].greedy_accuracy}", file=sys.stderr, flush=True)
     return ArmRun(arm=arm, curve=curve, train_seconds=round(train_seconds, 2), total_seconds=round(total_seconds, 2),
-                  eval_seconds=round(eval_seconds, 2), details={"job_id": job_id, **_step_details(history)})
+                  eval_seconds=round(eval_seconds, 2), details={"job_id": job_id, **_step_details(history)},
+                  lr_schedule=lr_schedule_of(JobSpec.model_validate(spec), implementation=EVERSTEP_SCHEDULE,
+                                             observed=[m.learning_rate for m in history
+                                                       if m.learning_rate is not None]))
 
 
 def _eval_duration(step: int, step_seen: dict[int, float], eval_seen: dict[int, float]) -> float:

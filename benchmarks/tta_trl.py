@@ -1,17 +1,28 @@
-"""The TRL arm of `benchmarks.time_to_accuracy`: TRL's `GRPOTrainer` on the same model, rows and reward.
+"""The TRL arms of `benchmarks.time_to_accuracy`: TRL's `GRPOTrainer` on the same model, rows and reward.
 
-    python -m benchmarks.tta_trl --config CONFIG.json --reward HOST:PORT --out RESULT.json
+    python -m benchmarks.tta_trl --arm trl|trl-lora --config CONFIG.json --spec SPEC.json --reward HOST:PORT
+        --out RESULT.json
 
 Run by `benchmarks.time_to_accuracy` in its own process (its own torch threads). Needs the optional
 benchmark dependency: `pip install -r benchmarks/requirements-trl.txt` (TRL 1.16.0).
 
-- Data: the rows of the everstep sync job's spec, loaded by `load_job_data` (the same prompts and
-  held-out prompts; the prompt ids TRL's tokenizer call makes are checked equal to everstep's).
+SPEC is the job spec of the arm's everstep counterpart (trl: `full`, trl-lora: `lora`); the arm takes its
+data, reward, learning rate, warmup, steps, optimizer steps per step and LoRA from it.
+
+- Data: the spec's rows, loaded by `load_job_data` (the same prompts and held-out prompts; the prompt
+  ids TRL's tokenizer call makes are checked equal to everstep's).
 - Per step (one generation round): ``prompts_per_step`` prompts x G completions, and as many optimizer
-  steps on them as the everstep arms take (`trainer.num_minibatches` of the sync job's spec), each on an
+  steps on them as the everstep arm takes (`trainer.num_minibatches` x `trainer.ppo_epochs`), each on an
   equal share (per-device batch up to 64, gradient accumulation to the share). TRL counts
   `steps_per_generation` in per-device batches, so the arm sets `generation_batch_size` to the whole
-  round instead and reports the `steps_per_generation` TRL derives. Learning rate constant, as everstep's.
+  round instead; TRL's derived `steps_per_generation` / `gradient_accumulation_steps` = num_minibatches
+  (equal to num_minibatches itself when the share fits one per-device batch, as on SmolLM2's 8 x 8).
+- Learning rate: everstep's schedule, exactly: the rate of optimizer step t is everstep's
+  `learning_rate_at(t // optimizer steps per step, warmup_steps, total_steps = steps)` (linear warmup,
+  then cosine to 0 over the run, one rate per generation round), a `LambdaLR` in place of the one
+  transformers builds for `lr_scheduler_type="cosine"`; transformers' own cosine would lower the rate
+  inside a round too.
+- trl-lora: a peft `LoraConfig` with the spec's `trainer.lora` (rank, alpha, dropout, target modules).
 - Reward: every completion is scored by the real everstep reward service over gRPC, with the job's
   reward items (`RewardItemBuilder`: the math verifier and the row's answer).
 - Evaluation: before training and every ``eval_every`` steps, the same held-out prompts x k at the
@@ -28,10 +39,13 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.tta_config import Arm, ArmRun, CurvePoint, TtaConfig
+from benchmarks.tta_config import Arm, ArmRun, CurvePoint, TtaConfig, lr_schedule_of, optimizer_steps_per_step
+from everstep.settings import ALL_LINEAR, LoraSettings
 from everstep.v1 import common_pb2
 from everstep_controller.data.dataset import PromptRow
 from everstep_controller.data.reward_items import RewardItemBuilder
@@ -39,6 +53,7 @@ from everstep_controller.run.clients import RewardClient
 from everstep_controller.run.evaluation import correctness, scored_results
 from everstep_controller.run.job_data import load_job_data
 from everstep_controller.spec.job_spec import JobSpec
+from everstep_trainer.optim import learning_rate_at
 
 MICRO_BATCH = 64  # completions per forward/backward; the optimizer step covers the whole generation batch
 EVAL_GENERATE_BATCH = 256  # sequences per `generate` call in the evaluation
@@ -53,12 +68,13 @@ class MathReward:
         self.num_calls = 0
         self.num_unscored = 0
 
-    def __call__(self, prompts: list[str], completions: list[str], completion_ids: list[list[int]],
+    def __call__(self, prompts: list[Any], completions: list[Any], completion_ids: list[list[int]],
                  row_index: list[int], **_: Any) -> list[float]:
         self.num_calls += 1
         by_id = {f"trl-{self.num_calls}-{i}": self.rows[r] for i, r in enumerate(row_index)}
-        items = [self.builder(item_id, row, common_pb2.Sequence(output_text=text, output_ids=ids))
-                 for (item_id, row), text, ids in zip(by_id.items(), completions, completion_ids, strict=True)]
+        items = [self.builder(item_id, row, common_pb2.Sequence(output_text=completion_text(completion),
+                                                                 output_ids=ids))
+                 for (item_id, row), completion, ids in zip(by_id.items(), completions, completion_ids, strict=True)]
         scored = scored_results(self.client.score(items), by_id)
         self.num_unscored += len(by_id) - len(scored)
         # an unscorable completion (a verifier timeout) gets 0: TRL has no way to leave it out of its group
@@ -102,18 +118,75 @@ def _generate(model: Any, tokenizer: Any, rows: list[PromptRow], config: TtaConf
     attention = torch.tensor([[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in rows])
     options: dict[str, Any] = ({"do_sample": True, "temperature": config.temperature, "top_k": 0, "top_p": 1.0}
                                if sample else {"do_sample": False})
+    eos = stop_token_ids(model, tokenizer)
     generated = model.generate(input_ids=input_ids, attention_mask=attention, max_new_tokens=config.max_new_tokens,
-                               pad_token_id=pad, eos_token_id=tokenizer.eos_token_id, **options)
+                               pad_token_id=pad, eos_token_id=eos, **options)
     sequences = []
     for ids in generated[:, width:].tolist():
-        if tokenizer.eos_token_id in ids:
-            ids = ids[: ids.index(tokenizer.eos_token_id) + 1]
+        end = next((i for i, token in enumerate(ids) if token in eos), None)
+        if end is not None:
+            ids = ids[: end + 1]
         text = tokenizer.decode(ids, skip_special_tokens=True)
         sequences.append(common_pb2.Sequence(output_text=text, output_ids=ids))
     return sequences
 
 
-def _train_dataset(rows: list[PromptRow], tokenizer: Any) -> Any:
+def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
+    """The ids that end a response: the model's generation_config's (SmolLM2: <|im_end|> and <|endoftext|>, as
+    everstep's engine stops), else the tokenizer's eos."""
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    return [eos] if isinstance(eos, int) else list(eos)
+
+
+def completion_text(completion: Any) -> str:
+    """A completion's text: TRL hands a string for a plain prompt, [{"role": "assistant", "content": ...}] for a
+    conversational one."""
+    if isinstance(completion, str):
+        return completion
+    return "".join(str(m.get("content") or "") for m in completion if m.get("role", "assistant") == "assistant")
+
+
+def conversation(row: PromptRow, system: str | None) -> list[dict[str, str]]:
+    """The row's prompt as chat messages, as everstep renders it: its messages (or its string as one user message),
+    after the job's `prompt.system` unless the row has a system message of its own."""
+    messages = [{"role": m.role, "content": m.content} for m in row.messages] or [{"role": "user",
+                                                                                    "content": row.prompt}]
+    if system is not None and not any(m["role"] == "system" for m in messages):
+        messages = [{"role": "system", "content": system}, *messages]
+    return messages
+
+
+def _chat_ids(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[int, ...] | None:
+    if getattr(tokenizer, "chat_template", None) is None:
+        return None
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+    return tuple(ids["input_ids"])
+
+
+def trl_prompts(rows: list[PromptRow], tokenizer: Any, system: str | None) -> list[Any]:
+    """Each row's prompt as TRL takes it, chosen so that TRL's tokenization gives everstep's prompt ids exactly:
+    chat messages (TRL renders them with `apply_chat_template(add_generation_prompt=True)`) when everstep
+    rendered the chat template, the string (TRL calls the tokenizer on it) when it tokenized the raw prompt.
+    ValueError naming the row when neither matches: the arms would not see the same prompts."""
+    prompts: list[Any] = []
+    for row in rows:
+        messages = conversation(row, system)
+        if _chat_ids(tokenizer, messages) == row.prompt_ids:
+            prompts.append(messages)
+        elif not row.messages and tuple(tokenizer(row.prompt)["input_ids"]) == row.prompt_ids:
+            prompts.append(row.prompt)
+        else:
+            raise ValueError(f"row {row.index}: neither TRL's chat rendering nor its tokenizer call gives everstep's "
+                             f"prompt ids {list(row.prompt_ids)}; the arms would not see the same prompts")
+    kinds = {isinstance(p, str) for p in prompts}
+    if len(kinds) > 1:
+        raise ValueError("the rows mix chat and raw prompts; TRL takes one kind per dataset")
+    return prompts
+
+
+def _train_dataset(rows: list[PromptRow], tokenizer: Any, system: str | None) -> Any:
     """The training rows as a `datasets.Dataset`, built column-wise with an explicit fingerprint.
 
     `Dataset.from_dict` never pickles the rows to fingerprint them, and with caching off no transform
@@ -123,48 +196,122 @@ def _train_dataset(rows: list[PromptRow], tokenizer: Any) -> Any:
     import datasets
 
     datasets.disable_caching()
-    check = rows[:256]
-    ids = tokenizer([r.prompt for r in check])["input_ids"]
-    for row, row_ids in zip(check, ids, strict=True):
-        if tuple(row_ids) != row.prompt_ids:
-            raise ValueError(f"row {row.index}: TRL would tokenize the prompt as {row_ids}, everstep as "
-                             f"{list(row.prompt_ids)}; the arms would not see the same prompts")
-    return datasets.Dataset.from_dict({"prompt": [r.prompt for r in rows], "row_index": [r.index for r in rows]})
+    return datasets.Dataset.from_dict({"prompt": trl_prompts(rows, tokenizer, system),
+                                       "row_index": [r.index for r in rows]})
 
 
-def run_trl_arm(config: TtaConfig, spec: JobSpec, reward_address: str) -> ArmRun:
+@dataclass(frozen=True, kw_only=True)
+class TrlBatching:
+    """How the TRL arm cuts a generation round: as many optimizer steps as everstep's trainer takes per step."""
+
+    generation_batch_size: int  # the round: prompts_per_step x G completions
+    per_device_train_batch_size: int
+    gradient_accumulation_steps: int
+    num_minibatches: int  # optimizer steps per pass over the round (everstep's trainer.num_minibatches)
+    num_iterations: int  # passes over the round (everstep's trainer.ppo_epochs)
+    steps: int  # generation rounds
+
+    @property
+    def steps_per_generation(self) -> int:
+        """What TRL derives from generation_batch_size (one process): per-device batches per round."""
+        return self.generation_batch_size // self.per_device_train_batch_size
+
+    @property
+    def optimizer_steps_per_step(self) -> int:
+        return self.num_minibatches * self.num_iterations
+
+    @property
+    def max_steps(self) -> int:
+        return self.steps * self.optimizer_steps_per_step
+
+
+def trl_batching(config: TtaConfig, job: JobSpec) -> TrlBatching:
+    batch = config.prompts_per_step * job.algorithm.group_size
+    minibatches = job.trainer.num_minibatches
+    if batch % minibatches:
+        raise ValueError(f"prompts_per_step x group_size ({batch}) must be a multiple of trainer.num_minibatches "
+                         f"({minibatches}) for the TRL arms")
+    share = batch // minibatches
+    micro = min(MICRO_BATCH, share)
+    if share % micro:
+        raise ValueError(f"prompts_per_step x group_size / num_minibatches ({share}) must be a multiple of {micro} "
+                         "for the TRL arms")
+    return TrlBatching(generation_batch_size=batch, per_device_train_batch_size=micro,
+                       gradient_accumulation_steps=share // micro, num_minibatches=minibatches,
+                       num_iterations=job.trainer.ppo_epochs, steps=job.steps)
+
+
+def grpo_config_kwargs(config: TtaConfig, job: JobSpec, output_dir: str) -> dict[str, Any]:
+    """`GRPOConfig`'s arguments for a TRL arm whose everstep counterpart runs ``job``."""
+    batching = trl_batching(config, job)
+    return dict(
+        output_dir=output_dir, max_steps=batching.max_steps, learning_rate=job.trainer.learning_rate,
+        # the nearest transformers schedule; `run_trl_arm` replaces it with everstep's exact one (`lr_factor`)
+        lr_scheduler_type="cosine", warmup_steps=job.trainer.warmup_steps * batching.optimizer_steps_per_step,
+        per_device_train_batch_size=batching.per_device_train_batch_size,
+        gradient_accumulation_steps=batching.gradient_accumulation_steps,
+        generation_batch_size=batching.generation_batch_size, num_iterations=batching.num_iterations,
+        num_generations=job.algorithm.group_size, max_completion_length=job.sampling.max_new_tokens,
+        temperature=job.sampling.temperature, top_p=1.0, top_k=0, beta=0.0,
+        loss_type="grpo",  # everstep's aggregation, seq-mean-token-mean
+        scale_rewards="group", max_grad_norm=job.trainer.max_grad_norm, weight_decay=job.trainer.weight_decay,
+        use_cpu=True, bf16=False, gradient_checkpointing=False, seed=job.seed, data_seed=job.seed,
+        logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
+    )
+
+
+def lr_factor(job: JobSpec) -> Callable[[int], float]:
+    """The TRL arm's `LambdaLR` factor of optimizer step t: everstep's rate of the step t falls in, over the peak."""
+    per_step = optimizer_steps_per_step(job)
+    warmup, total = job.trainer.warmup_steps, job.steps
+
+    def factor(t: int) -> float:
+        return learning_rate_at(t // per_step, learning_rate=1.0, warmup_steps=warmup, total_steps=total)
+
+    return factor
+
+
+def lora_config_kwargs(lora: LoraSettings) -> dict[str, Any]:
+    """peft `LoraConfig` arguments with everstep's `trainer.lora` (peft's own 'all-linear' shorthand kept)."""
+    targets: str | list[str] = ALL_LINEAR if lora.target_modules == [ALL_LINEAR] else list(lora.target_modules)
+    return dict(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets, bias="none",
+                task_type="CAUSAL_LM")
+
+
+TRL_SCHEDULE = ("TRL arm: torch LambdaLR per optimizer step t, factor everstep's learning_rate_at(t // optimizer "
+                "steps per step, warmup_steps, total_steps = steps) (benchmarks/tta_trl.py lr_factor), in place of "
+                "transformers' lr_scheduler_type='cosine'")
+
+
+def run_trl_arm(config: TtaConfig, arm: Arm, spec: JobSpec, reward_address: str) -> ArmRun:
     started = time.monotonic()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    if arm.uses_lora != (spec.trainer.lora is not None):
+        raise ValueError(f"the {arm.value} arm needs a job spec {'with' if arm.uses_lora else 'without'} trainer.lora")
     torch.set_num_threads(config.threads_per_worker)
-    torch.manual_seed(config.seed)
+    torch.manual_seed(spec.seed)
     data = load_job_data(spec)
     tokenizer = AutoTokenizer.from_pretrained(spec.model_path)
     model = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=torch.float32)
     reward = RewardClient(reward_address)
     builder = RewardItemBuilder(spec.reward.verifiers)
     reward_function = MathReward(reward, builder, {r.index: r for r in data.train.rows})
-    batch = config.prompts_per_step * config.group_size
-    optimizer_steps = spec.trainer.num_minibatches  # per generation round, as the everstep arms take
-    if batch % optimizer_steps:
-        raise ValueError(f"prompts_per_step x group_size ({batch}) must be a multiple of trainer.num_minibatches "
-                         f"({optimizer_steps}) for the TRL arm")
-    share = batch // optimizer_steps
-    micro = min(MICRO_BATCH, share)
-    if share % micro:
-        raise ValueError(f"prompts_per_step x group_size / num_minibatches ({share}) must be a multiple of {micro} "
-                         "for the TRL arm")
+    batching = trl_batching(config, spec)
+    per_step = batching.optimizer_steps_per_step
     clock: dict[str, float] = {"start": 0.0, "paused": 0.0}
     curve: list[CurvePoint] = []
+    learning_rates: list[float] = []
+    policy: dict[str, Any] = {"model": model}  # the PeftModel once the trainer has wrapped it
 
     def evaluate_at(step: int) -> None:
         t0 = time.monotonic()
-        accuracy, greedy = evaluate(model, tokenizer, data.eval_rows, config, reward, builder, step)
+        accuracy, greedy = evaluate(policy["model"], tokenizer, data.eval_rows, config, reward, builder, step)
         seconds = 0.0 if step == 0 else t0 - clock["start"] - clock["paused"]
         curve.append(CurvePoint(seconds=round(seconds, 2), step=step, accuracy=accuracy, greedy_accuracy=greedy))
-        print(f"  trl eval at step {step}: avg@{config.eval_samples} {accuracy}, greedy {greedy} "
+        print(f"  {arm.value} eval at step {step}: avg@{config.eval_samples} {accuracy}, greedy {greedy} "
               f"({time.monotonic() - t0:.1f} s)", file=sys.stderr, flush=True)
         if step == 0:
             clock["start"] = time.monotonic()
@@ -175,43 +322,62 @@ def run_trl_arm(config: TtaConfig, spec: JobSpec, reward_address: str) -> ArmRun
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             evaluate_at(0)
 
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            optimizer = kwargs.get("optimizer")
+            if optimizer is not None:  # the rate this optimizer step runs with
+                learning_rates.append(float(optimizer.param_groups[0]["lr"]))
+
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            if state.global_step % optimizer_steps:  # inside a generation round
+            if state.global_step % per_step:  # inside a generation round
                 return
-            step = state.global_step // optimizer_steps  # generation rounds, everstep's steps
+            step = state.global_step // per_step  # generation rounds, everstep's steps
             clock["last_step"] = time.monotonic() - clock["start"] - clock["paused"]
-            print(f"  trl step {step}: {clock['last_step']:.1f} s of training", file=sys.stderr, flush=True)
-            if step % config.eval_every == 0 or step == config.steps:
+            print(f"  {arm.value} step {step}: {clock['last_step']:.1f} s of training", file=sys.stderr, flush=True)
+            if (config.eval_every and step % config.eval_every == 0) or step == spec.steps:
                 evaluate_at(step)
 
+    class EverstepScheduleTrainer(GRPOTrainer):
+        """GRPOTrainer whose learning-rate schedule is everstep's (`lr_factor`)."""
+
+        def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
+            if self.lr_scheduler is None:
+                self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer or self.optimizer, lr_factor(spec))
+                self._created_lr_scheduler = True
+            return self.lr_scheduler
+
+    peft_kwargs = lora_config_kwargs(spec.trainer.lora) if spec.trainer.lora is not None else None
     with tempfile.TemporaryDirectory(prefix="tta-trl-") as out:
-        args = GRPOConfig(
-            output_dir=out, max_steps=config.steps * optimizer_steps, learning_rate=config.learning_rate,
-            lr_scheduler_type="constant", per_device_train_batch_size=micro, gradient_accumulation_steps=share // micro,
-            generation_batch_size=batch,
-            num_generations=config.group_size, max_completion_length=config.max_new_tokens,
-            temperature=config.temperature, top_p=1.0, top_k=0, beta=0.0, num_iterations=1,
-            loss_type="grpo",  # everstep's aggregation, seq-mean-token-mean
-            scale_rewards="group", max_grad_norm=1.0, weight_decay=0.0, warmup_steps=0,
-            use_cpu=True, bf16=False, gradient_checkpointing=False, seed=config.seed, data_seed=config.seed,
-            logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
-        )
-        trainer = GRPOTrainer(model=model, reward_funcs=reward_function, args=args,
-                              train_dataset=_train_dataset(data.train.rows, tokenizer), processing_class=tokenizer,
-                              callbacks=[Evaluations()])
+        args = GRPOConfig(**grpo_config_kwargs(config, spec, out))
+        peft_config = None
+        if peft_kwargs is not None:
+            from peft import LoraConfig
+
+            peft_config = LoraConfig(**peft_kwargs)
+        trainer = EverstepScheduleTrainer(model=model, reward_funcs=reward_function, args=args,
+                                          train_dataset=_train_dataset(data.train.rows, tokenizer, spec.prompt.system),
+                                          processing_class=tokenizer, callbacks=[Evaluations()],
+                                          peft_config=peft_config)
+        policy["model"] = trainer.model
+        trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
         trainer.train()
         steps_per_generation = args.steps_per_generation
         logs = [entry for entry in trainer.state.log_history if "reward" in entry]
     reward.close()
-    return ArmRun(arm=Arm.trl, curve=curve, train_seconds=round(clock["last_step"], 2),
+    return ArmRun(arm=arm, curve=curve, train_seconds=round(clock["last_step"], 2),
                   total_seconds=round(time.monotonic() - started, 2), eval_seconds=round(clock["paused"], 2),
-                  details={"trained_samples": config.steps * batch, "trl_version": _version("trl"),
-                           "optimizer_steps_per_generation": optimizer_steps,
+                  details={"trained_samples": spec.steps * batching.generation_batch_size,
+                           "trl_version": _version("trl"),
+                           "optimizer_steps_per_generation": per_step,
                            "trl_steps_per_generation": steps_per_generation,
+                           "trl_gradient_accumulation_steps": args.gradient_accumulation_steps,
+                           "trl_per_device_train_batch_size": args.per_device_train_batch_size,
+                           "trainable_parameters": trainable, "peft_lora_config": peft_kwargs,
                            "reward_first_step": logs[0]["reward"] if logs else None,
                            "reward_last_step": logs[-1]["reward"] if logs else None,
                            "num_unscored": reward_function.num_unscored,
-                           "evaluation_generation": "transformers generate"})
+                           "evaluation_generation": "transformers generate"},
+                  lr_schedule=lr_schedule_of(spec, implementation=TRL_SCHEDULE, observed=learning_rates,
+                                             observed_per="optimizer step"))
 
 
 def _version(package: str) -> str:
@@ -223,16 +389,17 @@ def _version(package: str) -> str:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.tta_trl", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--arm", required=True, choices=[Arm.trl.value, Arm.trl_lora.value], help="which TRL arm")
     p.add_argument("--config", required=True, help="JSON of the benchmark's TtaConfig")
     p.add_argument("--spec", required=True, help="JSON of the job spec whose data and reward the arm uses")
     p.add_argument("--reward", required=True, help="gRPC address of the everstep reward service")
     p.add_argument("--out", required=True, help="where to write the arm's result (JSON)")
     args = p.parse_args(argv)
     raw = json.loads(Path(args.config).read_text())
-    config = TtaConfig(**{**raw, "arms": tuple(Arm(a) for a in raw["arms"])})
+    config = TtaConfig.from_json(raw)
     spec = JobSpec.model_validate(json.loads(Path(args.spec).read_text()))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    result = run_trl_arm(config, spec, args.reward)
+    result = run_trl_arm(config, Arm(args.arm), spec, args.reward)
     Path(args.out).write_text(json.dumps(result.to_json()))
 
 
