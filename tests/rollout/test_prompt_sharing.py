@@ -172,3 +172,11 @@ def test_prefill_metrics_count_shared_tokens(tiny_model_dirs: Callable[[str], Pa
     after = sample("everstep_rollout_prefill_tokens_total"), sample("everstep_rollout_prefill_tokens_shared_total")
     assert after[0] - before[0] == prompt_tokens("a", "b", "c")
     assert after[1] - before[1] == (G - 1) * prompt_tokens("a", "b")
+
+
+def test_the_rollout_server_shares_by_default_and_its_flag_turns_sharing_off() -> None:
+    from everstep_rollout.__main__ import parse_args
+
+    base = ["--port", "1", "--grpc-port", "2"]
+    assert parse_args(base).share_prompt_prefill is True
+    assert parse_args([*base, "--no-share-prompt-prefill"]).share_prompt_prefill is False

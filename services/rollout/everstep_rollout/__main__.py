@@ -48,6 +48,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="sglang engine: fraction of GPU memory for weights and KV cache; 0: sglang's default "
                         "(most of the GPU; set it when a trainer shares the GPU)")
     p.add_argument("--num-threads", type=int, default=0, help="torch CPU threads; 0: all cores but one")
+    p.add_argument("--no-share-prompt-prefill", dest="share_prompt_prefill", action="store_false",
+                   help="torch engine: prefill every sample of a prompt on its own (default: the copies admitted "
+                        "together are prefilled once; EngineConfig.share_prompt_prefill)")
     add_transport_arguments(p)
     args = p.parse_args(argv)
     apply_transport_arguments(p, args)
@@ -71,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         engine=args.engine, executor=args.executor, max_running=args.max_running, max_queued=args.max_queued,
         max_seq_len=args.max_seq_len, dtype=args.dtype, device=args.device, seed=args.seed,
         mem_fraction_static=args.mem_fraction_static, quantization=args.quantization,
-        sandbox_endpoint=args.sandbox_endpoint,
+        sandbox_endpoint=args.sandbox_endpoint, share_prompt_prefill=args.share_prompt_prefill,
     )
     servicer = RolloutServicer(engine_defaults)
     metrics.bind_status(servicer.status)
