@@ -74,6 +74,16 @@ def calculator() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
+def half_second_calculator() -> Iterator[str]:
+    """Its calls outlast many decode steps even on a loaded machine, so a paused sequence is still waiting when a
+    queued one needs its slot (an instant calculator may answer before the engine's next step: no eviction)."""
+    process, url = start_calculator(delay_seconds=0.5)
+    yield url
+    process.terminate()
+    process.wait(10)
+
+
+@pytest.fixture(scope="module")
 def slow_calculator() -> Iterator[str]:
     process, url = start_calculator(delay_seconds=1.0)
     yield url
@@ -208,9 +218,9 @@ def test_a_paused_sequence_keeps_its_kv_while_others_decode(tmp_path: Path, slow
     assert engine.num_prefilled_total == 2 and engine.num_tool_evictions == 0  # no re-prefill of the paused one
 
 
-def test_tool_results_equal_with_and_without_evictions(tmp_path: Path, calculator: str) -> None:
+def test_tool_results_equal_with_and_without_evictions(tmp_path: Path, half_second_calculator: str) -> None:
     model = make_successor_model(tmp_path / "m", {**chain("go", *CALCULATE), **ANSWER})
-    tools = calculator_tools(calculator)
+    tools = calculator_tools(half_second_calculator)
     outputs = {}
     for slots in (4, 1):
         engine = Engine(model, EngineConfig(max_running=slots))
