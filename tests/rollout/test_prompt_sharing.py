@@ -13,6 +13,7 @@ from typing import Literal
 import numpy as np
 import pytest
 from prometheus_client import REGISTRY
+from test_routed_experts import run
 
 from everstep_rollout import metrics
 from everstep_rollout.config import EngineConfig
@@ -41,15 +42,6 @@ def engine(model_dir: Path, *, share: bool, max_running: int = 16, executor: Exe
            prefill_max_tokens: int = 8192) -> Engine:
     return Engine(model_dir, EngineConfig(max_running=max_running, max_seq_len=64, seed=3, share_prompt_prefill=share,
                                           executor=executor, prefill_max_tokens=prefill_max_tokens))
-
-
-def run(eng: Engine, requests: list[GenerationRequest]) -> dict[str, SequenceResult]:
-    eng.add(requests)
-    results: dict[str, SequenceResult] = {}
-    while eng.has_work:
-        for r in eng.step():
-            results[r.id] = r
-    return results
 
 
 def prompt_tokens(*names: str) -> int:
