@@ -1,18 +1,23 @@
-"""Train-step cost, padded against packed micro-batches: `python -m benchmarks.train_step_packing [--model DIR] ...`.
+"""Train-step cost, padded against packed micro-batches and packed with shared prompts:
+`python -m benchmarks.train_step_packing [--model DIR] ...`.
 
 One batch of real rollouts: the first --num-prompts prompts of the model's workload (the demo task's
 train.jsonl for the demo model, the chat prompts of examples/data/arith-word-problems for a chat model; the
 same as `benchmarks.rollout_throughput`), --group-size samples each at temperature 1 from our rollout
-engine, with random advantages. The same batch is trained by two `PolicyTrainer`s built alike but for
+engine, with random advantages. The same batch is trained by three `PolicyTrainer`s built alike but for
 `packing` (off: every micro-batch right-padded to its longest sequence; on: sequences back to back in rows,
-`everstep_trainer.batching`), alternately (padded, packed, padded, ...) for --repeats train steps each,
+`everstep_trainer.batching`) and `share_prompts` (the shared arm: packed, each prompt computed once for the
+samples of a micro-batch that share it, `everstep_trainer.shared_prompts`), alternately (padded, packed,
+shared, padded, ...) for --repeats train steps each,
 from the same weights every time (each step trains a fresh copy of the initial state, so the runs compare
 like with like).
 
 Reported (the last line of stdout, one JSON object): per arm the median wall seconds of a train step, of its
-log-prob pass and of its forward-backward, and the padding fraction of the positions computed; `speedup`
-(padded median over packed median); `max_loss_diff` and `max_grad_norm_diff` between the arms' steps (the
-same batch and weights: equal up to floating-point order); the batch's shape and the settings.
+log-prob pass and of its forward-backward, the padding fraction of the positions computed and the shared
+prompt fraction (real tokens not computed); `speedup` (padded median over packed median); `speedup_shared`
+(packed median over shared median) and `speedup_shared_vs_padded`; `max_loss_diff` and `max_grad_norm_diff`
+between the arms' steps (the same batch and weights: equal up to floating-point order); the batch's shape and
+the settings.
 """
 
 from __future__ import annotations
@@ -92,24 +97,25 @@ def main(argv: list[str] | None = None) -> dict:
     log.info("batch: %d samples, %d tokens, longest %d, mean %.1f", len(samples), sum(lengths), max(lengths),
              statistics.fmean(lengths))
     trainers = {}
-    for packing in (False, True):
+    layouts = {"padded": (False, False), "packed": (True, False), "shared": (True, True)}
+    for arm, (packing, share_prompts) in layouts.items():
         config = TrainerConfig(learning_rate=1e-5, micro_batch_tokens=args.micro_batch_tokens, packing=packing,
-                               correction="icepop", seed=args.seed)
+                               share_prompts=share_prompts, correction="icepop", seed=args.seed)
         trainer = PolicyTrainer(args.model, config, device="cpu")
-        trainers[packing] = (trainer, copy.deepcopy(trainer.model.state_dict()),
-                             copy.deepcopy(trainer.optimizer.state_dict()))
-    runs: dict[str, list] = {"padded": [], "packed": []}
+        trainers[arm] = (trainer, copy.deepcopy(trainer.model.state_dict()),
+                         copy.deepcopy(trainer.optimizer.state_dict()))
+    runs: dict[str, list] = {arm: [] for arm in layouts}
     for repeat in range(args.repeats):
-        for packing, arm in ((False, "padded"), (True, "packed")):
-            trainer, weights, optimizer = trainers[packing]
+        for arm in layouts:
+            trainer, weights, optimizer = trainers[arm]
             trainer.model.load_state_dict(weights)
             trainer.optimizer.load_state_dict(optimizer)
             _, stats = trainer.train_step(samples)
             seconds = stats.logp_seconds + stats.forward_backward_seconds + stats.optimizer_seconds
             runs[arm].append(stats)
-            log.info("repeat %d %s: %.2f s (log-probs %.2f, forward-backward %.2f), padding %.3f, loss %.6f",
-                     repeat, arm, seconds, stats.logp_seconds, stats.forward_backward_seconds,
-                     stats.padding_fraction, stats.loss)
+            log.info("repeat %d %s: %.2f s (log-probs %.2f, forward-backward %.2f), padding %.3f, shared %.3f, "
+                     "loss %.6f", repeat, arm, seconds, stats.logp_seconds, stats.forward_backward_seconds,
+                     stats.padding_fraction, stats.shared_prompt_fraction, stats.loss)
 
     def median(arm: str, pick) -> float:
         return statistics.median(pick(s) for s in runs[arm])
@@ -120,15 +126,19 @@ def main(argv: list[str] | None = None) -> dict:
     arms = {arm: {"step_seconds": median(arm, total), "logp_seconds": median(arm, lambda s: s.logp_seconds),
                   "forward_backward_seconds": median(arm, lambda s: s.forward_backward_seconds),
                   "padding_fraction": runs[arm][0].padding_fraction,
+                  "shared_prompt_fraction": runs[arm][0].shared_prompt_fraction,
                   "step_seconds_all": [total(s) for s in runs[arm]]} for arm in runs}
     result = {
         "model": str(args.model), "num_samples": len(samples), "num_tokens": sum(lengths),
         "longest": max(lengths), "mean_length": statistics.fmean(lengths), "num_threads": num_threads,
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "arms": arms, "speedup": arms["padded"]["step_seconds"] / arms["packed"]["step_seconds"],
-        "max_loss_diff": max(abs(a.loss - b.loss) for a, b in zip(runs["padded"], runs["packed"], strict=True)),
-        "max_grad_norm_diff": max(abs(a.grad_norm - b.grad_norm)
-                                  for a, b in zip(runs["padded"], runs["packed"], strict=True)),
+        "speedup_shared": arms["packed"]["step_seconds"] / arms["shared"]["step_seconds"],
+        "speedup_shared_vs_padded": arms["padded"]["step_seconds"] / arms["shared"]["step_seconds"],
+        "max_loss_diff": max(abs(a.loss - b.loss) for other in ("packed", "shared")
+                             for a, b in zip(runs["padded"], runs[other], strict=True)),
+        "max_grad_norm_diff": max(abs(a.grad_norm - b.grad_norm) for other in ("packed", "shared")
+                                  for a, b in zip(runs["padded"], runs[other], strict=True)),
         "load_average": os.getloadavg(),
     }
     print(json.dumps(result))

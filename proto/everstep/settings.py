@@ -259,6 +259,15 @@ class TrainerSettings(Section):
                     "the trainer's padding_fraction). The trainer refuses it for a model whose attention does not "
                     "keep packed sequences apart.",
     )
+    share_prompts: bool = Field(
+        default=False,
+        description="With packing: lay the samples of a micro-batch that start with the same prompt out as one "
+                    "segment, the prompt once and then each sample's own tokens, each attending to the prompt and to "
+                    "itself only (an explicit block mask), so a prompt sampled G times is computed once per "
+                    "micro-batch instead of G times. The same loss and gradients up to floating-point order; the "
+                    "saving is the prompt copies (most of a batch's tokens when prompts are long and answers "
+                    "short). Needs trainer.packing and a model with sdpa or eager attention (checked at load).",
+    )
     ppo_epochs: int = Field(default=1, ge=1, description="Passes over each batch.")
     num_minibatches: int = Field(
         default=1, ge=1,
@@ -276,6 +285,13 @@ class TrainerSettings(Section):
                     "adapters (the engines rebuild W = W_base + alpha/rank * B @ A from their kept base). null: full "
                     "fine-tuning.",
     )
+
+
+    @model_validator(mode="after")
+    def _shared_prompts_are_packed(self) -> TrainerSettings:
+        if self.share_prompts and not self.packing:
+            raise ValueError("share_prompts: needs packing: true (shared prompts are a packed layout)")
+        return self
 
 
 class TrainerConfig(TrainerSettings, LossSettings, _Temperature, _RoutingReplaySetting):

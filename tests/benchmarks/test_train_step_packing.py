@@ -1,5 +1,5 @@
-"""benchmarks.train_step_packing, tiny: both arms train the same batch to the same loss; packing computes
-less padding."""
+"""benchmarks.train_step_packing, tiny: the three arms train the same batch to the same loss; packing computes
+less padding, shared prompts fewer of the batch's tokens."""
 
 from __future__ import annotations
 
@@ -20,3 +20,6 @@ def test_the_packing_benchmark_compares_the_arms_on_one_batch(monkeypatch: pytes
     assert result["max_loss_diff"] < 1e-5 and result["max_grad_norm_diff"] < 1e-4
     assert result["arms"]["packed"]["padding_fraction"] < result["arms"]["padded"]["padding_fraction"]
     assert len(result["arms"]["padded"]["step_seconds_all"]) == 2 and result["speedup"] > 0
+    # 4 prompts x 4 samples: each prompt is computed once per micro-batch, not 4 times.
+    assert result["arms"]["shared"]["shared_prompt_fraction"] > 0.2
+    assert result["arms"]["packed"]["shared_prompt_fraction"] == 0.0 and result["speedup_shared"] > 0

@@ -43,6 +43,8 @@ STALENESS_STATS = {"masked_fraction_fresh": 0.0, "masked_fraction_stale": 0.5, "
 ROUTING_STATS = {"routing_disagreement": 0.125, "routing_disagreement_fresh": 0.0625,
                  "routing_disagreement_stale": 0.25}
 """Mixture-of-experts routing mismatch, reported after those."""
+SHARING_STATS = {"shared_prompt_fraction": 0.5}
+"""Shared prompts (trainer.share_prompts), reported last."""
 
 
 def _record(stats: trainer_pb2.TrainStats | None) -> StepMetrics:
@@ -62,11 +64,12 @@ def test_a_step_without_training_reports_what_the_dict_did_and_no_train_stats() 
 
 
 def test_a_trained_step_reports_every_train_stat_of_the_trainer() -> None:
-    record = _record(trainer_pb2.TrainStats(**OLD_TRAIN_STATS, **STALENESS_STATS, **ROUTING_STATS, num_tokens=40))
+    record = _record(trainer_pb2.TrainStats(**OLD_TRAIN_STATS, **STALENESS_STATS, **ROUTING_STATS, **SHARING_STATS,
+                                            num_tokens=40))
     assert json.loads(record.model_dump_json()) == {**OLD_UNTRAINED_ROW, **ADDED, **OLD_TRAIN_STATS,
-                                                    **STALENESS_STATS, **ROUTING_STATS}
+                                                    **STALENESS_STATS, **ROUTING_STATS, **SHARING_STATS}
     assert list(record.model_dump()) == [*OLD_UNTRAINED_ROW, *ADDED, *OLD_TRAIN_STATS, *STALENESS_STATS,
-                                         *ROUTING_STATS], \
+                                         *ROUTING_STATS, *SHARING_STATS], \
         "the old key order, the new statistics after it"
     assert set(TRAIN_STAT_FIELDS) <= set(trainer_pb2.TrainStats.DESCRIPTOR.fields_by_name), \
         "each reported statistic is a TrainStats field of the same name"
@@ -108,7 +111,7 @@ def test_the_rest_api_serves_and_documents_the_rows(redis_url: str, tmp_path: Pa
     store.claim(job_id, "c")
     progress = ProgressStore(store)
     for step, stats in ((1, None), (2, trainer_pb2.TrainStats(**OLD_TRAIN_STATS, **STALENESS_STATS,
-                                                              **ROUTING_STATS))):
+                                                              **ROUTING_STATS, **SHARING_STATS))):
         row = _record(stats).model_copy(update={"step": step})
         state = JobProgress(step=step, version=step, prompt_epoch=0, prompt_cursor=step, group_counter=step,
                             scheduler={}, num_trained_samples=step)
@@ -116,7 +119,8 @@ def test_the_rest_api_serves_and_documents_the_rows(redis_url: str, tmp_path: Pa
                              record_changes={"step": step, "metrics": row})
     rows = client.get(f"/v1/jobs/{job_id}/metrics").json()
     assert rows == [{**OLD_UNTRAINED_ROW, **ADDED, "step": 1},
-                    {**OLD_UNTRAINED_ROW, **ADDED, **OLD_TRAIN_STATS, **STALENESS_STATS, **ROUTING_STATS, "step": 2}]
+                    {**OLD_UNTRAINED_ROW, **ADDED, **OLD_TRAIN_STATS, **STALENESS_STATS, **ROUTING_STATS,
+                     **SHARING_STATS, "step": 2}]
     assert client.get(f"/v1/jobs/{job_id}").json()["metrics"] == rows[-1]
 
     schema = client.get("/openapi.json").json()
@@ -126,4 +130,4 @@ def test_the_rest_api_serves_and_documents_the_rows(redis_url: str, tmp_path: Pa
         fields = schema["components"]["schemas"][name]["properties"]
         assert all(field.get("description") for field in fields.values()), f"every {name} field is described"
     assert set(schema["components"]["schemas"]["StepMetrics"]["properties"]) == {
-        *OLD_UNTRAINED_ROW, *ADDED, *OLD_TRAIN_STATS, *STALENESS_STATS, *ROUTING_STATS, *TOOL_FIELDS}
+        *OLD_UNTRAINED_ROW, *ADDED, *OLD_TRAIN_STATS, *STALENESS_STATS, *ROUTING_STATS, *SHARING_STATS, *TOOL_FIELDS}

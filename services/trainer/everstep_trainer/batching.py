@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["PackedRows", "PaddedBatch", "RouteSpec", "TrainSample", "pack_micro_batches", "pad_samples",
+__all__ = ["PackedRows", "PaddedBatch", "RouteSpec", "TrainSample", "first_fit_rows", "pack_micro_batches",
+           "pad_samples",
            "split_micro_batches", "validate_samples"]
 
 
@@ -259,15 +260,9 @@ def split_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[
     return groups
 
 
-def pack_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[list[int]]]:
-    """Micro-batches of packed rows: each micro-batch is a list of rows, each row a list of sample
-    indices whose lengths sum to at most the longest length (the row width W, `max(lengths)`). Samples are placed
-    longest first into the first row with room (first-fit decreasing); a micro-batch takes
-    max(1, token_budget // W) rows, so its computed size (rows x W) fits token_budget whenever one
-    row does."""
-    if not lengths:
-        return []
-    width = max(lengths)
+def first_fit_rows(lengths: Sequence[int], width: int) -> list[list[int]]:
+    """Indices of `lengths` in rows of at most `width` in all: longest first, each into the first row with room
+    (first-fit decreasing); a length over `width` gets a row of its own."""
     rows: list[list[int]] = []
     room: list[int] = []
     for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
@@ -278,6 +273,19 @@ def pack_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[l
             row = len(rows) - 1
         rows[row].append(i)
         room[row] -= lengths[i]
+    return rows
+
+
+def pack_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[list[int]]]:
+    """Micro-batches of packed rows: each micro-batch is a list of rows, each row a list of sample
+    indices whose lengths sum to at most the longest length (the row width W, `max(lengths)`). Samples are placed
+    longest first into the first row with room (first-fit decreasing); a micro-batch takes
+    max(1, token_budget // W) rows, so its computed size (rows x W) fits token_budget whenever one
+    row does."""
+    if not lengths:
+        return []
+    width = max(lengths)
+    rows = first_fit_rows(lengths, width)
     per_micro_batch = max(1, token_budget // width)
     return [rows[first:first + per_micro_batch] for first in range(0, len(rows), per_micro_batch)]
 

@@ -12,6 +12,7 @@ the trainer never passes, and only when router logits are output).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import shutil
 from collections.abc import Iterator
@@ -20,8 +21,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from everstep_trainer.batching import PackedRows
+from everstep_trainer.batching import PackedRows, PaddedBatch
 from everstep_trainer.losses import entropy_from_logits
+from everstep_trainer.shared_prompts import SharedPromptRows
 
 __all__ = [
     "TOKENIZER_FILE_PATTERNS",
@@ -80,91 +82,142 @@ def forward_kwargs(model: torch.nn.Module) -> dict[str, object]:
     return kwargs
 
 
-def _token_logp_and_logits(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, temperature: float,
-                           packed: PackedRows | None) -> tuple[Tensor, Tensor]:
-    """(log-prob [R, W-1] of each token 1..W-1 given the tokens before it, the [R, W-1, V] float32 logits /
-    temperature that predicted it), in the layout the model ran: the padded [B, L] batch, or `packed`'s rows."""
-    if packed is None:
+Layout = PackedRows | SharedPromptRows
+"""How a micro-batch is laid out for the model besides right-padded: packed rows, or packed rows that share prompts."""
+
+
+def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft model's own
+    return "logits_to_keep" in inspect.signature(type(base).forward).parameters
+
+
+def _block_mask(model: torch.nn.Module, allowed: Tensor) -> Tensor:
+    """`SharedPromptRows.allowed` [R, W, W] as the 4D attention mask the model's attention implementation takes
+    (transformers passes a 4D mask through as it is): boolean for sdpa, additive for eager."""
+    implementation = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if implementation == "sdpa":
+        return allowed[:, None]
+    if implementation == "eager":
+        dtype = next(model.parameters()).dtype
+        return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
+            ~allowed, torch.finfo(dtype).min)[:, None]
+    raise ValueError(f"trainer.share_prompts: needs the model's attention implementation to be 'sdpa' or 'eager' "
+                     f"(an explicit block mask), got {implementation!r}; set trainer.share_prompts to false")
+
+
+def _output_logits(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, output_mask: Tensor,
+                   temperature: float, layout: Layout | None) -> tuple[Tensor, Tensor, Tensor]:
+    """(log-prob [N] of each output token, in row-major order of `output_mask`; the float32 logits / temperature
+    [U, V] of the distinct positions that predicted them; for each output token, its row of those logits [N]).
+
+    The model runs on the padded batch or on `layout`, and projects onto the vocabulary only the positions that
+    predict an output token (`logits_to_keep`; models without it project every position and the rest is dropped)."""
+    if layout is None:
         ids = input_ids
-        logits = model(input_ids=ids, attention_mask=attention_mask, **forward_kwargs(model)).logits
-    else:  # no attention mask: the model derives a block-diagonal causal mask from the position ids
-        ids = packed.input_ids
-        logits = model(input_ids=ids, position_ids=packed.position_ids, **forward_kwargs(model)).logits
-    logits = logits[:, :-1].float() / temperature
-    # gather - logsumexp avoids materialising a second [B, L, V] tensor of log-probs.
-    token_logp = logits.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-    return token_logp, logits
+        inputs: dict[str, object] = {"input_ids": ids, "attention_mask": attention_mask}
+        source = attention_mask.reshape(-1).nonzero().squeeze(1)
+    else:  # packed: no attention mask, the model derives a block-diagonal causal mask from the position ids
+        ids = layout.input_ids
+        inputs = {"input_ids": ids, "position_ids": layout.position_ids}
+        if isinstance(layout, SharedPromptRows):
+            inputs["attention_mask"] = _block_mask(model, layout.allowed)
+        source = layout.source
+    real = attention_mask.bool()
+    # An output token is never a sample's first token, so the real token before it is its predecessor.
+    predecessor = source[output_mask[real].nonzero().squeeze(1) - 1]
+    targets = input_ids[output_mask]
+    positions, inverse = torch.unique(predecessor, return_inverse=True)  # sorted: the order hidden[keep] takes
+    keep = torch.zeros(ids.numel(), dtype=torch.bool, device=ids.device)
+    keep[positions] = True
+    keep = keep.view(ids.shape)
+    if _accepts_logits_to_keep(model):
+        logits = model(**inputs, logits_to_keep=keep, **forward_kwargs(model)).logits
+    else:
+        logits = model(**inputs, **forward_kwargs(model)).logits[keep]
+    logits = logits.reshape(-1, logits.shape[-1]).float() / temperature
+    # gather - logsumexp avoids materialising a second [U, V] tensor of log-probs.
+    token_logp = logits[inverse, targets] - torch.logsumexp(logits, dim=-1)[inverse]
+    return token_logp, logits, inverse
 
 
-def _place(values: Tensor, attention_mask: Tensor, output_mask: Tensor, packed: PackedRows | None) -> Tensor:
-    """Values of tokens 1..W-1 of the layout the model ran -> [B, L] at the tokens' padded positions, 0
-    outside output_mask. (In a packed row, a sequence's first token gets its predecessor's value; it is a
-    prompt token, never in output_mask.)"""
-    placed = torch.nn.functional.pad(values, (1, 0))
-    if packed is not None:
-        placed = packed.unpack(placed, attention_mask)
-    return torch.where(output_mask, placed, torch.zeros((), dtype=placed.dtype, device=placed.device))
+def _place(values: Tensor, output_mask: Tensor) -> Tensor:
+    """[N] values of the output tokens (row-major) -> [B, L] at their positions, 0 elsewhere."""
+    placed = torch.zeros(output_mask.shape, dtype=values.dtype, device=values.device)
+    return placed.masked_scatter(output_mask, values)
 
 
 def compute_token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor,
                            output_mask: Tensor, temperature: float = 1.0, *,
-                           packed: PackedRows | None = None) -> Tensor:
+                           packed: Layout | None = None) -> Tensor:
     """log softmax(logits / temperature) of each scored token.
 
     input_ids, attention_mask, output_mask: [B, L] (right padded; output_mask bool, False at
-    position 0). `packed`: run the model on these rows packed (`batching.PackedRows`) instead of padded;
-    the result is the same up to floating-point order. Returns [B, L] float32, 0 outside output_mask;
-    differentiable unless called under torch.no_grad().
+    position 0). `packed`: run the model on these rows packed (`batching.PackedRows`, or
+    `shared_prompts.SharedPromptRows`) instead of padded; the result is the same up to floating-point order.
+    Returns [B, L] float32, 0 outside output_mask; differentiable unless called under torch.no_grad().
     """
-    token_logp, _ = _token_logp_and_logits(model, input_ids, attention_mask, temperature, packed)
-    return _place(token_logp, attention_mask, output_mask, packed)
+    token_logp, _, _ = _output_logits(model, input_ids, attention_mask, output_mask, temperature, packed)
+    return _place(token_logp, output_mask)
 
 
 def compute_token_logprobs_and_entropy(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor,
                                        output_mask: Tensor, temperature: float = 1.0, *,
                                        differentiable_entropy: bool = True,
-                                       packed: PackedRows | None = None) -> tuple[Tensor, Tensor]:
+                                       packed: Layout | None = None) -> tuple[Tensor, Tensor]:
     """As `compute_token_logprobs`, plus the entropy [B, L] of the distribution each scored token
     was drawn from (same temperature), 0 outside output_mask. With differentiable_entropy=False
     the entropy is a detached diagnostic and keeps no graph."""
-    token_logp, logits = _token_logp_and_logits(model, input_ids, attention_mask, temperature, packed)
+    token_logp, logits, inverse = _output_logits(model, input_ids, attention_mask, output_mask, temperature, packed)
     if differentiable_entropy:
-        entropy = entropy_from_logits(logits)
+        entropy = entropy_from_logits(logits)[inverse]
     else:
         with torch.no_grad():
-            entropy = entropy_from_logits(logits.detach())
-    return (_place(token_logp, attention_mask, output_mask, packed),
-            _place(entropy, attention_mask, output_mask, packed))
+            entropy = entropy_from_logits(logits.detach())[inverse]
+    return _place(token_logp, output_mask), _place(entropy, output_mask)
+
+
+def _probe_batch(sequences: list[list[int]], prompt_lengths: list[int], pad_token_id: int, width: int,
+                 device: torch.device) -> PaddedBatch:
+    input_ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    output_mask = torch.zeros((len(sequences), width), dtype=torch.bool)
+    for row, (ids, prompt) in enumerate(zip(sequences, prompt_lengths, strict=True)):
+        input_ids[row, :len(ids)] = torch.tensor(ids)
+        attention_mask[row, :len(ids)] = 1
+        output_mask[row, prompt:len(ids)] = True
+    zeros = torch.zeros((len(sequences), width))
+    return PaddedBatch(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                       output_mask=output_mask.to(device), rollout_logp=zeros.to(device),
+                       advantages=torch.zeros(len(sequences), device=device),
+                       output_versions=torch.full((len(sequences), width), -1, dtype=torch.long, device=device))
 
 
 @torch.no_grad()
-def check_packing_supported(model: torch.nn.Module, *, pad_token_id: int, device: torch.device) -> None:
-    """ValueError naming `trainer.packing` and the model_type unless `model` scores two sequences packed in
-    one row as it scores them padded: an architecture that ignores position ids in its attention mask would
-    let them attend to each other, silently. (Llama, Llama 3.1, Qwen2, Qwen3 and Qwen3-MoE pass with
-    transformers' sdpa and eager attention: their causal mask is built from the packed position ids.)"""
+def check_packing_supported(model: torch.nn.Module, *, pad_token_id: int, device: torch.device,
+                            share_prompts: bool = False) -> None:
+    """ValueError naming `trainer.packing` (or `trainer.share_prompts`) and the model_type unless `model` scores
+    sequences packed in one row (sharing a prompt) as it scores them padded: an architecture that ignores position
+    ids in its attention mask, or the block mask of shared prompts, would let them attend to each other, silently.
+    (Llama, Llama 3.1, Qwen2, Qwen3 and Qwen3-MoE pass with transformers' sdpa and eager attention: their causal mask
+    is built from the packed position ids, and an explicit 4D mask is used as given.)"""
     vocab = int(model.get_input_embeddings().num_embeddings)
-    sequences = [[(7 * i + 3) % vocab for i in range(5)], [(11 * i + 5) % vocab for i in range(3)]]
-    input_ids = torch.full((2, 5), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((2, 5), dtype=torch.long)
-    for row, ids in enumerate(sequences):
-        input_ids[row, :len(ids)] = torch.tensor(ids)
-        attention_mask[row, :len(ids)] = 1
-    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-    output_mask = attention_mask.bool()
-    output_mask[:, 0] = False
-    # Width 8 holds both: a row of 5 + 3 tokens, a second sequence that starts right after the first.
-    wide_ids = torch.nn.functional.pad(input_ids, (0, 3), value=pad_token_id)
-    wide_mask = torch.nn.functional.pad(attention_mask, (0, 3))
-    wide_output = torch.nn.functional.pad(output_mask, (0, 3))
-    packed = PackedRows.build(wide_ids, wide_mask, [[0, 1]], width=8, pad_token_id=pad_token_id)
-    padded = compute_token_logprobs(model, wide_ids, wide_mask, wide_output)
-    packed_logp = compute_token_logprobs(model, wide_ids, wide_mask, wide_output, packed=packed)
+    prompt = [(13 * i + 2) % vocab for i in range(4)]
+    sequences = [[(7 * i + 3) % vocab for i in range(5)], [(11 * i + 5) % vocab for i in range(3)],
+                 prompt + [(5 * i + 1) % vocab for i in range(2)], prompt + [(3 * i + 4) % vocab for i in range(3)]]
+    # Width 8 holds the first two in one row: a second sequence that starts right after the first.
+    batch = _probe_batch(sequences, [1, 1, 4, 4], pad_token_id, 8, device)
+    layout: Layout = (SharedPromptRows.build(batch, pad_token_id=pad_token_id) if share_prompts else
+                      PackedRows.build(batch.input_ids, batch.attention_mask, [[0, 1], [2], [3]], width=8,
+                                       pad_token_id=pad_token_id))
+    padded = compute_token_logprobs(model, batch.input_ids, batch.attention_mask, batch.output_mask)
+    packed_logp = compute_token_logprobs(model, batch.input_ids, batch.attention_mask, batch.output_mask,
+                                         packed=layout)
     difference = float((padded - packed_logp).abs().max())
     if not difference <= 1e-3:
-        raise ValueError(f"trainer.packing: {type(model).__name__} (model_type {model_type(model)!r}) does not keep "
+        setting = "trainer.share_prompts" if share_prompts else "trainer.packing"
+        raise ValueError(f"{setting}: {type(model).__name__} (model_type {model_type(model)!r}) does not keep "
                          f"packed sequences apart (log-probs differ by {difference:.3g} from the padded batch's); "
-                         "set trainer.packing to false for this model")
+                         f"set {setting} to false for this model")
 
 
 def _tokenizer_files(tokenizer_dir: Path) -> Iterator[Path]:

@@ -36,6 +36,9 @@ ENTROPY = Gauge("everstep_trainer_entropy", "Mean per-token policy entropy in th
 LEARNING_RATE = Gauge("everstep_trainer_learning_rate", "Learning rate of the latest train step.")
 PADDING_FRACTION = Gauge("everstep_trainer_padding_ratio",
                          "Of the token positions the latest step's forward-backward passes computed, the padding.")
+SHARED_PROMPT_FRACTION = Gauge("everstep_trainer_shared_prompt_ratio",
+                               "trainer.share_prompts: of the latest step's real tokens, the fraction not computed "
+                               "because another sample of the micro-batch carried the same prompt.")
 ROUTING_DISAGREEMENT = Gauge("everstep_trainer_routing_disagreement_ratio",
                              "MoE: of the latest step's (token, MoE layer) pairs with an engine route, the fraction "
                              "whose top-k set under the trainer's own router differs (0 without routes).")
@@ -78,6 +81,7 @@ def observe_train_step(stats: TrainStats, version: int) -> None:
     ENTROPY.set(stats.entropy)
     LEARNING_RATE.set(stats.learning_rate)
     PADDING_FRACTION.set(stats.padding_fraction)
+    SHARED_PROMPT_FRACTION.set(stats.shared_prompt_fraction)
     ROUTING_DISAGREEMENT.set(stats.routing_disagreement)
     POLICY_VERSION.set(version)
     STEPS.inc()

@@ -71,6 +71,7 @@ from everstep_trainer.distributed import (
     to_local_scalar,
 )
 from everstep_trainer.hf_model import (
+    Layout,
     autocast_context,
     check_packing_supported,
     compute_token_logprobs,
@@ -98,6 +99,7 @@ from everstep_trainer.losses import (
 )
 from everstep_trainer.optim import build_adamw, learning_rate_at, set_learning_rate
 from everstep_trainer.routing import RouteCounts, check_replay_supported, replay_routes, route_spec
+from everstep_trainer.shared_prompts import SharedPromptRows
 
 __all__ = ["PolicyTrainer", "TrainStats", "WeightsToPush"]
 
@@ -142,6 +144,9 @@ class TrainStats:
     padding_fraction: float
     """Of the token positions the forward-backward passes computed (micro-batches of right-padded rows,
     every epoch), the fraction that were padding."""
+    shared_prompt_fraction: float = 0.0
+    """With `share_prompts`: of the real tokens of the forward-backward passes, the fraction not computed because
+    another sample of the micro-batch carried the same prompt (0.0 without)."""
     routing_disagreement: float = 0.0
     """MoE models with recorded routes: of the (token, MoE layer) pairs with a route in the old log-prob pass,
     the fraction whose top-k set under the trainer's own router differs from the engine's (layer l's router
@@ -172,11 +177,14 @@ class _MicroBatch:
     real: bool = True
     packing: list[list[int]] | None = None
     width: int = 0
+    share_prompts: bool = False
 
-    def select(self, batch: PaddedBatch, pad_token_id: int) -> tuple[PaddedBatch, PackedRows | None]:
+    def select(self, batch: PaddedBatch, pad_token_id: int) -> tuple[PaddedBatch, Layout | None]:
         micro = batch.select(self.rows)
         if self.packing is None:
             return micro, None
+        if self.share_prompts:
+            return micro, SharedPromptRows.build(micro, pad_token_id=pad_token_id)
         return micro, PackedRows.build(micro.input_ids, micro.attention_mask, self.packing, width=self.width,
                                        pad_token_id=pad_token_id)
 
@@ -188,7 +196,8 @@ class _MinibatchResult:
     num_clipped: int
     entropy_sum: float
     computed_positions: int = 0  # rows x length of every real micro-batch pass (packed rows when packing)
-    real_positions: int = 0  # of those, prompt and output tokens
+    real_positions: int = 0  # prompt and output tokens of the samples
+    distinct_positions: int = 0  # computed positions that hold a real token (fewer than those with shared prompts)
 
 
 class PolicyTrainer:
@@ -252,7 +261,8 @@ class PolicyTrainer:
         pad = getattr(self.model.config, "pad_token_id", None)
         self.pad_token_id = pad if isinstance(pad, int) else 0
         if config.packing:
-            check_packing_supported(self.model, pad_token_id=self.pad_token_id, device=self.device)
+            check_packing_supported(self.model, pad_token_id=self.pad_token_id, device=self.device,
+                                    share_prompts=config.share_prompts)
 
     # -- weights and checkpoints ------------------------------------------------------------------------
 
@@ -394,10 +404,11 @@ class PolicyTrainer:
 
         self.num_train_steps += 1
         self.version += 1
-        loss_sum, num_tokens_seen, num_clipped, entropy_sum, computed, real = all_reduce_sum(
+        loss_sum, num_tokens_seen, num_clipped, entropy_sum, computed, real, distinct = all_reduce_sum(
             [sum(r.loss for r in results), sum(r.num_tokens for r in results), sum(r.num_clipped for r in results),
              sum(r.entropy_sum for r in results), sum(r.computed_positions for r in results),
-             sum(r.real_positions for r in results)], self.ranks, self.device)
+             sum(r.real_positions for r in results), sum(r.distinct_positions for r in results)],
+            self.ranks, self.device)
         stats = TrainStats(
             loss=loss_sum / len(results),
             grad_norm=sum(grad_norms) / len(grad_norms),
@@ -419,7 +430,8 @@ class PolicyTrainer:
             mismatch_kl_stale=stale.diagnostics().mismatch_kl,
             num_tokens_fresh=fresh.num_valid,
             num_tokens_stale=stale.num_valid,
-            padding_fraction=1.0 - real / computed if computed else 0.0,
+            padding_fraction=1.0 - distinct / computed if computed else 0.0,
+            shared_prompt_fraction=1.0 - distinct / real if real else 0.0,
             routing_disagreement=differing / routed if routed else 0.0,
             routing_disagreement_fresh=(differing - differing_stale) / (routed - routed_stale)
             if routed > routed_stale else 0.0,
@@ -451,14 +463,15 @@ class PolicyTrainer:
                 position = {row: k for k, row in enumerate(rows)}
                 width = max(sum(own[j] for j in row) for row in packed_rows)  # as wide as its fullest row
                 micro.append(_MicroBatch(rows, packing=[[position[indices[j]] for j in row] for row in packed_rows],
-                                         width=width))
+                                         width=width, share_prompts=self.config.share_prompts))
         else:
             micro = [_MicroBatch([indices[j] for j in group])
                      for group in split_micro_batches(own, self.config.micro_batch_tokens)]
         if self.ranks.is_distributed:
             (most,) = all_reduce_max([len(micro)], self.ranks, self.device)
             # Row 0 exists on every rank (a batch gives each rank >= 1 sample); its pass is weighted 0.
-            idle = (_MicroBatch([0], real=False, packing=[[0]], width=lengths[0]) if self.config.packing
+            idle = (_MicroBatch([0], real=False, packing=[[0]], width=lengths[0],
+                                share_prompts=self.config.share_prompts) if self.config.packing
                     else _MicroBatch([0], real=False))
             micro += [idle] * (int(most) - len(micro))
         return micro
@@ -472,7 +485,7 @@ class PolicyTrainer:
         return MismatchSums(num_valid=int(num_valid), num_masked=int(num_masked), k3_sum=k3_sum,
                             logp_diff_abs_sum=diff_sum, logp_diff_max=diff_max)
 
-    def _routing(self, model: torch.nn.Module, micro: PaddedBatch, packed: PackedRows | None,
+    def _routing(self, model: torch.nn.Module, micro: PaddedBatch, packed: Layout | None,
                  counts: RouteCounts | None = None) -> contextlib.AbstractContextManager:
         """Routing replay (and, with `counts`, the disagreement count) for one forward of `model` on `micro`
         (laid out as `packed`, or padded); a no-op without replay and counts, or without routes."""
@@ -481,6 +494,7 @@ class PolicyTrainer:
             return contextlib.nullcontext()
         if counts is not None:
             counts.stale = micro.flat_stale_routes(self.version, packed)
+            counts.multiplicity = packed.multiplicity() if isinstance(packed, SharedPromptRows) else None
         return replay_routes(model, *flat, replay=self.replay, counts=counts)
 
     def _reference_logp(self, batch: PaddedBatch) -> Tensor | None:
@@ -540,6 +554,8 @@ class PolicyTrainer:
             result.entropy_sum += float(entropy.detach()[micro.output_mask].sum())
             result.computed_positions += (packed or micro).input_ids.numel()
             result.real_positions += int(micro.attention_mask.sum())
+            result.distinct_positions += (packed.num_real_positions if isinstance(packed, SharedPromptRows)
+                                          else int(micro.attention_mask.sum()))
         return result
 
     def _optimizer_step(self) -> float:

@@ -191,6 +191,9 @@ class RouteCounts:
     differing_stale: list[Tensor] = field(default_factory=list)
     total_stale: list[Tensor] = field(default_factory=list)
     stale: Tensor | None = None
+    multiplicity: Tensor | None = None
+    """[N] how many of the batch's tokens each position stands for (shared prompts: the samples sharing it);
+    None: one each."""
 
     def sums(self) -> tuple[float, float, float, float]:
         """(differing, total, differing at stale positions, total at stale positions) as floats (one sync)."""
@@ -226,12 +229,14 @@ def replay_routes(model: torch.nn.Module, routes: Tensor, has_route: Tensor, *, 
             if counts is not None:
                 with torch.no_grad():
                     differs = (indices.long().sort(dim=-1).values != recorded.sort(dim=-1).values).any(dim=-1)
-                    counts.differing.append((differs & mask).sum())
-                    counts.total.append(mask.sum())
+                    weight = (torch.ones_like(mask, dtype=torch.long) if counts.multiplicity is None
+                              else counts.multiplicity.to(indices.device))
+                    counts.differing.append(((differs & mask) * weight).sum())
+                    counts.total.append((mask * weight).sum())
                     if counts.stale is not None:
                         stale = mask & counts.stale.to(indices.device)
-                        counts.differing_stale.append((differs & stale).sum())
-                        counts.total_stale.append(stale.sum())
+                        counts.differing_stale.append(((differs & stale) * weight).sum())
+                        counts.total_stale.append((stale * weight).sum())
             if not replay:
                 return None
             experts = torch.where(mask[:, None], recorded, indices.long())

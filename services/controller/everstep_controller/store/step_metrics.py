@@ -101,6 +101,10 @@ class StepMetrics(_EveryStep):
         default=None, description="routing_disagreement over the fresh tokens (0: none).")
     routing_disagreement_stale: float | None = Field(
         default=None, description="routing_disagreement over the stale tokens (0: none).")
+    shared_prompt_fraction: float | None = Field(
+        default=None, description="trainer.share_prompts: of the real tokens of the forward-backward passes, the "
+                                  "fraction not computed because another sample of the micro-batch carried the same "
+                                  "prompt; 0 without.")
 
     @model_serializer(mode="wrap")
     def _without_absent_train_stats(self, handler: SerializerFunctionWrapHandler):
