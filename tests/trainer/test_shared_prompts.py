@@ -16,6 +16,7 @@ from distributed_check import check_config, max_weight_difference, train_on_one_
 from pydantic import ValidationError
 
 from everstep.settings import TrainerConfig, TrainerSettings
+from everstep_trainer import shared_prompts
 from everstep_trainer.batching import TrainSample, pad_samples
 from everstep_trainer.hf_model import (
     _block_mask,
@@ -71,6 +72,16 @@ def test_the_layout_computes_each_prompt_once_and_lets_each_sample_see_only_the_
     assert allowed[2] == [1, 1, 1, 0, 0, 0]
     assert layout.allowed[1, 4].int().tolist() == [0, 0, 0, 0, 1, 0]  # padding sees only itself
     assert not layout.allowed[2, :3, 3:].any()
+
+
+def test_a_large_group_is_split_into_segments_of_bounded_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shared_prompts, "SEGMENT_TOKENS", 10)
+    samples = [TrainSample([5, 6, 7], [8 + i] * 3, [-1.0] * 3, 0.0) for i in range(5)]  # 5 x 3 own tokens
+    layout = SharedPromptRows.build(pad_samples(samples, pad_token_id=0), pad_token_id=0)
+    # Segments of at most 10 tokens: the prompt (3) with two answers (6) each, then the prompt with the last one.
+    assert layout.num_segments == 3 and layout.input_ids.shape[1] == 9
+    assert layout.input_ids[:, :3].tolist() == [[5, 6, 7]] * 2 + [[5, 6, 7]]
+    assert layout.num_real_positions == 3 * 3 + 5 * 3
 
 
 @pytest.mark.parametrize("architecture", ["llama", "llama3", "qwen2", "qwen3", "qwen3_moe"])

@@ -13,8 +13,9 @@ the prompt's activations, shared by the segment's samples, get the sum of their 
 first response token of every sample is predicted from the same (last prompt) position.
 
 Segments are laid into rows of the longest segment's width, first fit, longest first (a segment with one sample is
-an ordinary packed sequence), with an explicit block mask, `allowed` [R, W, W]: padding positions attend only to
-themselves. Samples without a shared prompt cost what packing costs; the saving is the prompt copies.
+an ordinary packed sequence; a segment holds at most `SEGMENT_TOKENS` tokens, or the longest sample's), with an
+explicit block mask, `allowed` [R, W, W]: padding positions attend only to themselves. Samples without a shared
+prompt cost what packing costs; the saving is the prompt copies.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from torch import Tensor
 
 from everstep_trainer.batching import PaddedBatch, first_fit_rows
 
-__all__ = ["SharedPromptRows", "prompt_lengths"]
+__all__ = ["SEGMENT_TOKENS", "SharedPromptRows", "prompt_lengths"]
 
 
 def prompt_lengths(batch: PaddedBatch) -> list[int]:
@@ -48,6 +49,27 @@ def _group_key(batch: PaddedBatch, row: int, prompt_length: int) -> tuple[object
                 int(batch.output_versions[row, prompt_length]) if prompt_length < batch.output_versions.shape[1]
                 else -1)
     return key
+
+
+SEGMENT_TOKENS = 4096
+"""A segment holds at most this many tokens (or the micro-batch's longest sample, if longer): the samples of a
+larger group go into several segments, each with its own copy of the prompt, so that the block mask ([W, W] per
+row) and each row's attention stay bounded when responses are long (where a prompt copy matters least)."""
+
+
+def _split_group(rows: list[int], prompt_length: int, lengths: list[int], cap: int) -> list[list[int]]:
+    """The samples `rows` of one prompt in consecutive segments of at most `cap` tokens (the prompt plus their own
+    tokens); each segment holds at least one sample."""
+    segments: list[list[int]] = [[]]
+    size = prompt_length
+    for row in rows:
+        own = lengths[row] - prompt_length
+        if segments[-1] and size + own > cap:
+            segments.append([])
+            size = prompt_length
+        segments[-1].append(row)
+        size += own
+    return segments
 
 
 @dataclass(frozen=True)
@@ -83,7 +105,9 @@ class SharedPromptRows:
         groups: dict[tuple[object, ...], list[int]] = {}
         for row in range(len(batch)):
             groups.setdefault(_group_key(batch, row, prompts[row]), []).append(row)
-        segments = list(groups.values())
+        cap = max(max(lengths), SEGMENT_TOKENS)
+        segments = [segment for rows in groups.values()
+                    for segment in _split_group(rows, prompts[rows[0]], lengths, cap)]
         sizes = [prompts[rows[0]] + sum(lengths[r] - prompts[r] for r in rows) for rows in segments]
         width = max(sizes)
         placed = first_fit_rows(sizes, width)  # segment indices per row
