@@ -83,8 +83,10 @@ def test_many_small_processes_over_the_memory_limit_get_the_memory_verdict(clien
                                                                           isolation: dict) -> None:
     # Each process is smaller than the slot's zygote, which shares their cgroup: the out-of-memory
     # killer may pick the zygote first. The run still gets its verdict, and nothing survives.
+    # Each tail holds its 6 MB until its input ends 3 s later, so the eight are over the limit
+    # together however the machine schedules them (CI once ran them one after another).
     require(isolation, "cgroups", "distinct_uid")
-    code = "for i in $(seq 8); do head -c 6000000 /dev/zero | tail > /dev/null & done; wait; echo done"
+    code = "for i in $(seq 8); do (head -c 6000000 /dev/zero; sleep 3) | tail > /dev/null & done; wait; echo done"
     body = run(client, code, "bash", memory_limit_MB=16, run_timeout=10)
     assert body["status"] == "Failed", body
     result = body["run_result"]
