@@ -61,3 +61,42 @@ def test_greedy_rows_and_private_generators():
     own = [torch.Generator().manual_seed(9) if i == 3 else None for i in range(6)]
     second = sample(logits, batch(own), torch.Generator().manual_seed(4))[0]
     assert first[3] == second[3]
+
+
+def test_a_large_vocabulary_draws_from_its_distribution_across_chunks():
+    """The two-level inverse CDF (chunks of 256 tokens) on a vocabulary that is not a multiple of the chunk: the
+    frequencies follow softmax(logits), tokens of no mass (top-k) are never drawn, the log-probs are log_softmax's."""
+    vocab, num_rows = 1000, 20_000
+    logits = torch.full((vocab,), -30.0)
+    favourites = torch.tensor([3, 255, 256, 511, 700, 999])  # either side of chunk edges, and the padded last chunk
+    logits[favourites] = torch.tensor([1.0, 0.5, 0.0, 1.5, -0.5, 0.8])
+    rows = logits.repeat(num_rows, 1)
+    for top_k in (0, 4):
+        params = SamplingBatch(temperature=[1.0] * num_rows, top_p=[1.0] * num_rows, top_k=[top_k] * num_rows,
+                               generators=[None] * num_rows)
+        tokens, logprobs = sample(rows, params, torch.Generator().manual_seed(5))
+        want = torch.softmax(logits, dim=-1)
+        if top_k:
+            keep = torch.zeros(vocab, dtype=torch.bool)
+            keep[logits.topk(top_k).indices] = True
+            want = torch.where(keep, want, 0.0)
+            want = want / want.sum()
+        frequencies = torch.bincount(tokens, minlength=vocab).float() / num_rows
+        assert (frequencies - want).abs().max() < 0.015, top_k
+        assert bool((frequencies[want == 0] == 0).all())
+        assert torch.allclose(logprobs, torch.log_softmax(logits, -1)[tokens], atol=1e-5)
+
+
+def test_the_inverse_cdf_never_lands_on_a_token_without_mass():
+    """Uniform numbers at the ends of [0, 1) and weights whose last chunks are empty: the token drawn has weight."""
+    from everstep_rollout.engine.sampling import _inverse_cdf
+
+    weights = torch.zeros(4, 1024)
+    weights[:, 10] = 1e-3
+    weights[:, 300] = 2.0
+    weights[2:, 257] = 1e-30
+    uniform = torch.tensor([[0.0], [1 - 2**-24], [0.5], [1 - 2**-24]])
+    tokens, totals = _inverse_cdf(weights, uniform)
+    assert bool((weights.gather(1, tokens[:, None]) > 0).all()), tokens
+    assert tokens.tolist() == [10, 300, 300, 300]
+    assert torch.allclose(totals, weights.sum(dim=1))

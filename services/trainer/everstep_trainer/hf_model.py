@@ -12,6 +12,7 @@ the trainer never passes, and only when router logits are output).
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
 import shutil
@@ -88,7 +89,13 @@ Layout = PackedRows | SharedPromptRows
 
 def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft model's own
-    return "logits_to_keep" in inspect.signature(type(base).forward).parameters
+    return _forward_takes_logits_to_keep(type(base))
+
+
+@functools.cache
+def _forward_takes_logits_to_keep(model_class: type) -> bool:
+    """Whether the class's forward has transformers' `logits_to_keep` (read once per class, not per micro-batch)."""
+    return "logits_to_keep" in inspect.signature(model_class.forward).parameters
 
 
 def _block_mask(model: torch.nn.Module, allowed: Tensor) -> Tensor:
