@@ -26,7 +26,18 @@ import torch
 from everstep.settings import TrainerConfig
 from everstep_trainer.batching import TrainSample
 
-__all__ = ["RankRunResult", "check", "check_batches", "train_on_one_rank", "train_on_ranks"]
+__all__ = ["UPDATE_TOLERANCE", "RankRunResult", "check", "check_batches", "max_weight_difference",
+           "relative_update_difference", "train_on_one_rank", "train_on_ranks"]
+
+UPDATE_TOLERANCE = 1e-3
+"""The bound on `relative_update_difference` for two computations that should train alike (packed and padded, one
+rank and two, shared prompts or not). Adam divides each update by the gradient's own running scale, so a weight
+whose gradient is float noise (a reduction order, another CPU's kernels) moves by up to about the learning rate
+either way: an absolute bound on the weights after a step measures that noise, not the computation (issue 38: an
+AMD machine gave 6.2e-5 where an Intel one gave less than 2e-5). Such weights are few, so the difference of the two
+updates stays a small share of the update itself (at most 4.2e-5 measured on an Intel Xeon, 24 times below the
+bound); a wrong shard, a missed reduction or a wrong mask changes most of the update (measured: 0.74 for a step
+without routing replay against one with it)."""
 
 _PRELOAD = ["torch", "torch.distributed.fsdp", "transformers", "transformers.models.llama.modeling_llama",
             "transformers.models.qwen3_moe.modeling_qwen3_moe", "everstep_trainer.policy_trainer"]
@@ -148,9 +159,25 @@ def check_config(**overrides: object) -> TrainerConfig:
 
 
 def max_weight_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """The largest element difference: for copies of the same weights (a checkpoint, a push), where any difference
+    is a bug. Two computations trained by Adam compare with `relative_update_difference` instead."""
     if a.keys() != b.keys():
         raise ValueError(f"state dicts differ in names: {sorted(a.keys() ^ b.keys())[:5]}")
     return max(float((a[n] - b[n]).abs().max()) for n in a)
+
+
+def relative_update_difference(initial: dict[str, torch.Tensor], a: dict[str, torch.Tensor],
+                               b: dict[str, torch.Tensor]) -> float:
+    """How far two trainings from the same `initial` weights ended apart, as a share of how far `a` moved:
+    ||a - b|| / ||a - initial|| over all weights together (L2). See `UPDATE_TOLERANCE`."""
+    if not (a.keys() == b.keys() == initial.keys()):
+        differing = (a.keys() ^ b.keys()) | (a.keys() ^ initial.keys())
+        raise ValueError(f"state dicts differ in names: {sorted(differing)[:5]}")
+    apart = sum(float((a[n].double() - b[n].double()).square().sum()) for n in a)
+    moved = sum(float((a[n].double() - initial[n].double()).square().sum()) for n in a)
+    if moved == 0.0:
+        raise ValueError("the weights did not move: there is no update to compare")
+    return (apart / moved) ** 0.5
 
 
 def check(model_dir: Path, *, world_size: int = 2, num_steps: int = 2) -> dict:
