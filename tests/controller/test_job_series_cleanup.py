@@ -36,10 +36,11 @@ PER_JOB_NAMES = {"everstep_controller_job_step", "everstep_controller_policy_ver
                  "everstep_controller_rollout_tokens", "everstep_controller_rollout_seconds",  # counters: _total
                  "everstep_controller_partial_buffer_size",
                  "everstep_controller_tool_calls", "everstep_controller_tool_turns_per_sample",  # tool_calls: _total
-                 "everstep_controller_tool_use_ratio", "everstep_controller_tool_call_seconds"}
+                 "everstep_controller_tool_use_ratio", "everstep_controller_tool_call_seconds",
+                 "everstep_controller_engine_tokens", "everstep_controller_engine_weight_version"}  # per engine
 # the lines a job's series take on /metrics: one per metric, eval accuracy twice (sampled and greedy), and the
-# three counters two each (_total and _created)
-LINES_PER_JOB = len(PER_JOB_NAMES) + 1 + 3
+# four counters two each (_total and _created)
+LINES_PER_JOB = len(PER_JOB_NAMES) + 1 + 4
 
 
 def _observe(job_id: str) -> None:
@@ -48,6 +49,7 @@ def _observe(job_id: str) -> None:
     metrics.observe_tools(job_id, STEP_ROW)  # a job with tools (kind "none" only: no failed call)
     metrics.EVAL_ACCURACY.labels(job_id=job_id, kind="sampled").set(0.25)
     metrics.EVAL_ACCURACY.labels(job_id=job_id, kind="greedy").set(0.5)
+    metrics.count_engine_tokens(job_id, "127.0.0.1:1", 100, weight_version=3)  # one engine
 
 
 def _series_of(job_id: str) -> list[str]:

@@ -170,7 +170,7 @@ def test_launch_alive_and_stop_against_a_recording_cluster(templates: dict[str, 
     workers = launcher.launch(_request())
     assert set(cluster.objects) == {(kind, object_name("0a1b2c3d4e5f", c)) for kind in ("Deployment", "Service")
                                     for c in ("rollout", "trainer")}
-    assert workers.dedicated and workers.rollout == workers.trainer == health_address
+    assert workers.dedicated and workers.rollouts == [health_address] and workers.trainer == health_address
     assert sorted(h.kind for h in workers.objects) == ["Deployment", "Deployment", "Pod", "Pod", "Service", "Service"]
     assert launcher.alive(workers)
 
@@ -180,3 +180,28 @@ def test_launch_alive_and_stop_against_a_recording_cluster(templates: dict[str, 
 
     launcher.stop(workers)
     assert cluster.objects == {} and cluster.pods == {}
+
+
+def test_a_pool_of_engines_is_one_deployment_and_service_per_engine(templates: dict[str, Any],
+                                                                    health_address: str) -> None:
+    """resources.rollout.replicas 3: three engines the controller addresses one by one, each selected by its own
+    worker label (a push reaches each; none is behind a shared Service), one trainer."""
+    cluster = RecordingCluster(templates)
+    launcher = KubernetesLauncher(namespace=NAMESPACE, template_prefix="rel-everstep", api=cluster,
+                                  address_format="{service}", ready_timeout_seconds=10)
+    request = _request(rollout={"replicas": 3})
+    objects = launcher.build(request)
+    assert list(objects) == ["rollout-0", "rollout-1", "rollout-2", "trainer"]
+    selectors = {w: _as_dict(service)["spec"]["selector"] for w, (_, service) in objects.items()}
+    assert len({tuple(sorted(s.items())) for s in selectors.values()}) == 4
+    for worker, (deployment, service) in objects.items():
+        assert _as_dict(deployment)["spec"]["selector"]["matchLabels"] == selectors[worker]
+        assert service.metadata.name == object_name("0a1b2c3d4e5f", worker)
+    launcher.address_format = health_address
+    workers = launcher.launch(request)
+    assert workers.rollouts == [health_address] * 3 and len([h for h in workers.objects if h.kind == "Pod"]) == 4
+    assert launcher.alive(workers)
+    cluster.start_pod(cluster.objects[("Deployment", object_name("0a1b2c3d4e5f", "rollout-1"))])
+    assert not launcher.alive(workers)  # one engine of the pool replaced: it lost the job's weights
+    launcher.stop(workers)
+    assert cluster.objects == {}

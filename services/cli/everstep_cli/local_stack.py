@@ -109,7 +109,7 @@ class LocalStack:
                     wait_grpc_serving(process, self.ready_timeout_seconds)
             workers = (["--launcher", "local"] if launcher == "local" else
                        ["--launcher", "shared", "--rollout", state.address("rollout"),
-                        "--trainer", state.address("trainer")])
+                        "--trainer", state.address("trainer"), "--engines-on-demand", "local"])
             controller = self._spawn(state, "controller", [
                 "-m", "everstep_controller", "--host", host, "--port", str(port),
                 "--redis-url", state.redis_url, "--reward", state.address("reward"),

@@ -82,11 +82,15 @@ def _own_namespace() -> str:
 def build_launcher(args: argparse.Namespace):  # noqa: ANN201 (imports stay lazy)
     from everstep_controller.launchers import make_launcher
 
+    def local(max_jobs: int):  # noqa: ANN202
+        return make_launcher("local", work_dir=Path(args.data_dir) / "workers", max_jobs=max_jobs,
+                             threads_per_worker=args.threads_per_worker, threads_per_engine=args.threads_per_engine)
+
     if args.launcher == "shared":
-        return make_launcher("shared", rollout=args.rollout, trainer=args.trainer)
+        return make_launcher("shared", rollout=args.rollout, trainer=args.trainer,
+                             engines_on_demand=local(1) if args.engines_on_demand == "local" else None)
     if args.launcher == "local":
-        return make_launcher("local", work_dir=Path(args.data_dir) / "workers", max_jobs=args.max_jobs or 4,
-                             threads_per_worker=args.threads_per_worker)
+        return local(args.max_jobs or 4)
     return make_launcher("kubernetes", namespace=args.k8s_namespace or _own_namespace(),
                          template_prefix=args.k8s_template_prefix,
                          max_jobs=args.max_jobs or 16)

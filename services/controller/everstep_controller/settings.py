@@ -81,7 +81,13 @@ class ControllerSettings:
         help="who gives each job its rollout engine and trainer: 'local' processes, 'kubernetes' workloads, or the "
              "'shared' ones at --rollout/--trainer (one job at a time). Default: shared when --rollout and "
              "--trainer are given, else local")
-    rollout: str | None = _option(None, help="shared rollout engine gRPC address (launcher shared)")
+    rollout: str | None = _option(
+        None, help="the standing rollout engines' gRPC addresses, host:port[,host:port...] (launcher shared); a job "
+                   "with resources.rollout.replicas N uses the first N")
+    engines_on_demand: str = _option(
+        "none", choices=("none", "local"),
+        help="launcher shared: 'local' starts the rollout engines a job asks for beyond the --rollout ones as local "
+             "processes of the job, stopped with it (everstep up); 'none' refuses such a job at launch")
     trainer: str | None = _option(None, help="shared trainer gRPC address (launcher shared)")
     max_jobs: int | None = _option(
         None, help="jobs run at once (default: 1 with shared workers, 4 with local ones, 16 on Kubernetes)")
@@ -117,7 +123,12 @@ class ControllerSettings:
         300.0, check=_at_least(0),
         help="how long a job's Prometheus series (those labelled job_id) stay on /metrics after it ended here: a few "
              "scrape intervals, so that the final values are scraped (0: removed at once)")
-    threads_per_worker: int = _option(0, help="local launcher: torch threads of each worker process (0: their default)")
+    threads_per_worker: int = _option(
+        0, check=_at_least(0), help="local launcher: torch threads of each worker process (0: their default)")
+    threads_per_engine: int = _option(
+        0, check=_at_least(0),
+        help="local launcher: torch threads of each rollout engine (0: --threads-per-worker when set, else for a pool "
+             "of N engines this machine's cores divided by N, at least 1, so that the engines share the cores)")
     k8s_namespace: str | None = _option(
         None, help="kubernetes launcher: namespace of the workloads (default: the controller pod's own)")
     k8s_template_prefix: str = _option(

@@ -40,11 +40,16 @@ class ObjectHandle(BaseModel):
     restarts: int = Field(default=0, description="Pods: container restarts when the launch saw it.")
 
 
+def engine_names(replicas: int) -> list[str]:
+    """The worker names of a pool of `replicas` rollout engines: 'rollout' alone, else 'rollout-0', 'rollout-1', ..."""
+    return ["rollout"] if replicas == 1 else [f"rollout-{i}" for i in range(replicas)]
+
+
 class Workers(BaseModel):
     """A job's workers: their gRPC addresses and how to find them again."""
 
     launcher: str
-    rollout: str = Field(description="gRPC host:port of the rollout engine.")
+    rollouts: list[str] = Field(min_length=1, description="gRPC host:port of each rollout engine of the job's pool.")
     trainer: str = Field(description="gRPC host:port of the trainer.")
     dedicated: bool = Field(description="True when no other job uses these workers.")
     processes: list[ProcessHandle] = Field(default_factory=list)
@@ -69,8 +74,8 @@ class Launcher(ABC):
         """Stops the workers of the record (nothing for ones already gone)."""
 
     def replace(self, workers: Workers, request: WorkerRequest, roles: set[str]) -> tuple[Workers, set[str]]:
-        """Starts anew the workers of `roles` ('rollout', 'trainer': e.g. one that hung) and any that
-        is not running; returns the new record and the roles started anew.
+        """Starts anew the workers of `roles` ('rollout': every engine of the pool, 'trainer': e.g. one that hung)
+        and any that is not running; returns the new record and the roles started anew.
 
         This default starts both anew; launchers that can replace one worker alone override it, so
         that a trainer that is fine keeps its state when only the rollout engine died.

@@ -1,4 +1,8 @@
-"""The Kubernetes launcher: a job's rollout engine and trainer as a Deployment and a Service each.
+"""The Kubernetes launcher: each of a job's rollout engines and its trainer as a Deployment and a Service.
+
+A pool of N engines (`resources.rollout.replicas`) is N workers `rollout-0` ... `rollout-<N-1>` (one engine:
+`rollout`), each its own Deployment and Service, so that the controller addresses every engine on its own (a
+weight push reaches each, and the engine that samples a group is the one that got the weights).
 
 The pods are made from the chart's PodTemplates `<release>-rollout` and `<release>-trainer`
 (label everstep.io/workload-template), with the job's labels, its engine arguments
@@ -24,12 +28,22 @@ import logging
 import time
 from typing import Any, Protocol
 
-from everstep_controller.launchers.base import Launcher, ObjectHandle, WorkerRequest, Workers
+from everstep_controller.launchers.base import Launcher, ObjectHandle, WorkerRequest, Workers, engine_names
 from everstep_controller.launchers.processes import wait_grpc_address
 
 log = logging.getLogger(__name__)
 
 COMPONENTS = ("rollout", "trainer")
+"""The roles, each with its PodTemplate <prefix>-<role>."""
+
+
+def worker_names(request: WorkerRequest) -> list[str]:
+    """The job's workers: its engines (`engine_names`), then 'trainer'."""
+    return [*engine_names(request.resources.rollout.replicas), "trainer"]
+
+
+def role_of(worker: str) -> str:
+    return "rollout" if worker.startswith("rollout") else worker
 JOB_LABEL = "everstep.io/job-id"
 WORKER_LABEL = "everstep.io/worker"
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
@@ -66,15 +80,17 @@ def pod_template_from_dict(raw: dict[str, Any]) -> Any:
     return client.V1PodTemplate.from_dict(raw)
 
 
-def build_worker_objects(template: Any, request: WorkerRequest, component: str, namespace: str) -> tuple[Any, Any]:
-    """The Deployment and Service of one per-job worker, from the chart's PodTemplate."""
+def build_worker_objects(template: Any, request: WorkerRequest, worker: str, namespace: str) -> tuple[Any, Any]:
+    """The Deployment and Service of one per-job worker ('rollout', 'rollout-<i>' or 'trainer'), from the chart's
+    PodTemplate of its role."""
     from kubernetes import client
 
-    name = object_name(request.job_id, component)
+    component = role_of(worker)
+    name = object_name(request.job_id, worker)
     labels = dict(template.template.metadata.labels or {}) if template.template.metadata else {}
     labels.update({"app.kubernetes.io/component": f"job-{component}", "app.kubernetes.io/managed-by":
-                   "everstep-controller", JOB_LABEL: request.job_id, WORKER_LABEL: component})
-    selector = {JOB_LABEL: request.job_id, WORKER_LABEL: component}
+                   "everstep-controller", JOB_LABEL: request.job_id, WORKER_LABEL: worker})
+    selector = {JOB_LABEL: request.job_id, WORKER_LABEL: worker}
     pod_spec = template.template.spec.model_copy(deep=True)
     container = next((c for c in pod_spec.containers if c.name == component), pod_spec.containers[0])
     wanted = getattr(request.resources, component)
@@ -165,8 +181,9 @@ class KubernetesLauncher(Launcher):
 
     def build(self, request: WorkerRequest) -> dict[str, tuple[Any, Any]]:
         """The Deployment and Service of each worker, from the PodTemplates in the cluster."""
-        return {c: build_worker_objects(self.api.read_pod_template(f"{self.template_prefix}-{c}", self.namespace),
-                                        request, c, self.namespace) for c in COMPONENTS}
+        templates = {c: self.api.read_pod_template(f"{self.template_prefix}-{c}", self.namespace) for c in COMPONENTS}
+        return {w: build_worker_objects(templates[role_of(w)], request, w, self.namespace)
+                for w in worker_names(request)}
 
     def launch(self, request: WorkerRequest) -> Workers:
         objects = self.build(request)
@@ -180,31 +197,31 @@ class KubernetesLauncher(Launcher):
                 addresses[component] = self.address_format.format(
                     service=service.metadata.name, namespace=self.namespace, port=grpc_port_of(service))
             deadline = time.monotonic() + self.ready_timeout_seconds
-            for component in COMPONENTS:
-                wait_grpc_address(addresses[component], max(1.0, deadline - time.monotonic()),
-                                  what=f"job {request.job_id} {component}")
-            handles += self._pods(request.job_id)
+            for worker, address in addresses.items():
+                wait_grpc_address(address, max(1.0, deadline - time.monotonic()),
+                                  what=f"job {request.job_id} {worker}")
+            handles += self._pods(request.job_id, list(addresses))
         except BaseException:
-            self.stop(Workers(launcher=self.kind, rollout="", trainer="", dedicated=True, objects=handles))
+            self.stop(Workers(launcher=self.kind, rollouts=["-"], trainer="", dedicated=True, objects=handles))
             raise
-        return Workers(launcher=self.kind, rollout=addresses["rollout"], trainer=addresses["trainer"],
-                       dedicated=True, objects=handles)
+        return Workers(launcher=self.kind, rollouts=[a for w, a in addresses.items() if role_of(w) == "rollout"],
+                       trainer=addresses["trainer"], dedicated=True, objects=handles)
 
-    def _pods(self, job_id: str) -> list[ObjectHandle]:
+    def _pods(self, job_id: str, workers: list[str]) -> list[ObjectHandle]:
         """The running pods of the job (uid and restart count recorded: a replaced pod lost the weights)."""
         handles = []
-        for component in COMPONENTS:
-            pods = [p for p in self.api.list_pods(self.namespace, f"{JOB_LABEL}={job_id},{WORKER_LABEL}={component}")
+        for worker in workers:
+            pods = [p for p in self.api.list_pods(self.namespace, f"{JOB_LABEL}={job_id},{WORKER_LABEL}={worker}")
                     if p.status and p.status.phase == "Running" and not p.metadata.deletion_timestamp]
             if len(pods) != 1:
-                raise RuntimeError(f"job {job_id}: expected one running {component} pod, found {len(pods)}")
+                raise RuntimeError(f"job {job_id}: expected one running {worker} pod, found {len(pods)}")
             handles.append(ObjectHandle(kind="Pod", name=pods[0].metadata.name, namespace=self.namespace,
                                         uid=pods[0].metadata.uid, restarts=_restarts(pods[0])))
         return handles
 
     def alive(self, workers: Workers) -> bool:
         pods = [h for h in workers.objects if h.kind == "Pod"]
-        if len(pods) != len(COMPONENTS):
+        if len(pods) != len(workers.rollouts) + 1:
             return False
         for handle in pods:
             pod = self.api.read_pod(handle.name, handle.namespace)

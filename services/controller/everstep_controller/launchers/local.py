@@ -1,4 +1,4 @@
-"""The local launcher: a job's rollout engine and trainer as two processes on this machine.
+"""The local launcher: a job's rollout engines (`resources.rollout.replicas`) and trainer as processes on this machine.
 
 Each runs in its own process group on free loopback ports, with its log under
 `<work_dir>/<job id>/`. They outlive a controller killed with SIGKILL, so the controller that
@@ -11,11 +11,12 @@ thread, left behind, would otherwise finish starting after the controller had st
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 from pathlib import Path
 
-from everstep_controller.launchers.base import Launcher, ProcessHandle, WorkerRequest, Workers
+from everstep_controller.launchers.base import Launcher, ProcessHandle, WorkerRequest, Workers, engine_names
 from everstep_controller.launchers.processes import (
     ManagedProcess,
     free_port,
@@ -28,61 +29,85 @@ from everstep_controller.launchers.processes import (
 
 log = logging.getLogger(__name__)
 
-ROLES = ("rollout", "trainer")
+def _role(name: str) -> str:
+    """'rollout' for every engine of the pool ('rollout', 'rollout-0', ...), else the name."""
+    return "rollout" if name.startswith("rollout") else name
 
 
 class LocalLauncher(Launcher):
     kind = "local"
 
     def __init__(self, *, work_dir: Path, max_jobs: int = 4, threads_per_worker: int = 0,
-                 ready_timeout_seconds: float = 300.0, python: str = sys.executable) -> None:
-        """threads_per_worker: torch threads of each worker process (0: their own default)."""
+                 threads_per_engine: int = 0, ready_timeout_seconds: float = 300.0,
+                 python: str = sys.executable) -> None:
+        """threads_per_worker: torch threads of each worker process (0: their own default).
+        threads_per_engine: torch threads of each rollout engine (0: threads_per_worker when set, else, for a pool of
+        several engines, this machine's cores divided among them, at least 1 each, so that they share the cores
+        instead of fighting over them)."""
         if max_jobs < 1:
             raise ValueError(f"max_jobs must be at least 1, got {max_jobs}")
+        if threads_per_worker < 0 or threads_per_engine < 0:
+            raise ValueError("threads_per_worker and threads_per_engine: 0 (the default) or more")
         self.work_dir, self.max_jobs = Path(work_dir), max_jobs
-        self.threads_per_worker, self.ready_timeout_seconds, self.python = (
-            threads_per_worker, ready_timeout_seconds, python)
+        self.threads_per_worker, self.threads_per_engine = threads_per_worker, threads_per_engine
+        self.ready_timeout_seconds, self.python = ready_timeout_seconds, python
         self._lock = threading.Lock()
         self._closed = False
         self._started: dict[int, ManagedProcess] = {}  # pid -> every worker started here and not stopped
 
     def launch(self, request: WorkerRequest) -> Workers:
         for role, wanted in (("rollout", request.resources.rollout), ("trainer", request.resources.trainer)):
-            if wanted.model_dump(exclude_none=True):
-                log.warning("job %s: resources.%s is ignored by the local launcher (processes on this machine)",
-                            request.job_id, role)
-        return self._workers(self._start(request, ROLES))
+            if wanted.model_dump(exclude_none=True, exclude={"replicas"}):
+                log.warning("job %s: resources.%s cpu, memory and gpus are ignored by the local launcher (processes "
+                            "on this machine)", request.job_id, role)
+        return self._workers(self._start(request, self._names(request)))
 
     def replace(self, workers: Workers, request: WorkerRequest, roles: set[str]) -> tuple[Workers, set[str]]:
-        """Only the workers of `roles` and the dead ones are started anew: a live trainer keeps its state.
-        Those of `roles` are killed, not asked to stop: they failed, and a hung one would not stop."""
+        """Only the workers of `roles` and the dead ones are started anew: a live trainer keeps its state, and the
+        live engines of a pool keep serving. Those of `roles` are killed, not asked to stop: they failed, and a hung
+        one would not stop."""
         handles = {p.name: _managed(p) for p in workers.processes}
-        renew = {r for r in ROLES if r in roles or r not in handles or not is_alive(handles[r])}
-        killed = kill_processes(doomed := [handles[r] for r in renew if r in handles])
+        names = self._names(request)
+        renew = [n for n in names if _role(n) in roles or n not in handles or not is_alive(handles[n])]
+        killed = kill_processes(doomed := [handles[n] for n in renew if n in handles])
         self._forget(doomed)
         if killed:
             log.info("job %s: killed %s to start anew", request.job_id, ", ".join(killed))
-        started = {p.name: p for p in self._start(request, [r for r in ROLES if r in renew])}
-        return self._workers([started.get(r) or handles[r] for r in ROLES]), renew
+        started = {p.name: p for p in self._start(request, renew)}
+        return self._workers([started.get(n) or handles[n] for n in names]), {_role(n) for n in renew}
 
-    def _start(self, request: WorkerRequest, roles: list[str] | tuple[str, ...]) -> list[ManagedProcess]:
-        """The processes of `roles`, each serving gRPC, in that order."""
-        env = {"OMP_NUM_THREADS": str(self.threads_per_worker)} if self.threads_per_worker else {}
-        threads = ["--num-threads", str(self.threads_per_worker)] if self.threads_per_worker else []
-        extra_args = {"rollout": ["--max-running", str(request.max_running), "--max-seq-len", str(request.max_seq_len),
-                                  "--seed", str(request.seed), *threads],
-                      "trainer": []}
+    @staticmethod
+    def _names(request: WorkerRequest) -> list[str]:
+        return [*engine_names(request.resources.rollout.replicas), "trainer"]
+
+    def engine_threads(self, replicas: int) -> int:
+        """Torch threads of each engine of a pool of `replicas` (0: the process's own default)."""
+        if self.threads_per_engine:
+            return self.threads_per_engine
+        if self.threads_per_worker or replicas == 1:
+            return self.threads_per_worker
+        return max(1, (os.cpu_count() or 1) // replicas)
+
+    def _start(self, request: WorkerRequest, names: list[str]) -> list[ManagedProcess]:
+        """The processes of `names`, each serving gRPC, in that order."""
+        engine_threads = self.engine_threads(request.resources.rollout.replicas)
         logs = self.work_dir / request.job_id
         started: list[ManagedProcess] = []
         try:
-            for name in roles:
+            for name in names:
+                role = _role(name)
+                threads = engine_threads if role == "rollout" else self.threads_per_worker
+                env = {"OMP_NUM_THREADS": str(threads)} if threads else {}
+                extra_args = (["--max-running", str(request.max_running), "--max-seq-len", str(request.max_seq_len),
+                               "--seed", str(request.seed), *(["--num-threads", str(threads)] if threads else [])]
+                              if role == "rollout" else [])
                 http_port, grpc_port = free_port(), free_port()
                 with self._lock:
                     if self._closed:
                         raise RuntimeError(f"job {request.job_id}: the launcher is closed (the controller is "
                                            "stopping); no worker started")
-                    process = spawn(name, ["-m", f"everstep_{name}", "--host", "127.0.0.1", "--port", str(http_port),
-                                           "--grpc-port", str(grpc_port), *extra_args[name]],
+                    process = spawn(name, ["-m", f"everstep_{role}", "--host", "127.0.0.1", "--port", str(http_port),
+                                           "--grpc-port", str(grpc_port), *extra_args],
                                     logs / f"{name}.log", executable=self.python, http_port=http_port,
                                     grpc_port=grpc_port, env=env)
                     self._started[process.pid] = process
@@ -96,10 +121,15 @@ class LocalLauncher(Launcher):
             log.info("job %s: %s pid %d (%s)", request.job_id, process.name, process.pid, process.grpc_address)
         return started
 
+    def start_engines(self, request: WorkerRequest, indices: range) -> list[ManagedProcess]:
+        """Engines `rollout-<i>` of the job's pool for each i of `indices`, serving gRPC (the shared launcher's
+        engines beyond its standing ones); `stop` and `close` stop them."""
+        return self._start(request, [f"rollout-{i}" for i in indices])
+
     def _workers(self, processes: list[ManagedProcess]) -> Workers:
-        rollout, trainer = processes
-        return Workers(launcher=self.kind, rollout=rollout.grpc_address, trainer=trainer.grpc_address, dedicated=True,
-                       processes=[ProcessHandle(**vars(p)) for p in processes])
+        *engines, trainer = processes
+        return Workers(launcher=self.kind, rollouts=[e.grpc_address for e in engines], trainer=trainer.grpc_address,
+                       dedicated=True, processes=[ProcessHandle(**vars(p)) for p in processes])
 
     def alive(self, workers: Workers) -> bool:
         return bool(workers.processes) and all(is_alive(_managed(p)) for p in workers.processes)

@@ -1,39 +1,85 @@
-"""The shared launcher: every job uses the same rollout engine and trainer, one job at a time.
+"""The shared launcher: every job uses the same standing rollout engines and trainer, one job at a time.
 
-This is what `everstep up` and the chart's standing Deployments provide. Nothing is started or
-stopped. Another job may have loaded other weights into the workers since a job last ran, so a
-job resumed on shared workers always reloads its latest checkpoint (`dedicated` is False).
+This is what `everstep up` and the chart's standing Deployments provide. A job whose pool
+(`resources.rollout.replicas`) is no larger than the standing engines (`--rollout a,b,...`) gets that many of
+them, and nothing is started or stopped. A job that asks for more engines than stand gets the rest started for it
+as local processes (`engines_on_demand`, which `everstep up` sets; they are stopped with the job), or, without it,
+fails at launch with the reason: never a silent smaller pool.
+
+Another job may have loaded other weights into the workers since a job last ran, so a job resumed on shared
+workers always reloads its latest checkpoint (`dedicated` is False).
 """
 
 from __future__ import annotations
 
-from everstep_controller.launchers.base import Launcher, WorkerRequest, Workers
-from everstep_controller.launchers.processes import wait_grpc_address
+import logging
+
+from everstep_controller.launchers.base import Launcher, ProcessHandle, WorkerRequest, Workers
+from everstep_controller.launchers.local import LocalLauncher
+from everstep_controller.launchers.processes import ManagedProcess, is_alive, wait_grpc_address
+
+log = logging.getLogger(__name__)
+
+
+def parse_addresses(value: str | list[str]) -> list[str]:
+    """`host:port` addresses from a comma-separated list (or a list); ValueError for an empty one."""
+    parts = value.split(",") if isinstance(value, str) else list(value)
+    addresses = [p.strip() for p in parts if p.strip()]
+    if not addresses:
+        raise ValueError("--rollout: at least one rollout engine address (host:port[,host:port...])")
+    return addresses
 
 
 class SharedLauncher(Launcher):
     kind = "shared"
     max_jobs = 1
 
-    def __init__(self, *, rollout: str, trainer: str, ready_timeout_seconds: float = 300.0) -> None:
-        """ready_timeout_seconds: how long `replace` waits for the workers to serve again."""
+    def __init__(self, *, rollout: str | list[str], trainer: str, ready_timeout_seconds: float = 300.0,
+                 engines_on_demand: LocalLauncher | None = None) -> None:
+        """rollout: the standing engines' addresses (comma-separated or a list). ready_timeout_seconds: how long
+        `replace` waits for the workers to serve again. engines_on_demand: starts the engines a job asks for beyond
+        the standing ones (None: such a job is refused at launch)."""
         if not rollout or not trainer:
             raise ValueError("the shared launcher needs the rollout and trainer addresses (--rollout, --trainer)")
-        self.rollout, self.trainer = rollout, trainer
+        self.rollouts, self.trainer = parse_addresses(rollout), trainer
         self.ready_timeout_seconds = ready_timeout_seconds
+        self.engines_on_demand = engines_on_demand
 
     def launch(self, request: WorkerRequest) -> Workers:
-        return Workers(launcher=self.kind, rollout=self.rollout, trainer=self.trainer, dedicated=False)
+        wanted = request.resources.rollout.replicas
+        standing = self.rollouts[:wanted]
+        extra: list[ManagedProcess] = []
+        if wanted > len(standing):
+            if self.engines_on_demand is None:
+                raise ValueError(
+                    f"resources.rollout.replicas: the job asks for {wanted} rollout engines and the shared launcher "
+                    f"has {len(self.rollouts)} (--rollout); give the controller more --rollout addresses, or "
+                    "--engines-on-demand to start the rest for the job")
+            extra = self.engines_on_demand.start_engines(request, range(len(standing), wanted))
+            log.info("job %s: %d standing engine(s) and %d started for it", request.job_id, len(standing), len(extra))
+        return Workers(launcher=self.kind, rollouts=[*standing, *(p.grpc_address for p in extra)],
+                       trainer=self.trainer, dedicated=False, processes=[ProcessHandle(**vars(p)) for p in extra])
 
     def alive(self, workers: Workers) -> bool:
-        return (workers.rollout, workers.trainer) == (self.rollout, self.trainer)
+        standing = workers.rollouts[:len(workers.rollouts) - len(workers.processes)]
+        return (standing == self.rollouts[:len(standing)] and workers.trainer == self.trainer
+                and all(is_alive(ManagedProcess(**p.model_dump())) for p in workers.processes))
 
     def stop(self, workers: Workers) -> None:
-        """Shared workers outlive every job."""
+        """Shared workers outlive every job; the engines started for the job stop with it."""
+        if workers.processes and self.engines_on_demand is not None:
+            self.engines_on_demand.stop(workers)
 
     def replace(self, workers: Workers, request: WorkerRequest, roles: set[str]) -> tuple[Workers, set[str]]:
-        """Starts nothing (whoever runs the shared workers restarts them): waits until both serve again,
-        TimeoutError after `ready_timeout_seconds`."""
-        for role, address in (("rollout", self.rollout), ("trainer", self.trainer)):
+        """Waits until the standing workers serve again (whoever runs them restarts them; TimeoutError after
+        `ready_timeout_seconds`); the job's own engines are started anew, all of them."""
+        self.stop(workers)
+        for role, address in [*(("rollout", a) for a in self.rollouts[:request.resources.rollout.replicas]),
+                              ("trainer", self.trainer)]:
             wait_grpc_address(address, self.ready_timeout_seconds, what=f"shared {role}")
-        return workers, set()
+        fresh = self.launch(request)
+        return fresh, ({"rollout"} if fresh.processes else set())
+
+    def close(self) -> None:
+        if self.engines_on_demand is not None:
+            self.engines_on_demand.close()

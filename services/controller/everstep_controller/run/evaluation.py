@@ -13,7 +13,8 @@ from everstep.v1 import common_pb2, reward_pb2
 from everstep_controller.data.dataset import PromptRow
 from everstep_controller.data.reward_errors import ErrorClass, RewardFailed, classify, describe, part_errors
 from everstep_controller.data.trajectories import new_sequence
-from everstep_controller.run.clients import RewardClient, RolloutClient
+from everstep_controller.run.clients import RewardClient
+from everstep_controller.run.engine_pool import PoolStream
 from everstep_controller.spec.job_spec import EvaluationSpec
 from everstep_controller.store.step_metrics import Evaluation
 
@@ -23,17 +24,25 @@ ItemForRow = Callable[[str, PromptRow, common_pb2.Sequence], reward_pb2.RewardIt
 """(item id, row, finished rollout) -> the reward item to score."""
 
 
-def evaluate(rollout: RolloutClient, reward: RewardClient, rows: list[PromptRow], spec: EvaluationSpec, *,
+def evaluate(stream: PoolStream, reward: RewardClient, rows: list[PromptRow], spec: EvaluationSpec, *,
              sampling: common_pb2.SamplingParams, greedy_sampling: common_pb2.SamplingParams,
-             make_item: ItemForRow, step: int, tools: common_pb2.ToolConfig | None = None) -> Evaluation:
-    """Generates k samples (and one greedy answer) per held-out row and scores them; with the job's tools."""
-    stream = rollout.generate(tools)
+             make_item: ItemForRow, step: int) -> Evaluation:
+    """Generates k samples (and one greedy answer) per held-out row on the pool's engines (a row's samples on the
+    least-loaded one) and scores them; with the stream's tools."""
+    multi_turn = stream.tools is not None
     sampled = {f"eval-s{i}-{k}": row for i, row in enumerate(rows) for k in range(spec.samples_per_prompt)}
     greedy = {f"eval-g{i}": row for i, row in enumerate(rows)} if spec.greedy else {}
-    stream.send([new_sequence(i, r, tools is not None) for i, r in sampled.items()], sampling)
-    stream.send([new_sequence(i, r, tools is not None) for i, r in greedy.items()], greedy_sampling)
-    stream.close()
-    outputs = {seq.id: seq for seq in stream.results()}
+    try:
+        for i, row in enumerate(rows):
+            stream.send([new_sequence(f"eval-s{i}-{k}", row, multi_turn) for k in range(spec.samples_per_prompt)],
+                        sampling)
+            if spec.greedy:
+                stream.send([new_sequence(f"eval-g{i}", row, multi_turn)], greedy_sampling)
+        stream.close()
+        outputs = {seq.id: seq for _, seq in stream.results()}
+    except BaseException:
+        stream.cancel()
+        raise
     by_id = {**sampled, **greedy}
     results = reward.score([make_item(i, by_id[i], outputs[i]) for i in by_id])
     scored = scored_results(results, by_id)

@@ -84,7 +84,7 @@ class JobManager:
 
     def stop(self, stop_workers: bool = True, timeout_seconds: float = 60.0) -> None:
         """Stops taking jobs and interrupts the running ones, which stay RUNNING in Redis for the
-        next controller to resume. With stop_workers, their dedicated workers are stopped too.
+        next controller to resume. With stop_workers, the workers the launcher started for them are stopped too.
 
         Waits at most `timeout_seconds` in all for the job threads: one blocked in a long call (a train step of
         minutes, a hung service) is left behind (a daemon thread, gone with the process) and its job is resumed
@@ -102,7 +102,7 @@ class JobManager:
         if stop_workers:
             for job in running:
                 workers = job.runner.workers
-                if workers is not None and workers.record.dedicated:
+                if workers is not None:  # shared workers: only the engines started for the job
                     self.launcher.stop(workers.record)
         for job in running:
             if job.thread is not None:
@@ -219,9 +219,8 @@ class JobManager:
         """The job ended and that is stored: stop its workers, drop its working state, acknowledge."""
         raw = self.store.workers(job_id)
         if raw:
-            workers = Workers.model_validate_json(raw)
-            if workers.dedicated:
-                self.launcher.stop(workers)
+            # a launcher stops what it started for the job (the shared launcher: only the engines beyond its own)
+            self.launcher.stop(Workers.model_validate_json(raw))
             self.store.clear_workers(job_id)
         self.progress.delete(job_id)
         self.queue.ack(entry_id)

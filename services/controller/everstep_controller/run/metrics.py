@@ -130,6 +130,21 @@ def observe_tools(job_id: str, record: StepMetrics) -> None:
         TOOL_CALLS.labels(job_id=job_id, kind=kind).inc(count)
 
 
+ENGINE_TOKENS = Counter("everstep_controller_engine_tokens_total",
+                        "Output tokens the model decoded on each rollout engine of the job's pool, in its rollout "
+                        "phases (tool replies not counted); rate() of it over the job's is each engine's share.",
+                        ["job_id", "engine"])
+ENGINE_VERSION = Gauge("everstep_controller_engine_weight_version",
+                       "Policy version of the weights each rollout engine of the job's pool holds.",
+                       ["job_id", "engine"])
+
+
+def count_engine_tokens(job_id: str, engine: str, tokens: int, weight_version: int) -> None:
+    """One step of one engine of the pool: its decoded tokens and the version it now holds."""
+    ENGINE_TOKENS.labels(job_id=job_id, engine=engine).inc(tokens)
+    ENGINE_VERSION.labels(job_id=job_id, engine=engine).set(weight_version)
+
+
 def count_tracker_failure(backend: str, operation: str) -> None:
     TRACKER_FAILURES.labels(backend=backend, operation=operation).inc()
 

@@ -1,8 +1,9 @@
 """One iteration's rollout phase: decode until the scheduler ends the iteration.
 
-The carried rollouts go back to the engine, new groups start as the scheduler makes room
-(`C3POScheduler.schedule`), every finished rollout goes to the scorers at once, and at the end
-the engine is drained (C3PO++: its unfinished rollouts come back as partials) or closed (sync).
+The carried rollouts go back to the engine of the pool that decoded them, new groups start as the scheduler makes
+room (`C3POScheduler.schedule`), each on the least-loaded engine (`engine_pool.PoolStream`), every finished rollout
+goes to the scorers at once, and at the end every engine is drained (C3PO++: its unfinished rollouts come back as
+partials) or closed (sync). The budget and the capacity are the whole pool's.
 
 With signal-aware sampling (`algorithm.min_signal_groups`), an iteration the scheduler would end
 first waits for the scores of its complete groups; while fewer than `min_signal_groups` of them
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from everstep.settings import SchedulerMode
 from everstep.v1 import common_pb2
@@ -22,7 +23,7 @@ from everstep_controller.algo.scheduler import GroupToStart
 from everstep_controller.algo.training_batch import has_signal
 from everstep_controller.data.dataset import PromptRow
 from everstep_controller.data.trajectories import new_sequence, num_model_tokens
-from everstep_controller.run.clients import GenerateStream
+from everstep_controller.run.engine_pool import PoolStream
 from everstep_controller.run.run_state import RunState, SampleInFlight
 from everstep_controller.run.scoring import ScorerPool
 from everstep_controller.spec.job_spec import JobSpec
@@ -46,6 +47,8 @@ class RolloutResult:
     generated_tokens: int  # output tokens the model decoded in this phase (a carried rollout's earlier ones and
     # tool replies not counted)
     rounds: int = 1  # rounds of sampling (signal-aware sampling may take more than one)
+    engine_tokens: dict[str, int] = field(default_factory=dict)
+    """Output tokens the model decoded on each engine of the pool in this phase (counted as `generated_tokens`)."""
 
 
 @dataclass
@@ -59,14 +62,15 @@ class RolloutPhase:
     scoring_timeout_seconds: float = 600.0
     """How long signal-aware sampling waits for the scores of the complete groups."""
 
-    def run(self, stream: GenerateStream, sampling: common_pb2.SamplingParams) -> RolloutResult:
+    def run(self, stream: PoolStream, sampling: common_pb2.SamplingParams) -> RolloutResult:
         scheduler = self.state.scheduler
         carried = self.state.carried
         tokens_before = {s.id: num_model_tokens(s) for s in carried}
         for seq in carried:
             seq.finish_reason = common_pb2.FINISH_REASON_UNSPECIFIED
-        stream.send(carried, sampling)
+        stream.send_carried(carried, sampling, {s.id: self.state.samples[s.id].engine for s in carried})
         tokens_before.update(self._start_groups(stream, sampling))
+        engine_tokens = dict.fromkeys(stream.addresses, 0)
         finished: list[common_pb2.Sequence] = []
         partials: list[common_pb2.Sequence] = []
         closing = False
@@ -74,9 +78,11 @@ class RolloutPhase:
             stream.close()
             closing = True
         try:
-            for seq in stream.results():
+            for engine, seq in stream.results():
                 sample = self.state.samples[seq.id]
-                sample.sequence = seq
+                sample.sequence, sample.engine = seq, engine
+                engine_tokens[engine] = (engine_tokens.get(engine, 0) + num_model_tokens(seq)
+                                         - tokens_before.get(seq.id, 0))
                 if seq.finish_reason == ABORTED:
                     partials.append(seq)
                     continue
@@ -94,7 +100,7 @@ class RolloutPhase:
             stream.cancel()
             raise
         generated = sum(num_model_tokens(s) - tokens_before.get(s.id, 0) for s in finished + partials)
-        return RolloutResult([s.id for s in finished], partials, generated, scheduler.rounds)
+        return RolloutResult([s.id for s in finished], partials, generated, scheduler.rounds, engine_tokens)
 
     def _done(self) -> bool:
         """The scheduler ends the iteration and, with signal-aware sampling, the step holds enough groups
@@ -116,8 +122,9 @@ class RolloutPhase:
         scored = self.scorers.scored(members)
         return sum(has_signal([scored[s] for s in group.sample_ids]) for group in groups)
 
-    def _start_groups(self, stream: GenerateStream, sampling: common_pb2.SamplingParams) -> dict[str, int]:
-        """Starts the groups the scheduler has room for; their sample ids, with no tokens yet."""
+    def _start_groups(self, stream: PoolStream, sampling: common_pb2.SamplingParams) -> dict[str, int]:
+        """Starts the groups the scheduler has room for, each whole on the least-loaded engine; their sample ids,
+        with no tokens yet."""
         rows = {}
 
         def next_prompt() -> int:
@@ -125,14 +132,16 @@ class RolloutPhase:
             rows[row.index] = row
             return row.index
 
-        sequences = []
+        started: dict[str, int] = {}
         for group in self.state.scheduler.schedule(next_prompt):
             row = rows[group.prompt_index]
+            sequences = []
             for sample_id in group.sample_ids:
                 self.state.samples[sample_id] = SampleInFlight(row, group.group_id)
                 seed = sample_seed(self.spec.seed, sample_id) if self.spec.deterministic else 0
                 sequence = new_sequence(sample_id, row, self.spec.tools is not None)
                 sequence.seed = seed
                 sequences.append(sequence)
-        stream.send(sequences, sampling)
-        return {s.id: 0 for s in sequences}
+            stream.send(sequences, sampling)
+            started.update({s.id: 0 for s in sequences})
+        return started

@@ -33,6 +33,7 @@ class SampleInFlight:
     row: PromptRow
     group_id: str
     sequence: common_pb2.Sequence | None = None  # latest state from the engine
+    engine: str = ""  # the engine of the pool that last decoded it ("" before it came back once)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -54,7 +55,15 @@ from everstep_controller.run.trajectory_report import TrajectoryStats, render_sa
 from everstep_controller.run.unscorable_rows import UnscorableRows
 from everstep_controller.run.workers import JobWorkers
 from everstep_controller.spec.job_spec import JobSpec
-from everstep_controller.store.job_store import Action, JobState, JobStore, LostOwnership, WorkerAddresses
+from everstep_controller.store.job_store import (
+    Action,
+    EngineInfo,
+    EngineState,
+    JobState,
+    JobStore,
+    LostOwnership,
+    WorkerAddresses,
+)
 from everstep_controller.store.progress_store import ProgressStore
 from everstep_controller.store.step_samples import SAMPLES_PER_STEP
 from everstep_controller.tracking import Trackers
@@ -235,7 +244,7 @@ class JobRunner:
     def _use_workers(self, record: Workers) -> None:
         self.store.set_workers(self.job_id, record.model_dump_json())
         self.store.update(self.job_id, fence=self.owner, workers=WorkerAddresses(
-            launcher=record.launcher, rollout=record.rollout, trainer=record.trainer))
+            launcher=record.launcher, rollouts=record.rollouts, trainer=record.trainer))
         if self.workers is not None:
             self.workers.close()
         self.workers = JobWorkers(record, self.spec, self._worker_request(), self.settings.deadlines)
@@ -305,9 +314,11 @@ class JobRunner:
         something waits for), or on the trainer thread while the next rollout phase runs."""
         t0 = time.monotonic()
         rollout = self._rollout_phase()
+        engine_of = {sample_id: sample.engine for sample_id, sample in self.state.samples.items()}
         end = self.state.end_iteration(rollout.partials)
         self.next_step = step
-        train = partial(self._train_and_commit, step, end, rollout, self.scorers, t0, time.monotonic() - t0)
+        train = partial(self._train_and_commit, step, end, rollout, self.scorers, t0, time.monotonic() - t0,
+                        engine_of)
         if self._must_wait(step):
             self.in_flight.join()
             train()
@@ -323,8 +334,9 @@ class JobRunner:
                 or bool(e.every and step % e.every == 0) or bool(c.interval and step % c.interval == 0))
 
     def _train_and_commit(self, step: int, end: IterationEnd, rollout: RolloutResult, scorers: ScorerPool,
-                          started: float, rollout_seconds: float) -> None:
-        """The wait for the scores, the batch, the train step and push, then the commit."""
+                          started: float, rollout_seconds: float, engine_of: dict[str, str]) -> None:
+        """The wait for the scores, the batch, the train step and push, then the commit. `engine_of`: the engine
+        that decoded each sample last."""
         state = self.state
         t1 = time.monotonic()
         # every finished rollout is scored before the commit, which refers to the scores of open groups
@@ -366,14 +378,32 @@ class JobRunner:
         row_of = {s: self.rows_by_index[end.prompt_indices[g]] for g in end.outcome.trainable_groups
                   for s in end.survivors[g]}
         samples = [render_sample(s, row_of[s], sequences[s], None if scored[s].error else scored[s].reward,
-                                 self._decode) for s in train_ids[:SAMPLES_PER_STEP]]
+                                 self._decode, engine=engine_of.get(s, "")) for s in train_ids[:SAMPLES_PER_STEP]]
         self.commit.commit(state, TrainedStep(step=step, end=end, rollout=rollout, batch=batch, rewards=rewards,
                                               staleness=staleness, stats=stats, times=times,
                                               tools=TrajectoryStats.of(list(sequences.values())), samples=samples,
                                               record_changes=record_changes), scorers)
         self.recovery.step_completed()
+        self._report_engines(rollout, engine_of)
         if push_failure is not None:
             raise push_failure
+
+    def _report_engines(self, rollout: RolloutResult, engine_of: dict[str, str]) -> None:
+        """Each engine's tokens, finished rollouts and weight version: the job record's `engines` and the metrics
+        labelled `engine`."""
+        workers, version = self.workers, self.state.version
+        finished = Counter(engine_of.get(s, "") for s in rollout.finished_ids)
+        for address, stats in workers.engine_stats.items():
+            tokens = rollout.engine_tokens.get(address, 0)
+            stats.tokens_generated += tokens
+            stats.sequences_finished += finished.get(address, 0)
+            metrics.count_engine_tokens(self.job_id, address, tokens, workers.engine_versions.get(address, -1))
+        engines = [EngineInfo(address=a, weight_version=workers.engine_versions.get(a, -1),
+                              state=(EngineState.serving if workers.engine_versions.get(a, -1) == version
+                                     else EngineState.behind),
+                              tokens_generated=s.tokens_generated, sequences_finished=s.sequences_finished)
+                   for a, s in workers.engine_stats.items()]
+        self.store.update(self.job_id, fence=self.owner, engines=engines)
 
     def _decode(self, ids: list[int]) -> str:
         """Token ids as text, control tokens kept (a sample's turns as the model saw them)."""
@@ -383,7 +413,7 @@ class JobRunner:
         """Decode until the scheduler ends the iteration (RunnerInterrupted / JobCancelled when asked to)."""
         phase = RolloutPhase(self.spec, self.state, self.train_rows, self.scorers, self._stop_requested,
                              self.settings.scoring_timeout_seconds)
-        result = phase.run(self.workers.rollout.generate(self.tools), self._sampling(training=True))
+        result = phase.run(self.workers.generate(self.tools), self._sampling(training=True))
         if self.interrupt.is_set():
             raise RunnerInterrupted
         if self.store.requested(self.job_id) == Action.cancel:
@@ -411,9 +441,9 @@ class JobRunner:
         record = self.store.get(self.job_id)
         if not self.eval_rows or (record and str(step) in record.evaluation):
             return
-        evaluation = evaluate(self.workers.rollout, self.reward, self.eval_rows, self.spec.evaluation,
+        evaluation = evaluate(self.workers.generate(self.tools), self.reward, self.eval_rows, self.spec.evaluation,
                               sampling=self._sampling(), greedy_sampling=self._sampling(greedy=True),
-                              make_item=self.make_item, step=step, tools=self.tools)
+                              make_item=self.make_item, step=step)
         history = dict(record.evaluation) if record else {}
         history[str(step)] = evaluation
         self.store.update(self.job_id, fence=self.owner, evaluation=history)

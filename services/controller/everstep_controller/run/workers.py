@@ -1,14 +1,17 @@
-"""A job's rollout engine and trainer as its runner talks to them: the clients, and a policy loaded into both."""
+"""A job's rollout engines and trainer as its runner talks to them: the clients, and a policy loaded into all."""
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
-from everstep.v1 import trainer_pb2
+from everstep.v1 import common_pb2, trainer_pb2
 from everstep_controller.algo.training_batch import trainer_config
 from everstep_controller.launchers import WorkerRequest, Workers
 from everstep_controller.run.clients import Deadlines, RolloutClient, TrainerClient
+from everstep_controller.run.engine_pool import EngineStats, PoolStream
 from everstep_controller.spec.job_spec import JobSpec
 
 __all__ = ["JobWorkers"]
@@ -18,14 +21,21 @@ log = logging.getLogger(__name__)
 
 class JobWorkers:
     def __init__(self, record: Workers, spec: JobSpec, request: WorkerRequest, deadlines: Deadlines) -> None:
-        """record: the launcher's; request: what the job asked the launcher for (the engine's pool size)."""
+        """record: the launcher's; request: what the job asked the launcher for (each engine's batch size)."""
         self.record, self.spec, self.request = record, spec, request
-        self.rollout = RolloutClient(record.rollout, deadlines)
+        self.engines = [RolloutClient(address, deadlines) for address in record.rollouts]
         self.trainer = TrainerClient(record.trainer, deadlines)
+        self.engine_stats = {address: EngineStats(address) for address in record.rollouts}
+        self.engine_versions = dict.fromkeys(record.rollouts, -1)
+        """Each engine's policy version, as the runner last loaded or pushed it (-1: not yet)."""
+
+    def generate(self, tools: common_pb2.ToolConfig | None = None) -> PoolStream:
+        """One Generate stream per engine of the pool (`engine_pool.PoolStream`)."""
+        return PoolStream(self.engines, tools)
 
     def load_model(self, model_path: str, *, version: int, start_step: int) -> None:
-        """Both load a Hugging Face directory afresh (the trainer with a new optimizer whose schedule
-        covers the steps left after `start_step`)."""
+        """Every engine and the trainer load a Hugging Face directory afresh (the trainer with a new optimizer
+        whose schedule covers the steps left after `start_step`)."""
         self._load_rollout(model_path, version, start_step)
         self.trainer.load(model_path, trainer_config(self.spec, start_step), version=version)
 
@@ -49,26 +59,53 @@ class JobWorkers:
         self.trainer.save_checkpoint(path, data_position=json.dumps({"job_id": job_id, "step": step}))
 
     def sync_rollout(self, version: int) -> None:
-        """Brings the engine to the trainer's `version` with nothing in flight: the sequences a dead runner
-        left decoding are drained; an engine that restarted (or missed a push) gets the trainer's weights."""
-        status = self.rollout.status()
-        if status.model_path and status.version == version:
-            self.rollout.drain()
+        """Brings every engine to the trainer's `version` with nothing in flight: the sequences a dead runner
+        left decoding are drained; engines that restarted (or missed a push) get the trainer's weights, by one push
+        to the whole pool."""
+        stale = []
+        for engine in self.engines:
+            status = engine.status()
+            if status.model_path and status.version == version:
+                engine.drain()
+                self.engine_versions[engine.address] = version
+            else:
+                stale.append(engine)
+        if not stale:
             return
-        self._load_rollout(self.spec.model_path, 0, version)
+        self._each(stale, lambda engine: self._load_engine(engine, self.spec.model_path, 0, version))
         pushed = self.push_weights().version
         if pushed != version:
             raise RuntimeError(f"the trainer holds version {pushed}, the job's progress {version}")
-        log.info("rollout engine at %s given the trainer's weights (version %d)", self.record.rollout, version)
+        log.info("rollout engine(s) at %s given the trainer's weights (version %d)",
+                 ", ".join(e.address for e in stale), version)
 
     def push_weights(self) -> trainer_pb2.PushWeightsResponse:
-        return self.trainer.push_weights([self.record.rollout])
+        """The trainer's weights to every engine of the pool in one push (one shared-memory segment per host, one
+        broadcast group across hosts); every engine is at the pushed version when it returns."""
+        reply = self.trainer.push_weights(list(self.record.rollouts))
+        self.engine_versions = dict.fromkeys(self.record.rollouts, reply.version)
+        return reply
 
     def close(self) -> None:
-        self.rollout.close()
+        for engine in self.engines:
+            engine.close()
         self.trainer.close()
 
     def _load_rollout(self, model_path: str, version: int, step: int) -> None:
-        self.rollout.load(model_path, dtype=self.spec.sampling.dtype, version=version, seed=self.spec.seed + step,
-                          max_running=self.request.max_running, max_seq_len=self.request.max_seq_len,
-                          quantization=self.spec.sampling.quantization)
+        self._each(self.engines, lambda engine: self._load_engine(engine, model_path, version, step))
+
+    def _load_engine(self, engine: RolloutClient, model_path: str, version: int, step: int) -> None:
+        engine.load(model_path, dtype=self.spec.sampling.dtype, version=version, seed=self.spec.seed + step,
+                    max_running=self.request.max_running, max_seq_len=self.request.max_seq_len,
+                    quantization=self.spec.sampling.quantization)
+        self.engine_versions[engine.address] = version
+
+    @staticmethod
+    def _each(engines: list[RolloutClient], call: Callable[[RolloutClient], None]) -> None:
+        """`call` on every engine at once (the first error raised once all are done)."""
+        if len(engines) == 1:
+            call(engines[0])
+            return
+        with ThreadPoolExecutor(max_workers=len(engines)) as pool:
+            for future in [pool.submit(call, engine) for engine in engines]:
+                future.result()

@@ -205,17 +205,27 @@ class WorkerResources(_Section):
     memory: str | None = Field(default=None, pattern=r"^[0-9]+(\.[0-9]+)?([EPTGMK]i?)?$",
                                description="Memory request and limit, e.g. '64Gi'.")
     gpus: int | None = Field(default=None, ge=0, description="GPUs (limit of the chart's GPU resource name).")
+    replicas: int = Field(default=1, ge=1, le=256, description=(
+        "rollout: engines in the job's pool (one token budget and capacity for all of them; docs/controller.md). "
+        "trainer: trainer nodes (only 1 today)."))
 
 
 class ResourcesSpec(_Section):
-    """Resources of the job's own rollout engine and trainer on Kubernetes (the local launcher warns and ignores them).
+    """The job's own workers: how many rollout engines, and the resources of each pod on Kubernetes.
 
-    The local launcher runs both as processes on this machine; the Kubernetes launcher sets these
-    on their pods.
+    The local launcher runs every worker as a process on this machine (it honours `replicas` and warns that it
+    ignores cpu, memory and gpus); the Kubernetes launcher sets them on the pods.
     """
 
     rollout: WorkerResources = Field(default_factory=WorkerResources)
     trainer: WorkerResources = Field(default_factory=WorkerResources)
+
+    @model_validator(mode="after")
+    def _one_trainer_node(self) -> ResourcesSpec:
+        if self.trainer.replicas != 1:
+            raise ValueError(f"resources.trainer.replicas: {self.trainer.replicas} trainer nodes asked; a job runs "
+                             "one trainer node today (several ranks on it: the trainer's --nproc-per-node)")
+        return self
 
 
 class JobSpec(_Section):

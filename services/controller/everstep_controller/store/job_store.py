@@ -70,8 +70,26 @@ class DatasetReport(BaseModel):
 
 class WorkerAddresses(BaseModel):
     launcher: str = Field(description="Launcher that started the workers: shared, local or kubernetes.")
-    rollout: str = Field(description="gRPC address of the job's rollout engine.")
+    rollouts: list[str] = Field(description="gRPC address of each rollout engine of the job's pool.")
     trainer: str = Field(description="gRPC address of the job's trainer.")
+
+
+class EngineState(StrEnum):
+    serving = "serving"
+    """At the job's current policy version."""
+    behind = "behind"
+    """At an older version (its last push failed): it gets the weights before it decodes again."""
+
+
+class EngineInfo(BaseModel):
+    """One rollout engine of the job's pool, as of the latest step."""
+
+    address: str = Field(description="The engine's gRPC address.")
+    state: EngineState = Field(description="serving (at the job's policy version) or behind.")
+    weight_version: int = Field(description="Policy version of the weights it holds (-1: none loaded yet).")
+    tokens_generated: int = Field(description="Output tokens the model decoded on it for this job (tool replies "
+                                              "not counted), since the job's runner attached it.")
+    sequences_finished: int = Field(description="Rollouts it finished for this job (training, not evaluation).")
 
 
 class ResumeEvent(BaseModel):
@@ -110,7 +128,10 @@ class JobRecord(BaseModel):
     evaluation: dict[str, Evaluation] = Field(default_factory=dict,
                                               description="Evaluations by step (\"0\": the base model), latest last.")
     dataset: DatasetReport | None = Field(default=None, description="What the training dataset held.")
-    workers: WorkerAddresses | None = Field(default=None, description="The job's rollout engine and trainer.")
+    workers: WorkerAddresses | None = Field(default=None, description="The job's rollout engines and trainer.")
+    engines: list[EngineInfo] = Field(default_factory=list,
+                                      description="The job's rollout engines, each with its state, as of the latest "
+                                                  "step.")
     resumes: list[ResumeEvent] = Field(default_factory=list, description="Restarts of the job's runner.")
     checkpoints: list[CheckpointInfo] = Field(
         default_factory=list, description="The job's saved checkpoints, by step (spec.checkpoint), oldest first.")

@@ -43,3 +43,5 @@ class StepSample(BaseModel):
     num_turns: int
     tool_calls: list[ToolCallView] = Field(default_factory=list)
     finish_reason: str = Field(description="stop or length.")
+    engine: str = Field(default="", description="The address of the rollout engine of the job's pool that decoded "
+                                                "the sample last (a carried-over sample may have started on another).")
