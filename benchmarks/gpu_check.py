@@ -304,7 +304,7 @@ def grpo_advantages(rewards: Sequence[float], group_size: int) -> list[float]:
 
 
 def to_samples(results: Sequence, advantages: Sequence[float]) -> list:
-    from everstep_trainer.batching import TrainSample
+    from everstep_trainer.batch.samples import TrainSample
 
     return [TrainSample(prompt_ids=r.prompt_ids, output_ids=r.output_ids, rollout_logprobs=r.output_logprobs,
                         advantage=a) for r, a in zip(results, advantages, strict=True)]
@@ -314,8 +314,8 @@ def trainer_logp(trainer, batch, *, autocast_bf16: bool):
     """[B, L] float32 log-probs of batch's output tokens under trainer.model, no gradient, micro-batched."""
     import torch
 
-    from everstep_trainer.batching import split_micro_batches
-    from everstep_trainer.hf_model import autocast_context, compute_token_logprobs
+    from everstep_trainer.batch.packing import split_micro_batches
+    from everstep_trainer.model.hf_model import autocast_context, compute_token_logprobs
 
     logp = torch.zeros_like(batch.rollout_logp)
     lengths = batch.attention_mask.sum(dim=1).tolist()
@@ -338,7 +338,7 @@ def warm_start(model, tokenizer, examples: Sequence[tuple[str, str]], *, steps: 
     """
     import torch
 
-    from everstep_trainer.hf_model import autocast_context
+    from everstep_trainer.model.hf_model import autocast_context
 
     encoded = [(tokenizer(p).input_ids, tokenizer(c, add_special_tokens=False).input_ids + [tokenizer.eos_token_id])
                for p, c in examples]
@@ -412,7 +412,7 @@ class GpuCheck:
         """The PolicyTrainer (bf16 autocast on CUDA); `fresh` reloads it from the model directory."""
         if self._trainer is None or fresh:
             from everstep.settings import TrainerConfig
-            from everstep_trainer.policy_trainer import PolicyTrainer
+            from everstep_trainer.step.trainer import PolicyTrainer
 
             self._trainer = None
             self._empty_cache()
@@ -495,8 +495,8 @@ class GpuCheck:
         return to_samples(self.scored_results, advantages)
 
     def part_mismatch(self) -> dict:
-        from everstep_trainer.batching import pad_samples
-        from everstep_trainer.losses import mismatch_diagnostics
+        from everstep_trainer.batch.samples import pad_samples
+        from everstep_trainer.step.losses import mismatch_diagnostics
 
         trainer = self.trainer()
         if trainer.version != 0:
@@ -516,8 +516,8 @@ class GpuCheck:
         return report
 
     def part_train_step(self) -> dict:
-        from everstep_trainer.batching import pad_samples
-        from everstep_trainer.losses import policy_loss
+        from everstep_trainer.batch.samples import pad_samples
+        from everstep_trainer.step.losses import policy_loss
 
         trainer = self.trainer()
         samples = self._scored_samples()

@@ -210,9 +210,9 @@ def run_one(arm: Arm, seed: int, settings: Settings, prompts: list[tuple[str, st
     from everstep_controller.algo.scheduler import grpo_advantages
     from everstep_rollout.config import EngineConfig
     from everstep_rollout.engine import Engine
-    from everstep_trainer.batching import TrainSample
+    from everstep_trainer.batch.samples import TrainSample
     from everstep_trainer.demo.evaluation import is_correct
-    from everstep_trainer.policy_trainer import PolicyTrainer
+    from everstep_trainer.step.trainer import PolicyTrainer
 
     torch.manual_seed(seed)
     rows = settings.prompts_per_step * settings.group_size

@@ -66,7 +66,7 @@ def test_four_arms_report_a_mismatch_only_where_the_engine_is_quantized(
 
 def test_betas_add_tighter_icepop_arms(quick_demo_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                        capsys) -> None:
-    from everstep_trainer.policy_trainer import PolicyTrainer
+    from everstep_trainer.step.trainer import PolicyTrainer
 
     monkeypatch.syspath_prepend(str(REPO))
     benchmark = importlib.import_module("benchmarks.icepop_mismatch")

@@ -31,7 +31,7 @@ def test_every_arm_runs_and_only_the_r3_arms_replay_the_routes_they_send(
         tiny_moe_demo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     import torch
 
-    from everstep_trainer.policy_trainer import PolicyTrainer
+    from everstep_trainer.step.trainer import PolicyTrainer
 
     monkeypatch.syspath_prepend(str(REPO))
     benchmark = importlib.import_module("benchmarks.moe_mismatch")

@@ -19,9 +19,9 @@ from distributed_check import (
 from safetensors.torch import load_file
 
 from everstep.settings import LoraSettings
-from everstep_trainer.checkpoint import TRAINER_STATE_FILE
-from everstep_trainer.lora import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
-from everstep_trainer.policy_trainer import PolicyTrainer
+from everstep_trainer.model.checkpoint import TRAINER_STATE_FILE
+from everstep_trainer.model.lora import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
+from everstep_trainer.step.trainer import PolicyTrainer
 
 LORA = LoraSettings(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj", "down_proj"])
 
@@ -159,7 +159,7 @@ def test_the_kl_reference_of_a_lora_policy_is_its_base_with_the_adapters_off(tin
     batch = check_batches(51, num_steps=1)[0]
     lora.train_step(batch)  # adapters away from 0: the policy now differs from its base
     full = PolicyTrainer(tiny_model_dir, check_config(kl_coef=0.1))
-    from everstep_trainer.batching import pad_samples
+    from everstep_trainer.batch.samples import pad_samples
 
     padded = pad_samples(batch, pad_token_id=lora.pad_token_id, device=lora.device)
     reference = lora._reference_logp(padded)

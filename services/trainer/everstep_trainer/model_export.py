@@ -16,7 +16,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from everstep_trainer.checkpoint import CHECKPOINT_META_FILE, TRAINER_STATE_FILE
+from everstep_trainer.model.checkpoint import CHECKPOINT_META_FILE, TRAINER_STATE_FILE
 
 __all__ = ["export_checkpoint"]
 
@@ -29,8 +29,8 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, *, merge: bool = 
     """Write the checkpoint's model to `out` (new or empty); ValueError naming the argument at fault."""
     import torch
 
-    from everstep_trainer.hf_model import copy_tokenizer_files
-    from everstep_trainer.lora import adapter_base_model, is_adapter_dir
+    from everstep_trainer.model.hf_model import copy_tokenizer_files
+    from everstep_trainer.model.lora import adapter_base_model, is_adapter_dir
 
     checkpoint, out = Path(checkpoint), Path(out)
     if not checkpoint.is_dir():
