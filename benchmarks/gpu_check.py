@@ -47,7 +47,7 @@ On the GPU machine, from the repository root (torch and transformers >= 4.56 ins
 grpc, no protobuf, no stubs, no network; `proto` on the path makes the torch-only `everstep.cuda_ipc`
 importable)::
 
-    PYTHONPATH=proto:services/rollout:services/trainer python -m benchmarks.gpu_check --device cuda \
+    PYTHONPATH=proto:services/rollout:services/trainer:tools python -m benchmarks.gpu_check --device cuda \
         --size 100m --out "$OUT" 2> "$OUT/gpu_check.log"
 
 A global time budget (--time-budget-seconds, 210 s by default) bounds every loop; a watchdog writes and
@@ -165,8 +165,8 @@ def make_model_dir(out: Path, size: CheckSize, *, seed: int = 0) -> int:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from everstep_trainer.demo.task import TaskConfig
-    from everstep_trainer.demo.tokenizer import save_tokenizer
+    from everstep_tools.demo.task import TaskConfig
+    from everstep_tools.demo.tokenizer import save_tokenizer
 
     tokenizer = save_tokenizer(TaskConfig().words(), out)
     config = LlamaConfig(
@@ -334,7 +334,7 @@ def warm_start(model, tokenizer, examples: Sequence[tuple[str, str]], *, steps: 
                learning_rate: float, device, autocast_bf16: bool, until: float) -> dict[str, float]:
     """Supervised steps on (prompt, solution + EOS), loss on the solution only; the model is trained in place.
 
-    Not `everstep_trainer.demo.sft.train_supervised`: that one keeps its batches on the CPU.
+    Not `everstep_tools.demo.sft.train_supervised`: that one keeps its batches on the CPU.
     """
     import torch
 
@@ -450,7 +450,7 @@ class GpuCheck:
         import torch
 
         from everstep_rollout.sequence import GenerationRequest
-        from everstep_trainer.demo.task import generate_problems
+        from everstep_tools.demo.task import generate_problems
 
         size, engine = self.size, self.engine()
         problems = generate_problems(size.num_prompts, seed=1, distinct=False)
@@ -702,8 +702,8 @@ class GpuCheck:
 
     def part_rl(self) -> dict:
         from everstep_rollout.sequence import GenerationRequest
-        from everstep_trainer.demo.evaluation import is_correct
-        from everstep_trainer.demo.task import TaskConfig, generate_problems, solution_text
+        from everstep_tools.demo.evaluation import is_correct
+        from everstep_tools.demo.task import TaskConfig, generate_problems, solution_text
 
         size = self.size
         task = TaskConfig(max_ops=size.rl_max_ops)

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 def quick_demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import torch
 
-    from everstep_trainer.demo.build import build_demo, quick_build_config
+    from everstep_tools.demo.build import build_demo, quick_build_config
 
     torch.set_num_threads(1)  # tiny matrices: extra threads only spin on this shared machine
     config = quick_build_config(seed=0)

@@ -18,7 +18,7 @@ ARMS = ["fp32-none", "bf16-none", "bf16-tis", "bf16-icepop", "bf16-r3", "bf16-r3
 @pytest.fixture(scope="module")
 def tiny_moe_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Qwen3-MoE (it cannot learn the task) with the demo task's train.jsonl and eval.jsonl."""
-    from everstep_trainer.demo.task import split_train_eval, write_problems
+    from everstep_tools.demo.task import split_train_eval, write_problems
 
     out = make_tiny_model(tmp_path_factory.mktemp("tiny-moe-demo"), architecture="qwen3_moe")
     train, held_out = split_train_eval(16, 4, seed=0)
