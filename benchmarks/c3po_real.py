@@ -259,7 +259,7 @@ def run_real(config: RealConfig) -> dict[str, Any]:
     for path in (config.model, config.dataset):
         if not Path(path).exists():
             raise FileNotFoundError(f"{path} does not exist (the demo model is shipped in examples/demo-model; "
-                                    "python -m everstep_trainer.demo --out DIR builds one)")
+                                    "python -m everstep_tools.demo --out DIR builds one)")
     with tempfile.TemporaryDirectory(prefix="c3po-bench-") as tmp, _Services(Path(tmp), config) as services:
         store = JobStore(redis.Redis.from_url(services.redis_url))
         manager = JobManager(store, services.launcher(), services.reward.grpc_address, Path(tmp) / "data",

@@ -47,7 +47,7 @@ On the GPU machine, from the repository root (torch and transformers >= 4.56 ins
 grpc, no protobuf, no stubs, no network; `proto` on the path makes the torch-only `everstep.cuda_ipc`
 importable)::
 
-    PYTHONPATH=proto:services/rollout:services/trainer python -m benchmarks.gpu_check --device cuda \
+    PYTHONPATH=proto:services/rollout:services/trainer:tools python -m benchmarks.gpu_check --device cuda \
         --size 100m --out "$OUT" 2> "$OUT/gpu_check.log"
 
 A global time budget (--time-budget-seconds, 210 s by default) bounds every loop; a watchdog writes and
@@ -165,8 +165,8 @@ def make_model_dir(out: Path, size: CheckSize, *, seed: int = 0) -> int:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from everstep_trainer.demo.task import TaskConfig
-    from everstep_trainer.demo.tokenizer import save_tokenizer
+    from everstep_tools.demo.task import TaskConfig
+    from everstep_tools.demo.tokenizer import save_tokenizer
 
     tokenizer = save_tokenizer(TaskConfig().words(), out)
     config = LlamaConfig(
@@ -304,7 +304,7 @@ def grpo_advantages(rewards: Sequence[float], group_size: int) -> list[float]:
 
 
 def to_samples(results: Sequence, advantages: Sequence[float]) -> list:
-    from everstep_trainer.batching import TrainSample
+    from everstep_trainer.batch.samples import TrainSample
 
     return [TrainSample(prompt_ids=r.prompt_ids, output_ids=r.output_ids, rollout_logprobs=r.output_logprobs,
                         advantage=a) for r, a in zip(results, advantages, strict=True)]
@@ -314,8 +314,8 @@ def trainer_logp(trainer, batch, *, autocast_bf16: bool):
     """[B, L] float32 log-probs of batch's output tokens under trainer.model, no gradient, micro-batched."""
     import torch
 
-    from everstep_trainer.batching import split_micro_batches
-    from everstep_trainer.hf_model import autocast_context, compute_token_logprobs
+    from everstep_trainer.batch.packing import split_micro_batches
+    from everstep_trainer.model.hf_model import autocast_context, compute_token_logprobs
 
     logp = torch.zeros_like(batch.rollout_logp)
     lengths = batch.attention_mask.sum(dim=1).tolist()
@@ -334,11 +334,11 @@ def warm_start(model, tokenizer, examples: Sequence[tuple[str, str]], *, steps: 
                learning_rate: float, device, autocast_bf16: bool, until: float) -> dict[str, float]:
     """Supervised steps on (prompt, solution + EOS), loss on the solution only; the model is trained in place.
 
-    Not `everstep_trainer.demo.sft.train_supervised`: that one keeps its batches on the CPU.
+    Not `everstep_tools.demo.sft.train_supervised`: that one keeps its batches on the CPU.
     """
     import torch
 
-    from everstep_trainer.hf_model import autocast_context
+    from everstep_trainer.model.hf_model import autocast_context
 
     encoded = [(tokenizer(p).input_ids, tokenizer(c, add_special_tokens=False).input_ids + [tokenizer.eos_token_id])
                for p, c in examples]
@@ -412,7 +412,7 @@ class GpuCheck:
         """The PolicyTrainer (bf16 autocast on CUDA); `fresh` reloads it from the model directory."""
         if self._trainer is None or fresh:
             from everstep.settings import TrainerConfig
-            from everstep_trainer.policy_trainer import PolicyTrainer
+            from everstep_trainer.step.trainer import PolicyTrainer
 
             self._trainer = None
             self._empty_cache()
@@ -450,7 +450,7 @@ class GpuCheck:
         import torch
 
         from everstep_rollout.sequence import GenerationRequest
-        from everstep_trainer.demo.task import generate_problems
+        from everstep_tools.demo.task import generate_problems
 
         size, engine = self.size, self.engine()
         problems = generate_problems(size.num_prompts, seed=1, distinct=False)
@@ -495,8 +495,8 @@ class GpuCheck:
         return to_samples(self.scored_results, advantages)
 
     def part_mismatch(self) -> dict:
-        from everstep_trainer.batching import pad_samples
-        from everstep_trainer.losses import mismatch_diagnostics
+        from everstep_trainer.batch.samples import pad_samples
+        from everstep_trainer.step.losses import mismatch_diagnostics
 
         trainer = self.trainer()
         if trainer.version != 0:
@@ -516,8 +516,8 @@ class GpuCheck:
         return report
 
     def part_train_step(self) -> dict:
-        from everstep_trainer.batching import pad_samples
-        from everstep_trainer.losses import policy_loss
+        from everstep_trainer.batch.samples import pad_samples
+        from everstep_trainer.step.losses import policy_loss
 
         trainer = self.trainer()
         samples = self._scored_samples()
@@ -702,8 +702,8 @@ class GpuCheck:
 
     def part_rl(self) -> dict:
         from everstep_rollout.sequence import GenerationRequest
-        from everstep_trainer.demo.evaluation import is_correct
-        from everstep_trainer.demo.task import TaskConfig, generate_problems, solution_text
+        from everstep_tools.demo.evaluation import is_correct
+        from everstep_tools.demo.task import TaskConfig, generate_problems, solution_text
 
         size = self.size
         task = TaskConfig(max_ops=size.rl_max_ops)

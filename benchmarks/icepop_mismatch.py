@@ -149,7 +149,7 @@ def ensure_model(model_dir: Path) -> None:
     if (model_dir / "config.json").is_file():
         return
     print(f"building the demo model in {model_dir} (one time, a few minutes)", file=sys.stderr)
-    subprocess.run([sys.executable, "-m", "everstep_trainer.demo", "--out", str(model_dir)], check=True)
+    subprocess.run([sys.executable, "-m", "everstep_tools.demo", "--out", str(model_dir)], check=True)
 
 
 def read_rows(path: Path, count: int, seed: int | None) -> list[tuple[str, str]]:
@@ -189,7 +189,7 @@ def complete(engine, requests: list) -> list:
 
 def evaluate(engine, trainer, prompts: list[tuple[str, str]], settings: Settings, step: int) -> EvalRecord:
     """avg@4 and greedy accuracy of the trainer's current weights, through a float32 engine."""
-    from everstep_trainer.demo.evaluation import is_correct
+    from everstep_tools.demo.evaluation import is_correct
 
     engine.update_weights(dict(trainer.named_weights()), trainer.version)
     sampled = _generate(engine, prompts, samples=EVAL_SAMPLES, temperature=1.0,
@@ -210,9 +210,9 @@ def run_one(arm: Arm, seed: int, settings: Settings, prompts: list[tuple[str, st
     from everstep_controller.algo.scheduler import grpo_advantages
     from everstep_rollout.config import EngineConfig
     from everstep_rollout.engine import Engine
-    from everstep_trainer.batching import TrainSample
-    from everstep_trainer.demo.evaluation import is_correct
-    from everstep_trainer.policy_trainer import PolicyTrainer
+    from everstep_tools.demo.evaluation import is_correct
+    from everstep_trainer.batch.samples import TrainSample
+    from everstep_trainer.step.trainer import PolicyTrainer
 
     torch.manual_seed(seed)
     rows = settings.prompts_per_step * settings.group_size

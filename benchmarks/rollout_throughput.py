@@ -1,6 +1,6 @@
 """Rollout throughput: `python -m benchmarks.rollout_throughput [--model DIR] [--quick] [--num-prompts N] ...`.
 
-One model (the demo model shipped in `examples/demo-model`, built by `python -m everstep_trainer.demo`;
+One model (the demo model shipped in `examples/demo-model`, built by `python -m everstep_tools.demo`;
 its build.json records how), one workload: N sequences (default 256) from the first prompts of the demo task's
 train.jsonl, each prompt sampled `--samples-per-prompt` G times (default 8, the RL case: a group of G samples per
 prompt; N / G prompts, rounded up, the last group cut to make N), sampled at temperature 1 (no top-k/top-p) until
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
     if not (args.model / "config.json").exists():
         print(f"no model at {args.model}: build the demo model first with "
-              f"`python -m everstep_trainer.demo --out {args.model}`, or pass --model (examples/demo-moe-model; "
+              f"`python -m everstep_tools.demo --out {args.model}`, or pass --model (examples/demo-moe-model; "
               "outputs/smollm2-135m-instruct from `make real-model`; a random Qwen3 from "
               "`python -m benchmarks.qwen3_dense_model`)", file=sys.stderr)
         return 2

@@ -78,8 +78,8 @@ def rollouts(model: Path, arm: str, args: argparse.Namespace, seed: int) -> list
 def gap(model: Path, results: list, *, replay: bool, seed: int) -> dict[str, float]:
     """The trainer's first-pass statistics on the rollouts (its own routing, or the engine's replayed)."""
     from everstep.settings import TrainerConfig
-    from everstep_trainer.batching import TrainSample
-    from everstep_trainer.policy_trainer import PolicyTrainer
+    from everstep_trainer.batch.samples import TrainSample
+    from everstep_trainer.step.trainer import PolicyTrainer
 
     trainer = PolicyTrainer(model, TrainerConfig(routing_replay="rollout" if replay else "off", learning_rate=1e-9,
                                                  seed=seed), device="cpu")

@@ -35,8 +35,8 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     from everstep.settings import TrainerConfig
-    from everstep_trainer.batching import TrainSample
-    from everstep_trainer.policy_trainer import PolicyTrainer
+    from everstep_trainer.batch.samples import TrainSample
+    from everstep_trainer.step.trainer import PolicyTrainer
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:

@@ -6,8 +6,8 @@ train.jsonl for the demo model, the chat prompts of examples/data/arith-word-pro
 same as `benchmarks.rollout_throughput`), --group-size samples each at temperature 1 from our rollout
 engine, with random advantages. The same batch is trained by three `PolicyTrainer`s built alike but for
 `packing` (off: every micro-batch right-padded to its longest sequence; on: sequences back to back in rows,
-`everstep_trainer.batching`) and `share_prompts` (the shared arm: packed, each prompt computed once for the
-samples of a micro-batch that share it, `everstep_trainer.shared_prompts`), alternately (padded, packed,
+`everstep_trainer.batch.samples`) and `share_prompts` (the shared arm: packed, each prompt computed once for the
+samples of a micro-batch that share it, `everstep_trainer.batch.shared_prompts`), alternately (padded, packed,
 shared, padded, ...) for --repeats train steps each,
 from the same weights every time (each step trains a fresh copy of the initial state, so the runs compare
 like with like).
@@ -62,7 +62,7 @@ def rollout_batch(model_dir: Path, args: argparse.Namespace) -> list:
     from everstep_rollout.config import EngineConfig
     from everstep_rollout.engine import Engine
     from everstep_rollout.sequence import GenerationRequest, SamplingOptions
-    from everstep_trainer.batching import TrainSample
+    from everstep_trainer.batch.samples import TrainSample
 
     rows = args.num_prompts * args.group_size
     engine = Engine(str(model_dir), EngineConfig(dtype="float32", device="cpu", max_running=min(rows, 256),
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     from everstep.settings import TrainerConfig
-    from everstep_trainer.policy_trainer import PolicyTrainer
+    from everstep_trainer.step.trainer import PolicyTrainer
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     num_threads = args.num_threads or max(1, cores - 1)

@@ -194,7 +194,7 @@ class ArmRun:
 @dataclass(frozen=True, kw_only=True)
 class LrSchedule:
     """An arm's learning-rate schedule: linear warmup over ``warmup_steps`` steps, then cosine decay to 0 at step
-    ``decay_steps`` (everstep's `learning_rate_at`, services/trainer/everstep_trainer/optim.py); a step's
+    ``decay_steps`` (everstep's `learning_rate_at`, services/trainer/everstep_trainer/step/optim.py); a step's
     ``optimizer_steps_per_step`` optimizer steps share its rate."""
 
     kind: str  # "cosine": warmup then cosine to 0 over the job

@@ -24,8 +24,8 @@ from everstep_controller.spec.job_spec import JobSpec
 from everstep_controller.store.step_metrics import Evaluation, StepMetrics
 
 EVERSTEP_SCHEDULE = ("everstep trainer: learning_rate_at(train step, warmup_steps, total_steps = the job's steps) "
-                     "(services/trainer/everstep_trainer/optim.py), set once per step before its num_minibatches "
-                     "x ppo_epochs optimizer steps (policy_trainer.train_step)")
+                     "(services/trainer/everstep_trainer/step/optim.py), set once per step before its num_minibatches "
+                     "x ppo_epochs optimizer steps (PolicyTrainer.train_step)")
 
 
 def start_stack(root: Path, config: TtaConfig) -> tuple[LocalStack, StackState]:

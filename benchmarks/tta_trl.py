@@ -53,7 +53,7 @@ from everstep_controller.run.clients import RewardClient
 from everstep_controller.run.evaluation import correctness, scored_results
 from everstep_controller.run.job_data import load_job_data
 from everstep_controller.spec.job_spec import JobSpec
-from everstep_trainer.optim import learning_rate_at
+from everstep_trainer.step.optim import learning_rate_at
 
 MICRO_BATCH = 64  # completions per forward/backward; the optimizer step covers the whole generation batch
 EVAL_GENERATE_BATCH = 256  # sequences per `generate` call in the evaluation

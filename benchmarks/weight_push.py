@@ -76,8 +76,8 @@ def make_model(out: Path, mb: float) -> int:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from everstep_trainer.demo.task import TaskConfig
-    from everstep_trainer.demo.tokenizer import save_tokenizer
+    from everstep_tools.demo.task import TaskConfig
+    from everstep_tools.demo.tokenizer import save_tokenizer
 
     hidden, intermediate, layers = model_shape(mb)
     tokenizer = save_tokenizer(TaskConfig().words(), out)

@@ -27,7 +27,7 @@ PID_FILE = ".build-pid"
 def build(out: Path) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / PID_FILE).write_text(str(os.getpid()))
-    status = subprocess.call([sys.executable, "-m", "everstep_trainer.demo", "--out", str(out), *BUILD_ARGS])
+    status = subprocess.call([sys.executable, "-m", "everstep_tools.demo", "--out", str(out), *BUILD_ARGS])
     partial = out / (EXIT_FILE + ".tmp")
     partial.write_text(str(status))
     partial.replace(out / EXIT_FILE)

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-PYPROJECTS = sorted([REPO / "proto" / "pyproject.toml", *REPO.glob("services/*/pyproject.toml")])
-PACKAGE_NAMES = {"everstep-proto", *(f"everstep-{p.parent.name}" for p in REPO.glob("services/*/pyproject.toml"))}
+PYPROJECTS = sorted([REPO / "proto" / "pyproject.toml", REPO / "tools" / "pyproject.toml",
+                     *REPO.glob("services/*/pyproject.toml")])
+PACKAGE_NAMES = {"everstep-proto", "everstep-tools",
+                 *(f"everstep-{p.parent.name}" for p in REPO.glob("services/*/pyproject.toml"))}
 
 
 def load(path: Path) -> dict:
@@ -23,7 +25,7 @@ def test_every_package_is_found() -> None:
     names = {load(p)["project"]["name"] for p in PYPROJECTS}
     assert names == PACKAGE_NAMES
     assert {"everstep-proto", "everstep-cli", "everstep-controller", "everstep-rollout", "everstep-trainer",
-            "everstep-reward", "everstep-sandbox"} <= names
+            "everstep-reward", "everstep-sandbox", "everstep-tools"} <= names
 
 
 def test_license_file_is_apache_2() -> None:

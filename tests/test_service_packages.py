@@ -1,5 +1,5 @@
-"""Every service package (and the shared `everstep` package and the CLI) is layered: no import cycle between its
-modules, none between its subpackages and top-level modules (so an order of layers exists in which nothing
+"""Every service package (and the shared `everstep` package, the tools and the CLI) is layered: no import cycle
+between its modules, none between its subpackages and top-level modules (so an order of layers exists in which nothing
 imports upward; the failure names the cycle), and no service imports another's package. The controller's
 layers are also named and checked one by one (tests/controller/test_package_layers.py)."""
 
@@ -12,7 +12,7 @@ from package_imports import cycles, import_graph
 
 REPO = Path(__file__).resolve().parent.parent
 SERVICES = {path.name: path for path in sorted(REPO.glob("services/*/everstep_*")) if (path / "__init__.py").is_file()}
-PACKAGES = {**SERVICES, "everstep": REPO / "proto" / "everstep"}
+PACKAGES = {**SERVICES, "everstep": REPO / "proto" / "everstep", "everstep_tools": REPO / "tools" / "everstep_tools"}
 
 
 def unit_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:

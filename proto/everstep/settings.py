@@ -87,7 +87,7 @@ class SchedulerMode(StrEnum):
 
 
 class LossSettings(Section):
-    """Options of `everstep_trainer.losses.policy_loss`."""
+    """Options of `everstep_trainer.step.losses.policy_loss`."""
 
     correction: Correction = Field(default=Correction.icepop, description="Training/inference mismatch correction.")
     alpha: float = Field(default=0.5, gt=0, allow_inf_nan=False,

@@ -250,5 +250,6 @@ def test_documented_gpu_command_keeps_its_results(gpu_check: ModuleType) -> None
     with `proto` on the path for the torch-only everstep.cuda_ipc."""
     doc = (REPO / "docs" / "gpu.md").read_text()
     for text in (doc, gpu_check.__doc__ or ""):
-        assert "PYTHONPATH=proto:services/rollout:services/trainer python -m benchmarks.gpu_check --device cuda" in text
+        assert ("PYTHONPATH=proto:services/rollout:services/trainer:tools python -m benchmarks.gpu_check "
+                "--device cuda") in text
         assert '--out "$OUT"' in text and "--out OUT" not in text

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 def quick_demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import torch
 
-    from everstep_trainer.demo.build import build_demo, quick_build_config
+    from everstep_tools.demo.build import build_demo, quick_build_config
 
     torch.set_num_threads(1)  # tiny matrices: extra threads only spin on this shared machine
     config = quick_build_config(seed=0)
@@ -66,7 +66,7 @@ def test_four_arms_report_a_mismatch_only_where_the_engine_is_quantized(
 
 def test_betas_add_tighter_icepop_arms(quick_demo_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                        capsys) -> None:
-    from everstep_trainer.policy_trainer import PolicyTrainer
+    from everstep_trainer.step.trainer import PolicyTrainer
 
     monkeypatch.syspath_prepend(str(REPO))
     benchmark = importlib.import_module("benchmarks.icepop_mismatch")

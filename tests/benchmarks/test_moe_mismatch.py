@@ -18,7 +18,7 @@ ARMS = ["fp32-none", "bf16-none", "bf16-tis", "bf16-icepop", "bf16-r3", "bf16-r3
 @pytest.fixture(scope="module")
 def tiny_moe_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Qwen3-MoE (it cannot learn the task) with the demo task's train.jsonl and eval.jsonl."""
-    from everstep_trainer.demo.task import split_train_eval, write_problems
+    from everstep_tools.demo.task import split_train_eval, write_problems
 
     out = make_tiny_model(tmp_path_factory.mktemp("tiny-moe-demo"), architecture="qwen3_moe")
     train, held_out = split_train_eval(16, 4, seed=0)
@@ -31,7 +31,7 @@ def test_every_arm_runs_and_only_the_r3_arms_replay_the_routes_they_send(
         tiny_moe_demo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     import torch
 
-    from everstep_trainer.policy_trainer import PolicyTrainer
+    from everstep_trainer.step.trainer import PolicyTrainer
 
     monkeypatch.syspath_prepend(str(REPO))
     benchmark = importlib.import_module("benchmarks.moe_mismatch")

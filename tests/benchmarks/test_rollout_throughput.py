@@ -114,7 +114,7 @@ def test_missing_model_says_how_to_build_it(tmp_path: Path) -> None:
         [sys.executable, "-m", "benchmarks.rollout_throughput", "--model", str(tmp_path / "none")],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
     )
-    assert process.returncode == 2 and "everstep_trainer.demo" in process.stderr
+    assert process.returncode == 2 and "everstep_tools.demo" in process.stderr
 
 
 def test_quick_mode_runs_the_same_workload_once() -> None:

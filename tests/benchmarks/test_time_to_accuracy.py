@@ -231,7 +231,7 @@ def test_the_demo_model_keeps_its_defaults(monkeypatch: pytest.MonkeyPatch) -> N
 def test_trl_arms_take_everstep_optimizer_steps_and_schedule(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     tta, cfg = _modules(monkeypatch)
     trl = importlib.import_module("benchmarks.tta_trl")
-    optim = importlib.import_module("everstep_trainer.optim")
+    optim = importlib.import_module("everstep_trainer.step.optim")
     for argv in ([*SMOLLM2], [*SMOLLM2, "--num-minibatches", "4", "--steps", "10"], [], ["--num-minibatches", "1"]):
         config = tta.config_from_args(tta.parse_args(argv))
         for arm in (cfg.Arm.trl, cfg.Arm.trl_lora):

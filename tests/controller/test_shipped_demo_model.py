@@ -29,7 +29,7 @@ def test_the_recorded_sha256s_match_the_shipped_files() -> None:
     manifest = verify_manifest(SHIPPED)
     assert set(manifest.files) == MODEL_FILES
     assert {p.name for p in SHIPPED.iterdir()} == MODEL_FILES | {MANIFEST_NAME}
-    assert manifest.command == "python -m everstep_trainer.demo --out examples/demo-model"
+    assert manifest.command == "python -m everstep_tools.demo --out examples/demo-model"
     assert {"python", "torch", "transformers", "torch_num_threads"} <= manifest.environment.keys()
     assert manifest.settings["seed"] == 0
 

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from everstep.model_manifest import MANIFEST_NAME, verify_manifest, write_manifest
 from everstep_cli.demo import REBUILD_DIR, rebuild_options
 from everstep_cli.job_file import load_job_file
-from everstep_trainer.demo.build import MoEShape
+from everstep_tools.demo.build import MoEShape
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SHIPPED = EXAMPLES / "demo-moe-model"
@@ -26,7 +26,7 @@ def test_the_recorded_sha256s_match_the_shipped_files() -> None:
     assert set(manifest.files) == MODEL_FILES
     assert {p.name for p in SHIPPED.iterdir()} == MODEL_FILES | {MANIFEST_NAME}
     assert manifest.command.startswith(
-        "python -m everstep_trainer.demo --architecture qwen3_moe --out examples/demo-moe-model")
+        "python -m everstep_tools.demo --architecture qwen3_moe --out examples/demo-moe-model")
     assert {"python", "torch", "transformers", "torch_num_threads"} <= manifest.environment.keys()
     shape = manifest.settings["model"]
     assert MoEShape(**shape).architecture == "qwen3_moe"

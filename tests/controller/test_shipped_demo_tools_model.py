@@ -29,7 +29,7 @@ def test_the_recorded_sha256s_match_the_shipped_files() -> None:
     manifest = verify_manifest(SHIPPED)
     assert set(manifest.files) == MODEL_FILES
     assert {p.name for p in SHIPPED.iterdir()} == MODEL_FILES | {MANIFEST_NAME}
-    assert manifest.command.startswith("python -m everstep_trainer.demo.tools --out examples/demo-tools-model")
+    assert manifest.command.startswith("python -m everstep_tools.demo.tools --out examples/demo-tools-model")
     assert {"python", "torch", "transformers", "torch_num_threads"} <= manifest.environment.keys()
     warm_start = json.loads((SHIPPED / "warm_start.json").read_text())
     assert warm_start["config"] == manifest.settings
@@ -70,9 +70,9 @@ def test_the_tools_demo_spec_is_a_valid_job_on_the_shipped_model() -> None:
 
 
 def test_rebuild_runs_the_tools_builder_with_the_recorded_options() -> None:
-    assert rebuild_module(SHIPPED) == "everstep_trainer.demo.tools"
+    assert rebuild_module(SHIPPED) == "everstep_tools.demo.tools"
     assert "--out" not in rebuild_options(SHIPPED)
-    assert rebuild_module(EXAMPLES / "demo-model") == "everstep_trainer.demo"
+    assert rebuild_module(EXAMPLES / "demo-model") == "everstep_tools.demo"
 
 
 def test_the_plot_and_the_summary_show_the_tool_use_rate_of_a_job_with_tools() -> None:

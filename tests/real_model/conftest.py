@@ -41,7 +41,7 @@ def smollm2_dir(gguf_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
     """The imported Hugging Face directory (float32)."""
     if (IMPORTED / "model.safetensors").is_file() and not os.environ.get("EVERSTEP_REIMPORT"):
         return IMPORTED
-    from everstep_trainer.model_import import import_model
+    from everstep_tools.model_import import import_model
 
     out = tmp_path_factory.mktemp("smollm2") / "smollm2-135m-instruct"
     import_model(gguf_path, out)

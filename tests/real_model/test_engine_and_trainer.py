@@ -134,8 +134,8 @@ def test_the_whole_model_is_pushed_into_a_running_engine(transport: str, smollm2
 
 def test_one_train_step_fits_and_changes_the_weights(smollm2_dir: Path, hf) -> None:
     from everstep.settings import TrainerConfig
-    from everstep_trainer.batching import TrainSample
-    from everstep_trainer.policy_trainer import PolicyTrainer
+    from everstep_trainer.batch.samples import TrainSample
+    from everstep_trainer.step.trainer import PolicyTrainer
 
     _, tokenizer = hf
     trainer = PolicyTrainer(smollm2_dir, TrainerConfig(learning_rate=1e-5, micro_batch_tokens=2048, correction="none"))

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from everstep.settings import TrainerConfig
-from everstep_trainer.batching import TrainSample
+from everstep_trainer.batch.samples import TrainSample
 
 __all__ = ["UPDATE_TOLERANCE", "RankRunResult", "check", "check_batches", "max_weight_difference",
            "relative_update_difference", "train_on_one_rank", "train_on_ranks"]
@@ -40,7 +40,7 @@ bound); a wrong shard, a missed reduction or a wrong mask changes most of the up
 without routing replay against one with it)."""
 
 _PRELOAD = ["torch", "torch.distributed.fsdp", "transformers", "transformers.models.llama.modeling_llama",
-            "transformers.models.qwen3_moe.modeling_qwen3_moe", "everstep_trainer.policy_trainer"]
+            "transformers.models.qwen3_moe.modeling_qwen3_moe", "everstep_trainer.step.trainer"]
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class RankRunResult:
 
 def _run(model_dir: Path, config: TrainerConfig, batches: Sequence[Sequence[TrainSample]], *,
          checkpoint_dir: Path | None, checkpoint_after: int, resume_from: Path | None) -> RankRunResult:
-    from everstep_trainer.policy_trainer import PolicyTrainer
+    from everstep_trainer.step.trainer import PolicyTrainer
 
     if resume_from is not None:
         trainer, _ = PolicyTrainer.resume(resume_from, config, device="cpu")

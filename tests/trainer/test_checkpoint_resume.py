@@ -12,8 +12,8 @@ import torch
 from distributed_check import check_batches
 
 from everstep.settings import TrainerConfig
-from everstep_trainer.checkpoint import CHECKPOINT_META_FILE
-from everstep_trainer.policy_trainer import PolicyTrainer
+from everstep_trainer.model.checkpoint import CHECKPOINT_META_FILE
+from everstep_trainer.step.trainer import PolicyTrainer
 
 # Minibatches (the shuffle generator), a schedule (the step counter), weight decay and a KL
 # reference (which must stay the initial model after a resume) all influence the next step.

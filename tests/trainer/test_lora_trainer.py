@@ -19,9 +19,9 @@ from distributed_check import (
 from safetensors.torch import load_file
 
 from everstep.settings import LoraSettings
-from everstep_trainer.checkpoint import TRAINER_STATE_FILE
-from everstep_trainer.lora import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
-from everstep_trainer.policy_trainer import PolicyTrainer
+from everstep_trainer.model.checkpoint import TRAINER_STATE_FILE
+from everstep_trainer.model.lora import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
+from everstep_trainer.step.trainer import PolicyTrainer
 
 LORA = LoraSettings(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj", "down_proj"])
 
@@ -127,30 +127,6 @@ def test_moe_attention_adapters_train(tiny_model_dirs) -> None:
     assert all(".self_attn." in n for n in trainer.weights_to_push().tensors)
 
 
-def test_export_of_a_full_checkpoint_is_its_hugging_face_files(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """`everstep model export` of a full fine-tuning checkpoint: the model's files without the trainer's state;
-    a non-empty --out and a folder that is no checkpoint are refused naming the argument. (LoRA checkpoints:
-    tests/e2e/test_lora_job.py exports and loads them with peft and transformers.)"""
-    from transformers import AutoModelForCausalLM
-
-    from everstep_trainer.model_export import export_checkpoint
-
-    trainer = PolicyTrainer(tiny_model_dir, check_config(learning_rate=1e-2))
-    trainer.train_step(check_batches(51, num_steps=1)[0])
-    checkpoint = trainer.save_checkpoint(tmp_path / "step-1")
-    out = export_checkpoint(checkpoint, tmp_path / "out", merge=True)  # nothing to merge: exported as it is
-    assert {p.name for p in out.iterdir()} == {p.name for p in checkpoint.iterdir()} - {
-        "trainer_state.pt", "everstep_checkpoint.json"}
-    exported = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).state_dict()
-    assert max_weight_difference(exported, {n: t for n, t in trainer.full_state_dict().items()}) == 0.0
-    with pytest.raises(ValueError, match="^out: .* is not empty"):
-        export_checkpoint(checkpoint, out)
-    not_a_checkpoint = tmp_path / "empty"
-    not_a_checkpoint.mkdir()
-    with pytest.raises(ValueError, match="^checkpoint: .* neither"):
-        export_checkpoint(not_a_checkpoint, tmp_path / "other")
-
-
 def test_the_kl_reference_of_a_lora_policy_is_its_base_with_the_adapters_off(tiny_model_dir: Path) -> None:
     """No second model: the reference log-probs are the base model's, which a separately loaded reference (the
     full fine-tuning path) gives too."""
@@ -159,7 +135,7 @@ def test_the_kl_reference_of_a_lora_policy_is_its_base_with_the_adapters_off(tin
     batch = check_batches(51, num_steps=1)[0]
     lora.train_step(batch)  # adapters away from 0: the policy now differs from its base
     full = PolicyTrainer(tiny_model_dir, check_config(kl_coef=0.1))
-    from everstep_trainer.batching import pad_samples
+    from everstep_trainer.batch.samples import pad_samples
 
     padded = pad_samples(batch, pad_token_id=lora.pad_token_id, device=lora.device)
     reference = lora._reference_logp(padded)

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from everstep_trainer.losses import (
+from everstep_trainer.model.hf_model import entropy_from_logits
+from everstep_trainer.step.losses import (
     aggregate_token_loss,
-    entropy_from_logits,
     k3_divergence,
     mismatch_weight,
     policy_loss,

@@ -12,10 +12,11 @@ import torch
 from distributed_check import check_batches
 
 from everstep.settings import TrainerConfig
-from everstep_trainer.batching import PackedRows, pad_samples
-from everstep_trainer.hf_model import compute_token_logprobs, load_causal_lm
-from everstep_trainer.policy_trainer import PolicyTrainer
-from everstep_trainer.routing import moe_routers, routed_experts, routing_disagreement
+from everstep_trainer.batch.packing import PackedRows
+from everstep_trainer.batch.samples import pad_samples
+from everstep_trainer.model.hf_model import compute_token_logprobs, load_causal_lm
+from everstep_trainer.model.routing import moe_routers, routed_experts, routing_disagreement
+from everstep_trainer.step.trainer import PolicyTrainer
 from everstep_trainer.weight_push import GrpcWeightTransport
 
 NUM_LAYERS, NUM_EXPERTS, TOP_K = 2, 8, 2

@@ -11,14 +11,15 @@ import pytest
 import torch
 
 from everstep.settings import TrainerConfig
-from everstep_trainer.batching import PackedRows, TrainSample, pack_micro_batches, pad_samples
-from everstep_trainer.hf_model import (
+from everstep_trainer.batch.packing import PackedRows, pack_micro_batches
+from everstep_trainer.batch.samples import TrainSample, pad_samples
+from everstep_trainer.model.hf_model import (
     check_packing_supported,
     compute_token_logprobs,
     compute_token_logprobs_and_entropy,
     load_causal_lm,
 )
-from everstep_trainer.policy_trainer import PolicyTrainer
+from everstep_trainer.step.trainer import PolicyTrainer
 
 
 def _samples(seed: int, count: int, vocab: int = 50) -> list[TrainSample]:

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from everstep.settings import TrainerConfig
-from everstep_trainer.batching import TrainSample, pad_samples
-from everstep_trainer.hf_model import compute_token_logprobs
-from everstep_trainer.policy_trainer import PolicyTrainer
+from everstep_trainer.batch.samples import TrainSample, pad_samples
+from everstep_trainer.model.hf_model import compute_token_logprobs
+from everstep_trainer.step.trainer import PolicyTrainer
 
 PROMPTS = [[1, 11, 4, 12], [1, 20, 5, 21, 6], [1, 30]]
 OUTPUTS = [[13, 7, 14, 2], [22, 23, 2], [31, 32, 33, 34, 35, 2]]

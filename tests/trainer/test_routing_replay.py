@@ -27,11 +27,10 @@ from distributed_check import (
 
 from everstep.settings import TrainerConfig
 from everstep.v1 import trainer_pb2, trainer_pb2_grpc
-from everstep_trainer import policy_trainer
-from everstep_trainer.batching import PackedRows, RouteSpec, TrainSample, pad_samples, validate_samples
-from everstep_trainer.hf_model import compute_token_logprobs, load_causal_lm
-from everstep_trainer.policy_trainer import PolicyTrainer
-from everstep_trainer.routing import (
+from everstep_trainer.batch.packing import PackedRows
+from everstep_trainer.batch.samples import RouteSpec, TrainSample, pad_samples, validate_samples
+from everstep_trainer.model.hf_model import compute_token_logprobs, load_causal_lm
+from everstep_trainer.model.routing import (
     RouteCounts,
     moe_routers,
     replay_routes,
@@ -40,6 +39,8 @@ from everstep_trainer.routing import (
     routing_disagreement,
 )
 from everstep_trainer.server import TrainerService
+from everstep_trainer.step import trainer as trainer_module
+from everstep_trainer.step.trainer import PolicyTrainer
 
 NUM_LAYERS, NUM_EXPERTS, TOP_K = 2, 8, 2
 SPEC = RouteSpec(num_layers=NUM_LAYERS, top_k=TOP_K, num_experts=NUM_EXPERTS)
@@ -260,13 +261,13 @@ def test_replay_in_every_forward_of_the_step_and_the_reference(moe_dir: Path,
     samples = _with_routes(check_batches(51, num_steps=1)[0], _perturbed(load_causal_lm(moe_dir)))
     config = check_config(kl_coef=0.05, ppo_epochs=2, routing_replay="rollout")
     calls: list[tuple[torch.nn.Module, bool, bool]] = []
-    original = policy_trainer.replay_routes
+    original = trainer_module.replay_routes
 
     def spy(model, routes, has_route, *, replay, counts=None):
         calls.append((model, replay, counts is not None))
         return original(model, routes, has_route, replay=replay, counts=counts)
 
-    monkeypatch.setattr(policy_trainer, "replay_routes", spy)
+    monkeypatch.setattr(trainer_module, "replay_routes", spy)
     trainer = PolicyTrainer(moe_dir, config, device="cpu")
     _, stats = trainer.train_step(samples)
     assert all(replay for _, replay, _ in calls)

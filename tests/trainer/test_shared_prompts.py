@@ -22,18 +22,18 @@ from distributed_check import (
 from pydantic import ValidationError
 
 from everstep.settings import TrainerConfig, TrainerSettings
-from everstep_trainer import shared_prompts
-from everstep_trainer.batching import TrainSample, pad_samples
-from everstep_trainer.hf_model import (
+from everstep_trainer.batch import shared_prompts
+from everstep_trainer.batch.samples import TrainSample, pad_samples
+from everstep_trainer.batch.shared_prompts import SharedPromptRows, prompt_lengths
+from everstep_trainer.model.hf_model import (
     _block_mask,
     check_packing_supported,
     compute_token_logprobs,
     compute_token_logprobs_and_entropy,
     load_causal_lm,
 )
-from everstep_trainer.policy_trainer import PolicyTrainer
-from everstep_trainer.routing import moe_routers, routed_experts
-from everstep_trainer.shared_prompts import SharedPromptRows, prompt_lengths
+from everstep_trainer.model.routing import moe_routers, routed_experts
+from everstep_trainer.step.trainer import PolicyTrainer
 
 
 def _grouped_samples(seed: int, num_prompts: int, group_size: int, vocab: int = 50, *,

@@ -13,8 +13,8 @@ from distributed_check import UPDATE_TOLERANCE, check_batches, relative_update_d
 from safetensors.torch import load_file
 
 from everstep.v1 import trainer_pb2, trainer_pb2_grpc
-from everstep_trainer.policy_trainer import PolicyTrainer
 from everstep_trainer.server import config_from_proto
+from everstep_trainer.step.trainer import PolicyTrainer
 
 
 def _to_proto(batch) -> trainer_pb2.TrainStepRequest:

@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--port", type=int, default=0, help="controller port (0: a free one)")
     demo.add_argument("--rebuild", action="store_true",
                       help="first build a fresh demo model into outputs/<the spec model's folder name> with the "
-                           "build options recorded in that model's build.json (python -m everstep_trainer.demo: "
+                           "build options recorded in that model's build.json (python -m everstep_tools.demo: "
                            "the dense demo model in 8 to 12 minutes on 2 cores, the MoE one in 15 to 20) and run "
                            "the job on it and its train.jsonl/eval.jsonl")
 
@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     imported = model_sub.add_parser(
         "import", help="a GGUF file or a transformers directory as a plain Hugging Face directory (config.json, "
                        "model.safetensors, tokenizer files with the chat template, generation_config.json with "
-                       "every EOS id); runs the trainer package's `everstep_trainer.model_import`")
+                       "every EOS id); runs the tools package's `everstep_tools.model_import`")
     imported.add_argument("source", help="a .gguf file, or a directory transformers loads")
     imported.add_argument("--out", required=True, help="folder to write (new or empty)")
     imported.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     exported = model_sub.add_parser(
         "export", help="a job's checkpoint as a directory transformers or peft load: the Hugging Face model, or "
                        "with trainer.lora the PEFT adapter directory (--merge: the base with the adapters merged in); "
-                       "runs the trainer package's `everstep_trainer.model_export`")
+                       "runs the tools package's `everstep_tools.model_export`")
     exported.add_argument("job", help="job id")
     exported.add_argument("--step", type=int, default=None, help="the checkpoint of this step (default: the latest)")
     exported.add_argument("--out", required=True, help="folder to write (new or empty)")
@@ -157,19 +157,19 @@ def _dispatch(args: argparse.Namespace, extra: list[str]) -> None:
             command += ["--grpc-port", str(args.grpc_port)]
         os.execv(sys.executable, command + extra)
     if args.command == "model":
-        # torch and transformers live in the trainer's package; the controller never imports them
+        # torch and transformers live in the tools' (and the trainer's) package; the controller never imports them
         import importlib.util
 
-        if importlib.util.find_spec("everstep_trainer") is None:
-            raise RuntimeError(f"model {args.model_command} needs the trainer package: "
-                               "pip install -e services/trainer")
+        if importlib.util.find_spec("everstep_tools") is None:
+            raise RuntimeError(f"model {args.model_command} needs the tools package: "
+                               "pip install -e services/trainer -e tools")
         if args.model_command == "export":
             from everstep_cli.rest_client import ControllerClient
 
             checkpoint = checkpoint_path(ControllerClient(args.url).job(args.job), args.step)
-            os.execv(sys.executable, [sys.executable, "-m", "everstep_trainer.model_export", checkpoint,
+            os.execv(sys.executable, [sys.executable, "-m", "everstep_tools.model_export", checkpoint,
                                       "--out", args.out, *(["--merge"] if args.merge else [])])
-        os.execv(sys.executable, [sys.executable, "-m", "everstep_trainer.model_import", args.source,
+        os.execv(sys.executable, [sys.executable, "-m", "everstep_tools.model_import", args.source,
                                   "--out", args.out, "--dtype", args.dtype])
     if args.command == "demo":
         from everstep_cli.demo import run_demo

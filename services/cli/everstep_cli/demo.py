@@ -4,7 +4,7 @@ Checks the demo model the spec names (examples/demo-model, shipped with the repo
 build.json records the build and every file's sha256; examples/demo-moe-model for the MoE demo,
 examples/demo-tools-model for the tools demo), or with
 `rebuild` builds a fresh one into outputs/<its folder name> first, with the build options its build.json
-records (in a subprocess: the trainer package owns the build). Then brings the
+records (in a subprocess: the tools package, everstep_tools, owns the build). Then brings the
 local stack up, submits the demo spec over REST, follows it, writes a plot, the per-step metrics
 and a summary into the output folder, and brings the stack down.
 """
@@ -37,8 +37,8 @@ REBUILD_DIR = Path("outputs/demo-model")
 """Where `everstep demo --rebuild` builds the demo model (relative to the working directory, like --out); a
 spec whose model folder has another name (demo-moe-model) is rebuilt into outputs/ under that name."""
 
-BUILD_MODULE = ("python", "-m", "everstep_trainer.demo")
-TOOLS_BUILD_MODULE = ("python", "-m", "everstep_trainer.demo.tools")
+BUILD_MODULE = ("python", "-m", "everstep_tools.demo")
+TOOLS_BUILD_MODULE = ("python", "-m", "everstep_tools.demo.tools")
 """The tools demo model's builder (examples/demo-tools-model)."""
 
 
@@ -70,7 +70,7 @@ def ensure_demo_model(model_path: Path) -> None:
     """Make sure ``model_path`` holds the demo model, building it there only if the folder has none yet.
 
     A folder with a build.json (the shipped examples/demo-model, or any build of
-    `python -m everstep_trainer.demo`) is checked against it and never written to: a file that was
+    `python -m everstep_tools.demo`) is checked against it and never written to: a file that was
     changed or is missing raises ValueError naming it.
     """
     if read_manifest(model_path) is not None:

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from everstep_trainer.policy_trainer import TrainStats
+from everstep_trainer.step.stats import TrainStats
 
 __all__ = ["observe_checkpoint", "observe_train_step", "observe_weight_push"]
 

@@ -19,10 +19,11 @@ import torch
 import torch.distributed as dist
 
 from everstep.settings import TrainerConfig
-from everstep_trainer.batching import TrainSample
-from everstep_trainer.checkpoint import CheckpointMeta
-from everstep_trainer.distributed import RankContext
-from everstep_trainer.policy_trainer import PolicyTrainer, TrainStats, WeightsToPush
+from everstep_trainer.batch.samples import TrainSample
+from everstep_trainer.model.checkpoint import CheckpointMeta
+from everstep_trainer.model.distributed import RankContext
+from everstep_trainer.step.stats import TrainStats
+from everstep_trainer.step.trainer import PolicyTrainer, WeightsToPush
 
 __all__ = [
     "CommandRunner",

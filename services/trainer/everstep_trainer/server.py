@@ -22,12 +22,13 @@ from everstep.settings_codec import TRAINER_CONFIG
 from everstep.transport import bind, new_server
 from everstep.v1 import trainer_pb2, trainer_pb2_grpc
 from everstep_trainer import metrics
-from everstep_trainer.batching import TrainSample
-from everstep_trainer.checkpoint import read_checkpoint_meta
-from everstep_trainer.distributed import init_distributed_from_env, rank_device
-from everstep_trainer.policy_trainer import PolicyTrainer, TrainStats
+from everstep_trainer.batch.samples import TrainSample
+from everstep_trainer.model.checkpoint import read_checkpoint_meta
+from everstep_trainer.model.distributed import init_distributed_from_env, rank_device
 from everstep_trainer.rank_commands import CommandRunner, follow
 from everstep_trainer.sample_log import SampleLog
+from everstep_trainer.step.stats import TrainStats
+from everstep_trainer.step.trainer import PolicyTrainer
 from everstep_trainer.weight_push import GRPC_MAX_MESSAGE_BYTES, Transport, WeightPusher, WeightPushError
 from everstep_trainer.weight_push.base import lora_adapter_proto
 

@@ -24,7 +24,7 @@ from everstep.v1 import rollout_pb2, rollout_pb2_grpc
 from everstep_trainer.weight_push.plan import Transport
 
 if TYPE_CHECKING:
-    from everstep_trainer.lora import AdapterWeights
+    from everstep_trainer.model.lora import AdapterWeights
 
 __all__ = [
     "DEFAULT_BUCKET_BYTES",

@@ -1,4 +1,4 @@
-"""`python -m everstep_trainer.demo --quick` writes a directory the Auto classes load, and the SFT loop learns."""
+"""`python -m everstep_tools.demo --quick` writes a directory the Auto classes load, and the SFT loop learns."""
 
 from __future__ import annotations
 
@@ -13,15 +13,15 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from everstep.model_manifest import MANIFEST_NAME, read_manifest, verify_manifest
-from everstep_trainer.demo.build import BuildConfig, MoEShape, moe_build_config
-from everstep_trainer.demo.sft import SFTConfig, train_supervised, warm_start_directory
-from everstep_trainer.demo.task import TaskConfig, generate_problems, solution_text
+from everstep_tools.demo.build import BuildConfig, MoEShape, moe_build_config
+from everstep_tools.demo.sft import SFTConfig, train_supervised, warm_start_directory
+from everstep_tools.demo.task import TaskConfig, generate_problems, solution_text
 
 
 @pytest.mark.slow
 def test_quick_build_writes_a_loadable_model_directory(tmp_path):
     out = tmp_path / "demo"
-    done = subprocess.run([sys.executable, "-m", "everstep_trainer.demo", "--out", str(out), "--quick",
+    done = subprocess.run([sys.executable, "-m", "everstep_tools.demo", "--out", str(out), "--quick",
                            "--max-ops", "6", "--batch-size", "12"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
@@ -37,7 +37,7 @@ def test_quick_build_writes_a_loadable_model_directory(tmp_path):
     assert max(json.loads(line)["num_ops"] for line in (out / "train.jsonl").read_text().splitlines()) <= 6
     manifest = verify_manifest(out)  # written last: every other file is listed with its sha256
     assert set(manifest.files) == {p.name for p in out.iterdir()} - {MANIFEST_NAME}
-    assert manifest.command == f"python -m everstep_trainer.demo --out {out} --quick --max-ops 6 --batch-size 12"
+    assert manifest.command == f"python -m everstep_tools.demo --out {out} --quick --max-ops 6 --batch-size 12"
     assert manifest.settings == config and manifest.environment["torch"] == torch.__version__
 
     tokenizer = AutoTokenizer.from_pretrained(out)
@@ -61,13 +61,13 @@ def test_the_shipped_demo_model_is_the_default_build():
     manifest = read_manifest(shipped)
     assert manifest is not None
     assert manifest.settings == asdict(BuildConfig())
-    assert manifest.command == "python -m everstep_trainer.demo --out examples/demo-model"
+    assert manifest.command == "python -m everstep_tools.demo --out examples/demo-model"
     assert json.loads((shipped / "warm_start.json").read_text())["config"] == manifest.settings
 
 
 def test_bad_build_option_names_its_field_and_writes_nothing(tmp_path):
     out = tmp_path / "demo"
-    done = subprocess.run([sys.executable, "-m", "everstep_trainer.demo", "--out", str(out), "--max-ops", "27"],
+    done = subprocess.run([sys.executable, "-m", "everstep_tools.demo", "--out", str(out), "--max-ops", "27"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "max_ops" in done.stderr
     assert not out.exists()
@@ -84,7 +84,7 @@ def test_supervised_loss_falls_only_on_completion_tokens(tiny_model_dir, tmp_pat
     assert result.losses[-1] < 0.6 * result.losses[0]
 
     # The loss ignores the prompt: changing prompt logits' targets cannot change it.
-    from everstep_trainer.demo.sft import _collate, _encode
+    from everstep_tools.demo.sft import _collate, _encode
     batch = _collate(_encode(tokenizer, [("1 + 2 =", "1 + 2 = 3 \\boxed{ 3 }")]), tokenizer.pad_token_id)
     prompt_len = len(tokenizer("1 + 2 =").input_ids)
     assert (batch["labels"][0, :prompt_len] == -100).all()
@@ -123,7 +123,7 @@ def test_quick_moe_build_is_a_qwen3_moe_the_native_engine_runs(tmp_path):
     from everstep_rollout.sequence import GenerationRequest, SamplingOptions
 
     out = tmp_path / "demo-moe"
-    done = subprocess.run([sys.executable, "-m", "everstep_trainer.demo", "--out", str(out), "--quick",
+    done = subprocess.run([sys.executable, "-m", "everstep_tools.demo", "--out", str(out), "--quick",
                            "--architecture", "qwen3_moe", "--max-ops", "6", "--moe-intermediate-size", "24"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -173,7 +173,7 @@ def test_moe_shape_names_the_bad_field():
 
 def test_moe_option_needs_the_moe_architecture(tmp_path):
     out = tmp_path / "demo"
-    done = subprocess.run([sys.executable, "-m", "everstep_trainer.demo", "--out", str(out), "--quick",
+    done = subprocess.run([sys.executable, "-m", "everstep_tools.demo", "--out", str(out), "--quick",
                            "--moe-intermediate-size", "24"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "moe_intermediate_size" in done.stderr
     assert not out.exists()

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from everstep_trainer.batching import RouteSpec
-from everstep_trainer.hf_model import forward_kwargs
+from everstep_trainer.batch.samples import RouteSpec
+from everstep_trainer.model.hf_model import forward_kwargs
 
 __all__ = ["RouteCounts", "check_replay_supported", "moe_routers", "replay_routes", "route_spec", "routed_experts",
            "routing_disagreement"]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from everstep_trainer.demo.evaluation import boxed_answer
-from everstep_trainer.demo.task import TaskConfig, generate_problems, solution_text
-from everstep_trainer.demo.tokenizer import SPECIAL_TOKENS, save_tokenizer
+from everstep_tools.demo.evaluation import boxed_answer
+from everstep_tools.demo.task import TaskConfig, generate_problems, solution_text
+from everstep_tools.demo.tokenizer import SPECIAL_TOKENS, save_tokenizer
 
 
 def test_auto_tokenizer_round_trips_every_token_and_text(tmp_path):

@@ -1,4 +1,4 @@
-"""`python -m everstep_trainer.demo --out DIR [--architecture llama|qwen3_moe] [--seed S] [--quick]`: build the
+"""`python -m everstep_tools.demo --out DIR [--architecture llama|qwen3_moe] [--seed S] [--quick]`: build the
 demo model directory (llama: examples/demo-model; qwen3_moe: examples/demo-moe-model, 8 experts, top-2).
 
 Writes build.json last (this command, the settings, the versions, every file's sha256) and prints
@@ -16,14 +16,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from everstep_trainer.demo import ARCHITECTURES
+from everstep_tools.demo import ARCHITECTURES
 
 if TYPE_CHECKING:
-    from everstep_trainer.demo.build import BuildConfig
+    from everstep_tools.demo.build import BuildConfig
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m everstep_trainer.demo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m everstep_tools.demo", description=__doc__)
     parser.add_argument("--out", type=Path, required=True, help="directory to write (created if missing)")
     parser.add_argument("--seed", type=int, default=0, help="seed for data, weights and warm start")
     parser.add_argument("--architecture", choices=ARCHITECTURES, default="llama",
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    from everstep_trainer.demo.build import (
+    from everstep_tools.demo.build import (
         BuildConfig,
         build_demo,
         moe_build_config,
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(str(error))
     summary = build_demo(args.out, config)
     given = sys.argv[1:] if argv is None else argv
-    write_build_manifest(args.out, config, shlex.join(["python", "-m", "everstep_trainer.demo", *given]))
+    write_build_manifest(args.out, config, shlex.join(["python", "-m", "everstep_tools.demo", *given]))
     summary.pop("config")
     print(json.dumps(summary))
 

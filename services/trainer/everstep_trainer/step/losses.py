@@ -29,7 +29,6 @@ __all__ = [
     "PolicyLossStats",
     "TokenPolicyLoss",
     "aggregate_token_loss",
-    "entropy_from_logits",
     "k3_divergence",
     "loss_normalizer",
     "mismatch_diagnostics",
@@ -282,10 +281,3 @@ def policy_loss(logp: Tensor, old_logp: Tensor, rollout_logp: Tensor, advantages
     num_valid = int(valid.sum())
     clip_fraction = float(token_loss.clipped.sum()) / num_valid if num_valid else 0.0
     return loss, PolicyLossStats(**asdict(diagnostics), clip_fraction=clip_fraction)
-
-
-def entropy_from_logits(logits: Tensor) -> Tensor:
-    """Entropy of softmax(logits) over the last dimension: [..., V] -> [...], computed in float32."""
-    logits = logits.float()
-    log_probs = torch.log_softmax(logits, dim=-1)
-    return -(log_probs.exp() * log_probs).sum(dim=-1)

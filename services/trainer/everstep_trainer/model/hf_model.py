@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from everstep_trainer.batching import PackedRows, PaddedBatch
-from everstep_trainer.losses import entropy_from_logits
-from everstep_trainer.shared_prompts import SharedPromptRows
+from everstep_trainer.batch.packing import PackedRows
+from everstep_trainer.batch.samples import PaddedBatch
+from everstep_trainer.batch.shared_prompts import SharedPromptRows
 
 __all__ = [
     "TOKENIZER_FILE_PATTERNS",
@@ -33,6 +33,7 @@ __all__ = [
     "compute_token_logprobs",
     "compute_token_logprobs_and_entropy",
     "copy_tokenizer_files",
+    "entropy_from_logits",
     "forward_kwargs",
     "load_causal_lm",
     "model_type",
@@ -153,13 +154,20 @@ def _place(values: Tensor, output_mask: Tensor) -> Tensor:
     return placed.masked_scatter(output_mask, values)
 
 
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy of softmax(logits) over the last dimension: [..., V] -> [...], computed in float32."""
+    logits = logits.float()
+    log_probs = torch.log_softmax(logits, dim=-1)
+    return -(log_probs.exp() * log_probs).sum(dim=-1)
+
+
 def compute_token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor,
                            output_mask: Tensor, temperature: float = 1.0, *,
                            packed: Layout | None = None) -> Tensor:
     """log softmax(logits / temperature) of each scored token.
 
     input_ids, attention_mask, output_mask: [B, L] (right padded; output_mask bool, False at
-    position 0). `packed`: run the model on these rows packed (`batching.PackedRows`, or
+    position 0). `packed`: run the model on these rows packed (`packing.PackedRows`, or
     `shared_prompts.SharedPromptRows`) instead of padded; the result is the same up to floating-point order.
     Returns [B, L] float32, 0 outside output_mask; differentiable unless called under torch.no_grad().
     """

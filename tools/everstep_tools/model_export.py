@@ -1,4 +1,4 @@
-"""`python -m everstep_trainer.model_export CHECKPOINT --out DIR [--merge]`: a trainer checkpoint as a directory
+"""`python -m everstep_tools.model_export CHECKPOINT --out DIR [--merge]`: a trainer checkpoint as a directory
 that transformers or peft load as it is (`everstep model export JOB` resolves the job's checkpoint and runs this).
 
 - a full fine-tuning checkpoint: its Hugging Face files (config, weights, tokenizer, generation config), without
@@ -16,7 +16,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from everstep_trainer.checkpoint import CHECKPOINT_META_FILE, TRAINER_STATE_FILE
+from everstep_trainer.model.checkpoint import CHECKPOINT_META_FILE, TRAINER_STATE_FILE
 
 __all__ = ["export_checkpoint"]
 
@@ -29,8 +29,8 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, *, merge: bool = 
     """Write the checkpoint's model to `out` (new or empty); ValueError naming the argument at fault."""
     import torch
 
-    from everstep_trainer.hf_model import copy_tokenizer_files
-    from everstep_trainer.lora import adapter_base_model, is_adapter_dir
+    from everstep_trainer.model.hf_model import copy_tokenizer_files
+    from everstep_trainer.model.lora import adapter_base_model, is_adapter_dir
 
     checkpoint, out = Path(checkpoint), Path(out)
     if not checkpoint.is_dir():
@@ -64,7 +64,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, *, merge: bool = 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m everstep_trainer.model_export", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m everstep_tools.model_export", description=__doc__.split("\n")[0])
     parser.add_argument("checkpoint", help="a directory the trainer's SaveCheckpoint wrote")
     parser.add_argument("--out", required=True, help="folder to write (new or empty)")
     parser.add_argument("--merge", action="store_true",

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from everstep_trainer.demo.task import Problem
+from everstep_tools.demo.task import Problem
 
 __all__ = ["EvalResult", "boxed_answer", "evaluate", "generate_completions", "is_correct"]
 

@@ -6,7 +6,7 @@ Output directory (Hugging Face format plus the task's data)::
     train.jsonl  eval.jsonl      rows {"prompt", "answer", "num_ops"}; no prompt is in both
     warm_start.json              settings, SFT timing, and held-out greedy / sampled (T=1, avg@k) accuracy
     build.json                   the command that rebuilds it, its settings, the versions, every file's sha256
-                                 (`python -m everstep_trainer.demo` writes it last: `write_build_manifest`)
+                                 (`python -m everstep_tools.demo` writes it last: `write_build_manifest`)
 
 The warm start has two phases. The first teaches the worked procedure (label smoothing keeps its
 sampling noisy). The second, short one continues on a terse teacher's mix, where most solutions are
@@ -31,11 +31,11 @@ import transformers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from everstep.model_manifest import ModelManifest, write_manifest
-from everstep_trainer.demo import ARCHITECTURES
-from everstep_trainer.demo.evaluation import evaluate
-from everstep_trainer.demo.sft import SFTConfig, train_supervised
-from everstep_trainer.demo.task import TaskConfig, solution_text, split_train_eval, write_problems
-from everstep_trainer.demo.tokenizer import save_tokenizer
+from everstep_tools.demo import ARCHITECTURES
+from everstep_tools.demo.evaluation import evaluate
+from everstep_tools.demo.sft import SFTConfig, train_supervised
+from everstep_tools.demo.task import TaskConfig, solution_text, split_train_eval, write_problems
+from everstep_tools.demo.tokenizer import save_tokenizer
 
 __all__ = ["ARCHITECTURES", "BuildConfig", "ModelShape", "MoEShape", "build_demo", "moe_build_config",
            "quick_build_config", "write_build_manifest"]
@@ -102,7 +102,7 @@ class MoEShape(ModelShape):
 
 @dataclass(kw_only=True)
 class BuildConfig:
-    """Everything `python -m everstep_trainer.demo` decides."""
+    """Everything `python -m everstep_tools.demo` decides."""
 
     seed: int = 0
     """Seeds the task split, the initial weights and the terse teacher's choices. The warm-start phases
@@ -121,10 +121,10 @@ class BuildConfig:
     716 s, and RL then gains 32 points (seed 0) and 28 (seed 1) instead of 25 and 6 (README)."""
     slip_probability: float = 0.0
     """Chance that the warm start's teacher writes a step's result off by one (see
-    `everstep_trainer.demo.task.solution_text`)."""
+    `everstep_tools.demo.task.solution_text`)."""
     direct_answer_probability: float = 0.6
     """In the terse phase, the chance that the teacher gives only the boxed answer, without the
-    working (see `everstep_trainer.demo.task.solution_text`); 0 leaves the terse phase out."""
+    working (see `everstep_tools.demo.task.solution_text`); 0 leaves the terse phase out."""
     terse_sft: SFTConfig = field(default_factory=lambda: SFTConfig(
         max_steps=60, batch_size=256, learning_rate=5e-4, warmup_steps=5, label_smoothing=0.05))
     """The warm start's second phase, on the terse teacher's mix: enough to make the bare answer the

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from everstep_trainer.batching import PaddedBatch, first_fit_rows
+from everstep_trainer.batch.packing import first_fit_rows
+from everstep_trainer.batch.samples import PaddedBatch
 
 __all__ = ["SEGMENT_TOKENS", "SharedPromptRows", "prompt_lengths"]
 

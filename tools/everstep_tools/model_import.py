@@ -11,7 +11,7 @@ special token of the vocabulary that ends a turn or a document in the common cha
 (`END_OF_TURN_TOKENS`): an instruct model ends its answer with `<|im_end|>` but may also emit
 `<|endoftext|>`, and an engine that stops on only one of them runs on to max_new_tokens.
 
-    python -m everstep_trainer.model_import SOURCE --out DIR [--dtype float32|bfloat16]
+    python -m everstep_tools.model_import SOURCE --out DIR [--dtype float32|bfloat16]
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`python -m everstep_trainer.demo.tools --out DIR [--seed S] [--quick]`: build the tools demo model directory
+"""`python -m everstep_tools.demo.tools --out DIR [--seed S] [--quick]`: build the tools demo model directory
 (examples/demo-tools-model). Writes build.json last and prints warm_start.json's summary as one JSON line."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m everstep_trainer.demo.tools", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m everstep_tools.demo.tools", description=__doc__)
     parser.add_argument("--out", type=Path, required=True, help="directory to write (created if missing)")
     parser.add_argument("--seed", type=int, default=0, help="seed for data, weights and warm start")
     parser.add_argument("--quick", action="store_true", help="tiny and fast, for tests (no accuracy target)")
@@ -30,8 +30,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    from everstep_trainer.demo.build import write_build_manifest
-    from everstep_trainer.demo.tools.build import ToolsBuildConfig, build_tools_demo, quick_tools_build_config
+    from everstep_tools.demo.build import write_build_manifest
+    from everstep_tools.demo.tools.build import ToolsBuildConfig, build_tools_demo, quick_tools_build_config
 
     config = quick_tools_build_config(args.seed) if args.quick else ToolsBuildConfig(seed=args.seed)
     try:
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     summary = build_tools_demo(args.out, config)
     given = sys.argv[1:] if argv is None else argv
     write_build_manifest(args.out, config,
-                         shlex.join(["python", "-m", "everstep_trainer.demo.tools", *given]))
+                         shlex.join(["python", "-m", "everstep_tools.demo.tools", *given]))
     summary.pop("config")
     print(json.dumps(summary))
 

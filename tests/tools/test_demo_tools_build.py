@@ -1,4 +1,4 @@
-"""The tools demo builder (`python -m everstep_trainer.demo.tools --quick`): a real, tiny build whose warm-start
+"""The tools demo builder (`python -m everstep_tools.demo.tools --quick`): a real, tiny build whose warm-start
 traces are token for token the conversations transformers renders, and whose build.json verifies."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from transformers import AutoTokenizer
 
 from everstep.model_manifest import verify_manifest
 from everstep.tool_calls import FORMATS, ParsedCall, format_for_template
-from everstep_trainer.demo.tools.__main__ import main
-from everstep_trainer.demo.tools.build import TOOLS, ToolsBuildConfig, _examples, _Renderer
-from everstep_trainer.demo.tools.task import Problem, TaskConfig, call_text, split_train_eval
+from everstep_tools.demo.tools.__main__ import main
+from everstep_tools.demo.tools.build import TOOLS, ToolsBuildConfig, _examples, _Renderer
+from everstep_tools.demo.tools.task import Problem, TaskConfig, call_text, split_train_eval
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_quick_build_writes_a_verified_folder_with_disjoint_data(built: Path) -> None:
     manifest = verify_manifest(built)
-    assert manifest.command == f"python -m everstep_trainer.demo.tools --out {built} --quick"
+    assert manifest.command == f"python -m everstep_tools.demo.tools --out {built} --quick"
     rows = {name: [json.loads(line) for line in (built / name).read_text().splitlines()]
             for name in ("train.jsonl", "eval.jsonl")}
     assert not {r["prompt"] for r in rows["train.jsonl"]} & {r["prompt"] for r in rows["eval.jsonl"]}

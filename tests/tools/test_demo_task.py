@@ -7,7 +7,7 @@ import json
 import math_verify
 import pytest
 
-from everstep_trainer.demo.task import (
+from everstep_tools.demo.task import (
     Problem,
     TaskConfig,
     generate_problems,

@@ -36,10 +36,10 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from everstep.tool_calls import ParsedCall
 from everstep.tool_settings import PYTHON_TOOL
 from everstep.tool_turns import tool_reply_text
-from everstep_trainer.demo.build import ModelShape
-from everstep_trainer.demo.evaluation import boxed_answer, generate_completions
-from everstep_trainer.demo.sft import SFTConfig, train_supervised
-from everstep_trainer.demo.tools.task import (
+from everstep_tools.demo.build import ModelShape
+from everstep_tools.demo.evaluation import boxed_answer, generate_completions
+from everstep_tools.demo.sft import SFTConfig, train_supervised
+from everstep_tools.demo.tools.task import (
     Problem,
     TaskConfig,
     call_text,
@@ -48,7 +48,7 @@ from everstep_trainer.demo.tools.task import (
     split_train_eval,
     write_problems,
 )
-from everstep_trainer.demo.tools.tokenizer import EOT, build_tokenizer
+from everstep_tools.demo.tools.tokenizer import EOT, build_tokenizer
 
 __all__ = ["ToolsBuildConfig", "build_tools_demo", "quick_tools_build_config"]
 
@@ -60,7 +60,7 @@ TOOLS = [PYTHON_TOOL.model_dump()]
 
 @dataclass(kw_only=True)
 class ToolsBuildConfig:
-    """Everything `python -m everstep_trainer.demo.tools` decides."""
+    """Everything `python -m everstep_tools.demo.tools` decides."""
 
     seed: int = 0
     """Seeds the split, the initial weights and the teacher's choices."""

@@ -3,9 +3,10 @@ batch with the IcePop/TIS-corrected loss, one optimizer step per minibatch, vers
 
 Gradient accumulation over token-budgeted micro-batches divides every micro-batch's loss by the
 normaliser of its whole minibatch (samples or tokens, per the aggregation), so the accumulated
-gradient equals the gradient of the minibatch loss computed in one piece.
+gradient equals the gradient of the minibatch loss computed in one piece. The minibatches and micro-batches are
+planned in `micro_batches`, the optimizer step is `optim.optimizer_step`, the statistics are made in `stats`.
 
-Several ranks (FSDP2, see `everstep_trainer.distributed`): every rank is given the whole batch,
+Several ranks (FSDP2, see `everstep_trainer.model.distributed`): every rank is given the whole batch,
 trains on its own disjoint share of the rows (`assign_rows`), and divides by the normaliser of the
 whole minibatch, which it computes from the samples' lengths; gradients are summed across ranks,
 so the step equals the one-rank step up to floating-point summation order. Every rank runs the same
@@ -19,7 +20,7 @@ model sees them (padded or packed, `PaddedBatch.flat_routes`). The old log-prob 
 the trainer's own top-k set differs from the engine's (`TrainStats.routing_disagreement`), whether or not
 replay is on, whenever the samples carry routes.
 
-LoRA (`TrainerConfig.lora`, `everstep_trainer.lora`): the model is wrapped by peft, the base frozen (bfloat16 when
+LoRA (`TrainerConfig.lora`, `everstep_trainer.model.lora`): the model is wrapped by peft, the base frozen (bfloat16 when
 `dtype` is bfloat16 on CUDA, else float32), the adapters float32 and the only parameters the optimizer, FSDP's
 gradient reduction and the checkpoints see; `weights_to_push` gives the adapters alone. The KL reference, when it
 is the base (as it is for a job), is the policy with its adapters disabled, not a second model.
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -38,18 +38,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from everstep.settings import Aggregation, RoutingReplay, TrainerConfig
-from everstep_trainer.batching import (
-    PackedRows,
-    PaddedBatch,
-    RouteSpec,
-    TrainSample,
-    pack_micro_batches,
-    pad_samples,
-    split_micro_batches,
-    validate_samples,
-)
-from everstep_trainer.checkpoint import (
+from everstep.settings import RoutingReplay, TrainerConfig
+from everstep_trainer.batch.samples import PaddedBatch, RouteSpec, TrainSample, pad_samples, validate_samples
+from everstep_trainer.batch.shared_prompts import SharedPromptRows
+from everstep_trainer.model.checkpoint import (
     CheckpointMeta,
     RngStates,
     config_differences,
@@ -57,7 +49,7 @@ from everstep_trainer.checkpoint import (
     read_trainer_state,
     write_checkpoint_dir,
 )
-from everstep_trainer.distributed import (
+from everstep_trainer.model.distributed import (
     RankContext,
     all_reduce_max,
     all_reduce_sum,
@@ -68,9 +60,8 @@ from everstep_trainer.distributed import (
     load_full_model_state_dict,
     load_full_optimizer_state_dict,
     parallelize,
-    to_local_scalar,
 )
-from everstep_trainer.hf_model import (
+from everstep_trainer.model.hf_model import (
     Layout,
     autocast_context,
     check_packing_supported,
@@ -80,7 +71,7 @@ from everstep_trainer.hf_model import (
     load_causal_lm,
     save_hf_checkpoint,
 )
-from everstep_trainer.lora import (
+from everstep_trainer.model.lora import (
     AdapterWeights,
     adapter_dropout,
     adapter_weights,
@@ -89,7 +80,8 @@ from everstep_trainer.lora import (
     load_adapter_state,
     save_adapter_dir,
 )
-from everstep_trainer.losses import (
+from everstep_trainer.model.routing import RouteCounts, check_replay_supported, replay_routes, route_spec
+from everstep_trainer.step.losses import (
     MismatchSums,
     aggregate_token_loss,
     k3_divergence,
@@ -97,65 +89,20 @@ from everstep_trainer.losses import (
     staleness_masks,
     token_policy_loss,
 )
-from everstep_trainer.optim import build_adamw, learning_rate_at, set_learning_rate
-from everstep_trainer.routing import RouteCounts, check_replay_supported, replay_routes, route_spec
-from everstep_trainer.shared_prompts import SharedPromptRows
+from everstep_trainer.step.micro_batches import (
+    minibatch_normalizer,
+    plan_micro_batches,
+    shuffled_minibatches,
+)
+from everstep_trainer.step.optim import build_adamw, learning_rate_at, optimizer_step, set_learning_rate
+from everstep_trainer.step.stats import PassSums, RoutingSums, TrainStats, train_stats
 
-__all__ = ["PolicyTrainer", "TrainStats", "WeightsToPush"]
+__all__ = ["PolicyTrainer", "WeightsToPush"]
 
 log = logging.getLogger(__name__)
 
 # The reference-KL log-ratio is clamped here so that one far-off token cannot make the loss inf.
 _MAX_REFERENCE_LOG_RATIO = 20.0
-
-
-@dataclass(frozen=True)
-class TrainStats:
-    """What one train step did. Loss and grad_norm are means over its optimizer steps; clip_fraction
-    and entropy are token means over every epoch; the mismatch statistics are over the batch at
-    theta_old (see `everstep_trainer.losses.MismatchDiagnostics`)."""
-
-    loss: float
-    grad_norm: float
-    masked_fraction: float
-    mismatch_kl: float
-    logp_diff_abs_mean: float
-    logp_diff_max: float
-    clip_fraction: float
-    entropy: float
-    learning_rate: float
-    num_tokens: int
-    """Output (trained) tokens in the batch."""
-    num_optimizer_steps: int
-    logp_seconds: float
-    """Recomputing old (and reference) log-probs."""
-    forward_backward_seconds: float
-    optimizer_seconds: float
-    """Gradient clipping, the optimizer step and zeroing the gradients."""
-    masked_fraction_fresh: float
-    """masked_fraction over the fresh tokens (generated by the version trained; see `losses.staleness_masks`);
-    0.0 when the batch has none, as every mismatch statistic of an empty group."""
-    masked_fraction_stale: float
-    """masked_fraction over the stale tokens (generated by an older version: carried-over rollouts)."""
-    mismatch_kl_fresh: float
-    mismatch_kl_stale: float
-    num_tokens_fresh: int
-    num_tokens_stale: int
-    padding_fraction: float
-    """Of the token positions the forward-backward passes computed (micro-batches of right-padded rows,
-    every epoch), the fraction that were padding."""
-    shared_prompt_fraction: float = 0.0
-    """With `share_prompts`: of the real tokens of the forward-backward passes, the fraction not computed because
-    another sample of the micro-batch carried the same prompt (0.0 without)."""
-    routing_disagreement: float = 0.0
-    """MoE models with recorded routes: of the (token, MoE layer) pairs with a route in the old log-prob pass,
-    the fraction whose top-k set under the trainer's own router differs from the engine's (layer l's router
-    sees the hidden state of the replayed layers before it when replay is on); 0.0 otherwise."""
-    routing_disagreement_fresh: float = 0.0
-    """routing_disagreement over the positions whose route the version trained computed (see
-    `PaddedBatch.flat_stale_routes`)."""
-    routing_disagreement_stale: float = 0.0
-    """routing_disagreement over the positions whose route an older version computed (carried-over rollouts)."""
 
 
 @dataclass(frozen=True)
@@ -166,38 +113,6 @@ class WeightsToPush:
     """HF parameter names, or (adapter) "<module>.lora_A" / "<module>.lora_B"; empty on ranks other than 0."""
     adapter: AdapterWeights | None = None
     """Set for a LoRA trainer: its rank and alpha (its tensors are `tensors`)."""
-
-
-@dataclass(frozen=True)
-class _MicroBatch:
-    """One forward/backward pass: batch rows `rows`; `packing`: positions in `rows` of each packed row
-    of `width` tokens (None: right-padded); `real` False: a pass that only keeps the ranks' collectives in step."""
-
-    rows: list[int]
-    real: bool = True
-    packing: list[list[int]] | None = None
-    width: int = 0
-    share_prompts: bool = False
-
-    def select(self, batch: PaddedBatch, pad_token_id: int) -> tuple[PaddedBatch, Layout | None]:
-        micro = batch.select(self.rows)
-        if self.packing is None:
-            return micro, None
-        if self.share_prompts:
-            return micro, SharedPromptRows.build(micro, pad_token_id=pad_token_id)
-        return micro, PackedRows.build(micro.input_ids, micro.attention_mask, self.packing, width=self.width,
-                                       pad_token_id=pad_token_id)
-
-
-@dataclass
-class _MinibatchResult:
-    loss: float
-    num_tokens: int
-    num_clipped: int
-    entropy_sum: float
-    computed_positions: int = 0  # rows x length of every real micro-batch pass (packed rows when packing)
-    real_positions: int = 0  # prompt and output tokens of the samples
-    distinct_positions: int = 0  # computed positions that hold a real token (fewer than those with shared prompts)
 
 
 class PolicyTrainer:
@@ -275,7 +190,7 @@ class PolicyTrainer:
 
     def weights_to_push(self) -> WeightsToPush:
         """What a push sends (a collective): the full state dict, or with LoRA the adapters by the names the
-        engines take (`everstep_trainer.lora`)."""
+        engines take (`everstep_trainer.model.lora`)."""
         state = self.full_state_dict()
         if self.config.lora is None:
             return WeightsToPush(state)
@@ -289,7 +204,7 @@ class PolicyTrainer:
         yield from self.weights_to_push().tensors.items()
 
     def save_checkpoint(self, out_dir: str | Path, *, data_position: str = "") -> Path:
-        """Write the model (HF format) and everything an exact resume needs; see `everstep_trainer.checkpoint`.
+        """Write the model (HF format) and everything an exact resume needs; see `everstep_trainer.model.checkpoint`.
 
         A collective: every rank gathers, rank 0 writes. `data_position` is stored as given and
         returned by `resume`."""
@@ -379,102 +294,41 @@ class PolicyTrainer:
         old_logp = self._score(self.model, batch, counts)
         reference_logp = self._reference_logp(batch)
         logp_seconds = self._now() - start
-        differing, routed, differing_stale, routed_stale = all_reduce_sum(list(counts.sums()), self.ranks,
-                                                                           self.device)
-        diagnostics = self._reduce_mismatch(mismatch_sums(old_logp, batch.rollout_logp, batch.output_mask,
-                                                          alpha=cfg.alpha, beta=cfg.beta)).diagnostics()
+        routing = RoutingSums(*all_reduce_sum(list(counts.sums()), self.ranks, self.device))
+        mismatch = self._reduce_mismatch(mismatch_sums(old_logp, batch.rollout_logp, batch.output_mask,
+                                                       alpha=cfg.alpha, beta=cfg.beta))
         fresh_mask, stale_mask = staleness_masks(batch.output_mask, batch.output_versions, self.version)
         fresh, stale = (self._reduce_mismatch(mismatch_sums(old_logp, batch.rollout_logp, group,
                                                             alpha=cfg.alpha, beta=cfg.beta))
                         for group in (fresh_mask, stale_mask))
 
         forward_backward_seconds = optimizer_seconds = 0.0
-        results: list[_MinibatchResult] = []
+        results: list[PassSums] = []
         grad_norms: list[float] = []
         for _ in range(cfg.ppo_epochs):
-            for minibatch in self._minibatches(len(samples)):
-                normalizer = _normalizer([num_outputs[row] for row in minibatch], cfg.aggregation)
+            for minibatch in shuffled_minibatches(len(samples), cfg.num_minibatches, self._shuffle):
+                normalizer = minibatch_normalizer([num_outputs[row] for row in minibatch], cfg.aggregation)
                 local = [local_row[row] for row in minibatch if row in local_row]
                 start = self._now()
                 results.append(self._accumulate_gradients(batch, local, normalizer, old_logp, reference_logp))
                 forward_backward_seconds += self._now() - start
                 start = self._now()
-                grad_norms.append(self._optimizer_step())
+                grad_norms.append(optimizer_step(self.model, self.optimizer, max_grad_norm=cfg.max_grad_norm))
                 optimizer_seconds += self._now() - start
 
         self.num_train_steps += 1
         self.version += 1
-        loss_sum, num_tokens_seen, num_clipped, entropy_sum, computed, real, distinct = all_reduce_sum(
-            [sum(r.loss for r in results), sum(r.num_tokens for r in results), sum(r.num_clipped for r in results),
-             sum(r.entropy_sum for r in results), sum(r.computed_positions for r in results),
-             sum(r.real_positions for r in results), sum(r.distinct_positions for r in results)],
-            self.ranks, self.device)
-        stats = TrainStats(
-            loss=loss_sum / len(results),
-            grad_norm=sum(grad_norms) / len(grad_norms),
-            masked_fraction=diagnostics.masked_fraction,
-            mismatch_kl=diagnostics.mismatch_kl,
-            logp_diff_abs_mean=diagnostics.logp_diff_abs_mean,
-            logp_diff_max=diagnostics.logp_diff_max,
-            clip_fraction=num_clipped / max(num_tokens_seen, 1),
-            entropy=entropy_sum / max(num_tokens_seen, 1),
-            learning_rate=learning_rate,
-            num_tokens=sum(num_outputs),
-            num_optimizer_steps=len(results),
-            logp_seconds=logp_seconds,
-            forward_backward_seconds=forward_backward_seconds,
-            optimizer_seconds=optimizer_seconds,
-            masked_fraction_fresh=fresh.diagnostics().masked_fraction,
-            masked_fraction_stale=stale.diagnostics().masked_fraction,
-            mismatch_kl_fresh=fresh.diagnostics().mismatch_kl,
-            mismatch_kl_stale=stale.diagnostics().mismatch_kl,
-            num_tokens_fresh=fresh.num_valid,
-            num_tokens_stale=stale.num_valid,
-            padding_fraction=1.0 - distinct / computed if computed else 0.0,
-            shared_prompt_fraction=1.0 - distinct / real if real else 0.0,
-            routing_disagreement=differing / routed if routed else 0.0,
-            routing_disagreement_fresh=(differing - differing_stale) / (routed - routed_stale)
-            if routed > routed_stale else 0.0,
-            routing_disagreement_stale=differing_stale / routed_stale if routed_stale else 0.0,
-        )
+        stats = train_stats(
+            passes=PassSums(*all_reduce_sum(PassSums.total(results).values(), self.ranks, self.device)),
+            num_optimizer_steps=len(results), grad_norms=grad_norms, mismatch=mismatch, fresh=fresh, stale=stale,
+            routing=routing, learning_rate=learning_rate, num_tokens=sum(num_outputs), logp_seconds=logp_seconds,
+            forward_backward_seconds=forward_backward_seconds, optimizer_seconds=optimizer_seconds)
         return self.version, stats
 
     def _now(self) -> float:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
-
-    def _minibatches(self, batch_size: int) -> list[list[int]]:
-        if self.config.num_minibatches == 1:
-            return [list(range(batch_size))]
-        order = torch.randperm(batch_size, generator=self._shuffle)
-        return [chunk.tolist() for chunk in torch.tensor_split(order, self.config.num_minibatches)]
-
-    def _micro_batches(self, batch: PaddedBatch, indices: Sequence[int]) -> list[_MicroBatch]:
-        """The micro-batches of `indices` (packed or padded, see `TrainerConfig.packing`); with several ranks,
-        padded with passes that are not real up to the largest count of any rank, so every rank runs as
-        many collectives."""
-        lengths = batch.attention_mask.sum(dim=1).tolist()
-        own = [lengths[i] for i in indices]
-        if self.config.packing:
-            micro = []
-            for packed_rows in pack_micro_batches(own, self.config.micro_batch_tokens):
-                rows = [indices[j] for row in packed_rows for j in row]
-                position = {row: k for k, row in enumerate(rows)}
-                width = max(sum(own[j] for j in row) for row in packed_rows)  # as wide as its fullest row
-                micro.append(_MicroBatch(rows, packing=[[position[indices[j]] for j in row] for row in packed_rows],
-                                         width=width, share_prompts=self.config.share_prompts))
-        else:
-            micro = [_MicroBatch([indices[j] for j in group])
-                     for group in split_micro_batches(own, self.config.micro_batch_tokens)]
-        if self.ranks.is_distributed:
-            (most,) = all_reduce_max([len(micro)], self.ranks, self.device)
-            # Row 0 exists on every rank (a batch gives each rank >= 1 sample); its pass is weighted 0.
-            idle = (_MicroBatch([0], real=False, packing=[[0]], width=lengths[0],
-                                share_prompts=self.config.share_prompts) if self.config.packing
-                    else _MicroBatch([0], real=False))
-            micro += [idle] * (int(most) - len(micro))
-        return micro
 
     def _reduce_mismatch(self, sums: MismatchSums) -> MismatchSums:
         if not self.ranks.is_distributed:
@@ -510,7 +364,7 @@ class PolicyTrainer:
         """[B, L] log-probs of the output tokens under `model`, without gradient (with routing replay on, under
         the batch's routes); `counts`: count the routing disagreement of the real passes."""
         logp = torch.zeros_like(batch.rollout_logp)
-        for pass_ in self._micro_batches(batch, list(range(len(batch)))):
+        for pass_ in plan_micro_batches(batch, list(range(len(batch))), self.config, self.ranks, self.device):
             micro, packed = pass_.select(batch, self.pad_token_id)
             routing = self._routing(model, micro, packed, counts if pass_.real else None)
             with routing, autocast_context(self.device, self.config.dtype):
@@ -522,10 +376,10 @@ class PolicyTrainer:
         return logp
 
     def _accumulate_gradients(self, batch: PaddedBatch, indices: Sequence[int], normalizer: int, old_logp: Tensor,
-                              reference_logp: Tensor | None) -> _MinibatchResult:
+                              reference_logp: Tensor | None) -> PassSums:
         cfg = self.config
-        result = _MinibatchResult(loss=0.0, num_tokens=0, num_clipped=0, entropy_sum=0.0)
-        for pass_ in self._micro_batches(batch, indices):
+        result = PassSums()
+        for pass_ in plan_micro_batches(batch, indices, self.config, self.ranks, self.device):
             micro, packed = pass_.select(batch, self.pad_token_id)
             rows, length = torch.as_tensor(pass_.rows, device=self.device), micro.input_ids.shape[1]
             with (self._routing(self.model, micro, packed), autocast_context(self.device, cfg.dtype),
@@ -557,22 +411,3 @@ class PolicyTrainer:
             result.distinct_positions += (packed.num_real_positions if isinstance(packed, SharedPromptRows)
                                           else int(micro.attention_mask.sum()))
         return result
-
-    def _optimizer_step(self) -> float:
-        grad_norm = to_local_scalar(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm))
-        if math.isfinite(grad_norm):
-            self.optimizer.step()
-        else:
-            log.warning("skipping the optimizer step: gradient norm is %s", grad_norm)
-        self.optimizer.zero_grad(set_to_none=True)
-        return grad_norm
-
-
-def _normalizer(num_outputs: Sequence[int], aggregation: str) -> int:
-    """`losses.loss_normalizer` of a whole minibatch from its samples' output lengths (every sample has
-    >= 1 output token, see `validate_samples`): samples, or output tokens."""
-    if aggregation == "seq-mean-token-mean":
-        return len(num_outputs)
-    if aggregation == "token-mean":
-        return sum(num_outputs)
-    raise ValueError(f"aggregation: must be one of {[a.value for a in Aggregation]}, got {aggregation!r}")

@@ -1,12 +1,17 @@
-"""AdamW with decoupled weight decay on matrices only, and the learning-rate schedule."""
+"""AdamW with decoupled weight decay on matrices only, the learning-rate schedule, and one optimizer step."""
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
 
-__all__ = ["build_adamw", "learning_rate_at", "set_learning_rate"]
+from everstep_trainer.model.distributed import to_local_scalar
+
+__all__ = ["build_adamw", "learning_rate_at", "optimizer_step", "set_learning_rate"]
+
+log = logging.getLogger(__name__)
 
 
 def build_adamw(model: torch.nn.Module, *, learning_rate: float, weight_decay: float = 0.0) -> torch.optim.AdamW:
@@ -38,3 +43,15 @@ def learning_rate_at(step: int, *, learning_rate: float, warmup_steps: int = 0, 
 def set_learning_rate(optimizer: torch.optim.Optimizer, learning_rate: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = learning_rate
+
+
+def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, max_grad_norm: float) -> float:
+    """Clip the gradients to `max_grad_norm`, step (skipped, with a warning, when their norm is not finite) and
+    zero them; returns the norm before clipping (with FSDP2, over every rank's shards: a collective)."""
+    grad_norm = to_local_scalar(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm))
+    if math.isfinite(grad_norm):
+        optimizer.step()
+    else:
+        log.warning("skipping the optimizer step: gradient norm is %s", grad_norm)
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm
