@@ -207,7 +207,7 @@ def run_one(arm: Arm, seed: int, settings: Settings, prompts: list[tuple[str, st
     import torch
 
     from everstep.settings import TrainerConfig
-    from everstep_controller.algo.scheduler import grpo_advantages
+    from everstep_controller.algo.advantages.grpo import grpo_advantages
     from everstep_rollout.config import EngineConfig
     from everstep_rollout.engine import Engine
     from everstep_trainer.batching import TrainSample

@@ -13,7 +13,7 @@ from lower ones, never from a higher one, and the package has no import cycle
                 (`check_job_input`: every submission check).
 4. `store`      what lives in Redis: the job store, the progress store, streams, the Redis client, the
                 per-step metrics rows.
-5. `algo`       the C3PO++ and sync schedulers, the training batch with its GRPO advantages.
+5. `algo`       the C3PO++ and sync schedulers, the training batch, the advantage estimators by name.
 6. `launchers`  who gives a job its rollout engine and trainer (local processes, Kubernetes, shared).
 7. `tracking`   experiment tracking: a job's rows, evaluations and spec to TensorBoard, W&B, MLflow.
 8. `run`        running a job: the job manager and runners, the clients to the services, rollout phase,
