@@ -8,7 +8,7 @@ one the rollout service runs) with B sequences of C random prompt tokens and dec
 tokens each, end of sequence disabled so the batch stays full. Every decode step is one observation
 (active sequences B, context tokens B * (C + tokens so far), seconds; `Engine.last_step`), and the
 first step of each run, which prefills B * C tokens, one more. A least-squares fit gives the
-constants of `benchmarks.c3po_sim.CostModel`:
+constants of `benchmarks.c3po.sim.CostModel`:
 
     decode step seconds = base + per_sequence * active + per_kv_token * context tokens
     prefill seconds     = prefill_per_token * prompt tokens      (the first step minus its decode part)
@@ -136,7 +136,7 @@ def fit(observations: list[Observation]) -> tuple[dict[str, float], float]:
 
 def curve_error(constants: dict[str, Any], observations: list[Observation]) -> float:
     """The median relative error of the decode steps under the measured curve (decode_seconds_by_batch)."""
-    from benchmarks.c3po_sim import CostModel
+    from benchmarks.c3po.sim import CostModel
 
     model = CostModel(**constants)
     decode = [o for o in observations if not o.prefill_tokens]
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
         import torch
 
         torch.set_num_threads(args.threads)
-    from benchmarks.c3po_sim import CostModel
+    from benchmarks.c3po.sim import CostModel
 
     observations: list[Observation] = []
     medians: dict[str, float] = {}

@@ -26,7 +26,7 @@ the loop (tool latency, batching), not about a model's decode cost.
     With `--max-running` >= `--num-sequences` all three run one batch. Model tokens (tool replies excluded) per wall
     second; the runs alternate, `--repeats` times, medians reported. `concurrent_vs_serial_ratio` = concurrent /
     turn_sync.
-(b) C3PO++ against sync at equal trained samples through the real controller (benchmarks.c3po_real: Redis, the
+(b) C3PO++ against sync at equal trained samples through the real controller (benchmarks.c3po.real: Redis, the
     reward service, the controller's job runner, a real rollout engine and trainer over gRPC), the same tool task
     and environment, reward = the `tool_use` verifier with min_calls 1 (1 when the trajectory made a well-formed
     call, else 0): `c3po_rollout_speedup` (sync rollout seconds per trained sample over C3PO++'s) and
@@ -305,7 +305,7 @@ def bench_loop(args: argparse.Namespace, model: Path, url: str) -> dict[str, Any
 
 
 def bench_c3po(args: argparse.Namespace, model: Path, url: str, work: Path) -> dict[str, Any]:
-    from benchmarks.c3po_real import RealConfig, run_real
+    from benchmarks.c3po.real import RealConfig, run_real
 
     dataset = work / "rows.jsonl"
     dataset.write_text("".join(json.dumps({"prompt": "U " * (1 + i % 8), "answer": "42"}) + "\n" for i in range(64)))

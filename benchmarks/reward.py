@@ -35,7 +35,7 @@ from everstep_controller.launchers.processes import ManagedProcess, free_port, s
 from everstep_reward.scoring import RewardScorer
 from everstep_reward.verifiers import VerifierRegistry
 from everstep_reward.verifiers.math import MathVerifier, check_math_answer, prepare_math_worker
-from everstep_reward.verifiers.worker_pool import ProcessWorkerPool
+from everstep_reward.worker_pool import ProcessWorkerPool
 
 _ROUNDS = 6
 _WARM_UP = (("13", "13"), ("\\frac{1}{2}", "0.5"), ("50\\%", "1/2"), ("[1, 2)", "[1,2)"),

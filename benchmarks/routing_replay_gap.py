@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.icepop_mismatch import complete
+from benchmarks.mismatch.icepop import complete
 
 ARMS = {"float32": ("float32", "none"), "bf16": ("bfloat16", "none"), "int8": ("float32", "int8"),
         "fp8": ("float32", "fp8"), "int4": ("float32", "int4")}

@@ -27,7 +27,7 @@ def _run(*args: str, timeout: float) -> dict:
 @pytest.fixture
 def sim(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     monkeypatch.syspath_prepend(str(REPO))
-    return importlib.import_module("benchmarks.c3po_sim")
+    return importlib.import_module("benchmarks.c3po.sim")
 
 
 def test_simulated_engine_cost_matches_stepping_one_token_at_a_time(sim: ModuleType) -> None:
@@ -93,7 +93,7 @@ def test_real_run_at_tiny_size(tiny_model_dir: Path, tmp_path: Path) -> None:
 def test_real_run_spec_carries_the_dataset_reward_and_trainer_flags(monkeypatch: pytest.MonkeyPatch,
                                                                    tmp_path: Path) -> None:
     monkeypatch.syspath_prepend(str(REPO))
-    c3po, real = importlib.import_module("benchmarks.c3po"), importlib.import_module("benchmarks.c3po_real")
+    c3po, real = importlib.import_module("benchmarks.c3po.cli"), importlib.import_module("benchmarks.c3po.real")
     assert c3po._verifiers("math:1, format:0.5") == (("math", 1.0), ("format", 0.5))
     assert c3po._verifiers("math") == (("math", 1.0),)
     for bad in ("math:x", " , "):

@@ -58,7 +58,7 @@ def test_the_measured_cost_feeds_the_simulation(tiny_model_dir: Path, tmp_path: 
 
 def test_the_measured_curve_is_interpolated_and_extended(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(REPO))
-    sim = importlib.import_module("benchmarks.c3po_sim")
+    sim = importlib.import_module("benchmarks.c3po.sim")
     cost = sim.CostModel(decode_seconds_by_batch=[[1, 0.1], [5, 0.2], [9, 0.4]])  # lists, as JSON gives them
     assert cost.decode_seconds(1) == pytest.approx(0.1) and cost.decode_seconds(3) == pytest.approx(0.15)
     assert cost.decode_seconds(7) == pytest.approx(0.3) and cost.decode_seconds(13) == pytest.approx(0.6)

@@ -1,4 +1,4 @@
-"""benchmarks.icepop_mismatch at a tiny size: four arms (fp32 and int8 engines, float32 trainer), one process."""
+"""benchmarks.mismatch.icepop at a tiny size: four arms (fp32 and int8 engines, float32 trainer), one process."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def quick_demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_four_arms_report_a_mismatch_only_where_the_engine_is_quantized(
         quick_demo_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     monkeypatch.syspath_prepend(str(REPO))
-    benchmark = importlib.import_module("benchmarks.icepop_mismatch")
+    benchmark = importlib.import_module("benchmarks.mismatch.icepop")
     out = tmp_path / "out"
     benchmark.main(["--model", str(quick_demo_model), "--steps", "2", "--seeds", "2", "--prompts-per-step", "2",
                     "--group-size", "3", "--max-new-tokens", "12", "--eval-prompts", "2", "--eval-every", "1",
@@ -69,7 +69,7 @@ def test_betas_add_tighter_icepop_arms(quick_demo_model: Path, tmp_path: Path, m
     from everstep_trainer.step.trainer import PolicyTrainer
 
     monkeypatch.syspath_prepend(str(REPO))
-    benchmark = importlib.import_module("benchmarks.icepop_mismatch")
+    benchmark = importlib.import_module("benchmarks.mismatch.icepop")
     assert [(a.name, a.beta) for a in benchmark.arms("fp8", [2.0, 3.0])[-2:]] == [("fp8-icepop-b2", 2.0),
                                                                                  ("fp8-icepop-b3", 3.0)]
     betas: list[tuple[str, float]] = []
@@ -98,7 +98,7 @@ def test_betas_add_tighter_icepop_arms(quick_demo_model: Path, tmp_path: Path, m
 def test_a_run_stopped_early_leaves_its_finished_runs_in_a_partial_report(
         quick_demo_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(REPO))
-    benchmark = importlib.import_module("benchmarks.icepop_mismatch")
+    benchmark = importlib.import_module("benchmarks.mismatch.icepop")
     finished: list[str] = []
     original_run_one = benchmark.run_one
 
@@ -123,7 +123,7 @@ def test_a_run_stopped_early_leaves_its_finished_runs_in_a_partial_report(
 def test_a_run_split_by_arms_and_seeds_combines_into_the_one_run_it_replaces(
         quick_demo_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     monkeypatch.syspath_prepend(str(REPO))
-    benchmark = importlib.import_module("benchmarks.icepop_mismatch")
+    benchmark = importlib.import_module("benchmarks.mismatch.icepop")
     tiny = ["--model", str(quick_demo_model), "--steps", "1", "--prompts-per-step", "2", "--group-size", "2",
             "--max-new-tokens", "8", "--eval-prompts", "1", "--eval-every", "1", "--num-threads", "1"]
 

@@ -1,4 +1,4 @@
-"""benchmarks.moe_mismatch at a tiny size: a tiny random Qwen3-MoE with the demo task's prompts, six arms (a float32
+"""benchmarks.mismatch.moe at a tiny size: a tiny random Qwen3-MoE with the demo task's prompts, six arms (a float32
 control, a bfloat16 engine with none / TIS / IcePop / R3 / R3 + IcePop), one process; and the refusals of --model."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def test_every_arm_runs_and_only_the_r3_arms_replay_the_routes_they_send(
     from everstep_trainer.step.trainer import PolicyTrainer
 
     monkeypatch.syspath_prepend(str(REPO))
-    benchmark = importlib.import_module("benchmarks.moe_mismatch")
+    benchmark = importlib.import_module("benchmarks.mismatch.moe")
     torch.set_num_threads(1)
     trainers: list[dict] = []  # per trainer, in the order the harness builds them (seed by seed, arm by arm)
     original_init, original_step = PolicyTrainer.__init__, PolicyTrainer.train_step
@@ -84,7 +84,7 @@ def test_every_arm_runs_and_only_the_r3_arms_replay_the_routes_they_send(
 
 
 def test_the_arms_follow_the_quantization() -> None:
-    from benchmarks.moe_mismatch import arms
+    from benchmarks.mismatch.moe import arms
 
     int8 = arms("int8")
     assert [a.name for a in int8] == ["fp32-none", "int8-none", "int8-tis", "int8-icepop", "int8-r3", "int8-r3-icepop"]
@@ -95,7 +95,7 @@ def test_the_arms_follow_the_quantization() -> None:
 def test_a_missing_or_dense_model_is_refused_naming_model(tmp_path: Path, tiny_model_dirs, monkeypatch,
                                                           capsys) -> None:
     monkeypatch.syspath_prepend(str(REPO))
-    benchmark = importlib.import_module("benchmarks.moe_mismatch")
+    benchmark = importlib.import_module("benchmarks.mismatch.moe")
     with pytest.raises(SystemExit, match="--model .*no model there"):
         benchmark.main(["--model", str(tmp_path / "absent"), "--num-threads", "1"])
     with pytest.raises(SystemExit, match="--model .*not an MoE model"):

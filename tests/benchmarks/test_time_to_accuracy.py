@@ -20,7 +20,7 @@ TINY = ("--steps", "2", "--eval-every", "1", "--eval-prompts", "8", "--prompts-p
 @pytest.fixture
 def tta(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     monkeypatch.syspath_prepend(str(REPO))
-    return importlib.import_module("benchmarks.time_to_accuracy")
+    return importlib.import_module("benchmarks.time_to_accuracy.cli")
 
 
 def _run(out: Path, *args: str, timeout: float) -> dict:
@@ -33,7 +33,7 @@ def _run(out: Path, *args: str, timeout: float) -> dict:
 
 def test_everstep_clock_leaves_evaluations_out(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(REPO))
-    everstep = importlib.import_module("benchmarks.tta_everstep")
+    everstep = importlib.import_module("benchmarks.time_to_accuracy.everstep_arm")
     # eval 0 seen at 10; steps 1, 2 committed at 14, 18; eval 2 takes 3 s (seen at 21); step 3 at 25, eval 3 at 27
     step_seen = {1: 14.0, 2: 18.0, 3: 25.0}
     eval_seen = {0: 10.0, 2: 21.0, 3: 27.0}
@@ -47,7 +47,7 @@ def test_everstep_clock_leaves_evaluations_out(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_summary_gives_seconds_to_target_and_speedup_against_trl(tta: ModuleType) -> None:
-    config_module = importlib.import_module("benchmarks.tta_config")
+    config_module = importlib.import_module("benchmarks.time_to_accuracy.config")
     Arm, ArmRun, CurvePoint = config_module.Arm, config_module.ArmRun, config_module.CurvePoint
 
     def run(arm, points):
@@ -80,7 +80,7 @@ def test_summary_gives_seconds_to_target_and_speedup_against_trl(tta: ModuleType
 
 
 def test_a_saved_result_is_summarized_again(tta: ModuleType, tmp_path: Path) -> None:
-    config_module = importlib.import_module("benchmarks.tta_config")
+    config_module = importlib.import_module("benchmarks.time_to_accuracy.config")
     Arm, ArmRun, CurvePoint = config_module.Arm, config_module.ArmRun, config_module.CurvePoint
     config = config_module.TtaConfig(model="m", train_path="t", eval_path="e", arms=(Arm.trl, Arm.sync))
     runs = [ArmRun(arm=arm, curve=[CurvePoint(seconds=0, step=0, accuracy=0.1, greedy_accuracy=0.1),
@@ -129,7 +129,7 @@ def test_trl_arm_at_tiny_size(tmp_path: Path) -> None:
 
 def test_everstep_arms_take_the_optimizer_steps_per_step(tmp_path: Path,
                                                                               tta: ModuleType) -> None:
-    config_module = importlib.import_module("benchmarks.tta_config")
+    config_module = importlib.import_module("benchmarks.time_to_accuracy.config")
     args = tta.parse_args(["--num-minibatches", "2", "--arms", "trl,c3po"])
     config = tta.config_from_args(args)
     assert config.num_minibatches == 2
@@ -158,7 +158,8 @@ SMOLLM2 = ("--model", "outputs/smollm2-135m-instruct")  # the directory need not
 
 def _modules(monkeypatch: pytest.MonkeyPatch) -> tuple[ModuleType, ModuleType]:
     monkeypatch.syspath_prepend(str(REPO))
-    return importlib.import_module("benchmarks.time_to_accuracy"), importlib.import_module("benchmarks.tta_config")
+    return (importlib.import_module("benchmarks.time_to_accuracy.cli"),
+            importlib.import_module("benchmarks.time_to_accuracy.config"))
 
 
 def test_a_real_model_takes_its_settings_from_the_smollm2_spec(monkeypatch: pytest.MonkeyPatch,
@@ -230,7 +231,7 @@ def test_the_demo_model_keeps_its_defaults(monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_trl_arms_take_everstep_optimizer_steps_and_schedule(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     tta, cfg = _modules(monkeypatch)
-    trl = importlib.import_module("benchmarks.tta_trl")
+    trl = importlib.import_module("benchmarks.time_to_accuracy.trl_arm")
     optim = importlib.import_module("everstep_trainer.step.optim")
     for argv in ([*SMOLLM2], [*SMOLLM2, "--num-minibatches", "4", "--steps", "10"], [], ["--num-minibatches", "1"]):
         config = tta.config_from_args(tta.parse_args(argv))
@@ -275,7 +276,7 @@ def test_trl_derives_the_steps_per_generation_we_expect(monkeypatch: pytest.Monk
     from trl import GRPOConfig
 
     tta, cfg = _modules(monkeypatch)
-    trl = importlib.import_module("benchmarks.tta_trl")
+    trl = importlib.import_module("benchmarks.time_to_accuracy.trl_arm")
     for argv in ([*SMOLLM2], []):
         config = tta.config_from_args(tta.parse_args(argv))
         job = cfg.JobSpec.model_validate(cfg.job_spec(config, cfg.Arm.trl, tmp_path))
@@ -293,7 +294,7 @@ def _fake_run(cfg: ModuleType, arm, final: float, seconds: float):
 def test_runs_jsonl_gets_each_run_as_it_finishes_and_is_summarized(monkeypatch: pytest.MonkeyPatch,
                                                                    tmp_path: Path) -> None:
     tta, cfg = _modules(monkeypatch)
-    run_module = importlib.import_module("benchmarks.tta_run")
+    run_module = importlib.import_module("benchmarks.time_to_accuracy.run")
     config = tta.config_from_args(tta.parse_args([*SMOLLM2]))
     path = tmp_path / "runs.jsonl"
     path.write_text('{"config": {}}\n')  # an earlier benchmark's: kept, not overwritten
@@ -321,8 +322,8 @@ def test_run_arms_records_each_run_and_concurrent_runs_the_sides_together(monkey
     import threading
 
     tta, cfg = _modules(monkeypatch)
-    run_module = importlib.import_module("benchmarks.tta_run")
-    everstep = importlib.import_module("benchmarks.tta_everstep")
+    run_module = importlib.import_module("benchmarks.time_to_accuracy.run")
+    everstep = importlib.import_module("benchmarks.time_to_accuracy.everstep_arm")
 
     class Stack:
         def down(self) -> None:
@@ -379,7 +380,7 @@ def test_lora_arms_side_by_side_at_tiny_size(tmp_path: Path) -> None:
 
 def test_trl_gets_each_prompt_in_the_form_that_gives_everstep_ids(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(REPO))
-    trl = importlib.import_module("benchmarks.tta_trl")
+    trl = importlib.import_module("benchmarks.time_to_accuracy.trl_arm")
     dataset = importlib.import_module("everstep_controller.data.dataset")
     chat = importlib.import_module("everstep_controller.data.chat_template")
 

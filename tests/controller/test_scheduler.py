@@ -12,7 +12,6 @@ from everstep_controller.algo.scheduler import (
     C3POScheduler,
     IterationOutcome,
     SchedulerConfig,
-    grpo_advantages,
 )
 
 
@@ -160,12 +159,6 @@ def test_end_iteration_rejects_partials_that_do_not_match() -> None:
     scheduler.start_group("g0", 0, ["a", "b"])
     with pytest.raises(ValueError, match="missing"):
         scheduler.end_iteration({"a": 1})
-
-
-def test_grpo_advantages() -> None:
-    assert grpo_advantages([1.0, 0.0], normalize_std=True) == pytest.approx([1.0, -1.0], abs=1e-5)
-    assert grpo_advantages([1.0, 0.0, 0.0, 1.0], normalize_std=False) == [0.5, -0.5, -0.5, 0.5]
-    assert grpo_advantages([1.0, 1.0], normalize_std=True) == [0.0, 0.0]
 
 
 def test_schedule_names_and_starts_the_groups_the_pool_has_room_for() -> None:

@@ -16,7 +16,7 @@ from everstep.tool_calls import ParsedCall
 from everstep.tool_settings import PYTHON_TOOL
 from everstep_cli.demo import rebuild_module, rebuild_options
 from everstep_cli.job_file import load_job_file
-from everstep_controller.data.submission_checks import check_job_input
+from everstep_controller.data.file_checks import check_job_input
 from everstep_controller.spec.job_spec import JobSpec
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

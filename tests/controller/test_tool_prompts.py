@@ -21,15 +21,16 @@ from everstep_controller.algo.training_batch import build_batch
 from everstep_controller.api.app import create_app
 from everstep_controller.data.chat_template import ChatMessage
 from everstep_controller.data.dataset import PromptRow, load_tokenizer
+from everstep_controller.data.file_checks import check_job_input
 from everstep_controller.data.prompt_rendering import load_prompt_encoder
 from everstep_controller.data.reward_items import RewardItemBuilder
-from everstep_controller.data.submission_checks import JobInputError, check_job_input
 from everstep_controller.data.trajectories import new_sequence, num_model_tokens
 from everstep_controller.launchers.shared import SharedLauncher
 from everstep_controller.run.job_data import load_job_data
 from everstep_controller.run.manager import JobManager
 from everstep_controller.run.trajectory_report import TrajectoryStats, render_sample
 from everstep_controller.spec.job_spec import JobSpec, VerifierWeight
+from everstep_controller.spec.submission_checks import JobInputError
 from everstep_controller.store.job_store import JobStore
 from everstep_controller.store.progress_store import JobProgress, ProgressStore, ScoredSample
 from everstep_controller.store.step_samples import SampleSegment

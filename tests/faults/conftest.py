@@ -6,7 +6,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from fault_helpers import Controllers, RedisServer, Service
+import redis
+from fault_helpers import Controllers, RedisServer, SampleLoggedStack, Service, StartStack, arithmetic_rows, write_rows
 
 from everstep_controller.launchers.processes import stop_processes
 
@@ -49,3 +50,17 @@ def controllers(redis_url: str, reward_address: str, tmp_path: Path) -> Iterator
     group = Controllers(redis_url, reward_address, tmp_path)
     yield group
     group.close()
+
+
+@pytest.fixture
+def start_sample_logged_stack(controllers: Controllers, tmp_path: Path) -> StartStack:
+    """Starts a controller (with `controller_args`) whose trainers log what they trained, and writes `num_rows`
+    arithmetic rows to train on."""
+
+    def start(*controller_args: str, num_rows: int) -> SampleLoggedStack:
+        logs = tmp_path / "trained"
+        controllers.start(*controller_args, env={"EVERSTEP_TRAINER_SAMPLE_LOG": str(logs / "{pid}.jsonl")})
+        return SampleLoggedStack(api=controllers.api, client=redis.Redis.from_url(controllers.redis_url), logs=logs,
+                                 train=write_rows(tmp_path / "train.jsonl", arithmetic_rows(num_rows)))
+
+    return start

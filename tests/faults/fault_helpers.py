@@ -155,6 +155,29 @@ class Controllers:
             pass
 
 
+@dataclass
+class SampleLoggedStack:
+    """A started controller whose jobs' trainers each log the steps they applied to `logs`/<pid>.jsonl
+    (EVERSTEP_TRAINER_SAMPLE_LOG), with its REST client, its Redis and a file of training rows."""
+
+    api: httpx.Client
+    client: redis.Redis
+    logs: Path
+    train: Path
+
+    def logged_pids(self) -> set[int]:
+        """The trainers that wrote a sample log so far."""
+        return {int(path.stem) for path in self.logs.glob("*.jsonl")}
+
+    def trainer_log(self, pid: int) -> list[dict]:
+        """The steps trainer `pid` applied, one line each, in order."""
+        return sample_log_lines(self.logs / f"{pid}.jsonl")
+
+
+StartStack = Callable[..., SampleLoggedStack]
+"""The `start_sample_logged_stack` fixture: `(*controller_args, num_rows=N) -> SampleLoggedStack`."""
+
+
 # -- jobs -------------------------------------------------------------------------------------------
 
 

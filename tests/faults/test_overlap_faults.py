@@ -13,17 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import redis
-from fault_helpers import (
-    Controllers,
-    arithmetic_rows,
-    job_workers,
-    sample_log_lines,
-    tiny_job,
-    wait_job,
-    wait_until,
-    write_rows,
-)
+from fault_helpers import StartStack, job_workers, tiny_job, wait_job, wait_until
 
 from everstep_controller.launchers.processes import kill_processes
 
@@ -33,13 +23,10 @@ STEPS, CHECKPOINT_INTERVAL = 12, 4
 
 
 def test_with_overlap_the_engine_runs_a_version_ahead_and_a_killed_trainer_loses_no_step(
-        controllers: Controllers, tiny_model_dir: Path, tmp_path: Path) -> None:
-    logs = tmp_path / "trained"
-    controllers.start(env={"EVERSTEP_TRAINER_SAMPLE_LOG": str(logs / "{pid}.jsonl")})
-    client = redis.Redis.from_url(controllers.redis_url)
-    api = controllers.api
-    train = write_rows(tmp_path / "train.jsonl", arithmetic_rows(10))
-    spec = tiny_job("overlap", tiny_model_dir, train, steps=STEPS, checkpoint={"interval": CHECKPOINT_INTERVAL},
+        start_sample_logged_stack: StartStack, tiny_model_dir: Path) -> None:
+    stack = start_sample_logged_stack(num_rows=10)
+    api, client = stack.api, stack.client
+    spec = tiny_job("overlap", tiny_model_dir, stack.train, steps=STEPS, checkpoint={"interval": CHECKPOINT_INTERVAL},
                     scheduler={"mode": "sync", "prompts_per_iteration": 2, "overlap": 1})
     job_id = api.post("/v1/jobs", json=spec).json()["id"]
 
@@ -60,9 +47,9 @@ def test_with_overlap_the_engine_runs_a_version_ahead_and_a_killed_trainer_loses
     assert sum(m["staleness_max"] == 1 for m in history) >= STEPS // 2, "the engine ran a version ahead"
 
     # the trainers' own logs: the killed one, and the new one that resumed the checkpoint
-    killed = sample_log_lines(logs / f"{trainer.pid}.jsonl")
-    [resumed_log] = set(logs.glob("*.jsonl")) - {logs / f"{trainer.pid}.jsonl"}
-    resumed = sample_log_lines(resumed_log)
+    killed = stack.trainer_log(trainer.pid)
+    [resumed_pid] = stack.logged_pids() - {trainer.pid}
+    resumed = stack.trainer_log(resumed_pid)
     assert [s["version"] for s in killed] == list(range(1, len(killed) + 1))
     assert [s["version"] for s in resumed] == list(range(resume["from_step"] + 1, STEPS + 1))
     assert len(killed) >= resume["from_step"]

@@ -16,18 +16,7 @@ import collections
 from pathlib import Path
 
 import pytest
-import redis
-from fault_helpers import (
-    Controllers,
-    arithmetic_rows,
-    freeze_while,
-    job_workers,
-    sample_log_lines,
-    tiny_job,
-    wait_job,
-    wait_until,
-    write_rows,
-)
+from fault_helpers import StartStack, freeze_while, job_workers, tiny_job, wait_job, wait_until
 
 from everstep_controller.launchers.processes import kill_processes
 
@@ -40,12 +29,9 @@ STEPS, PROMPTS_PER_STEP, GROUP_SIZE, NUM_ROWS = 24, 2, 4, 6
 
 
 def test_a_killed_rollout_engine_loses_no_sample_and_trains_none_twice(
-        controllers: Controllers, tiny_model_dir: Path, tmp_path: Path) -> None:
-    controllers.start("--worker-restarts", "1",
-                                   env={"EVERSTEP_TRAINER_SAMPLE_LOG": str(tmp_path / "trained-{pid}.jsonl")})
-    client = redis.Redis.from_url(controllers.redis_url)
-    api = controllers.api
-    train = write_rows(tmp_path / "train.jsonl", arithmetic_rows(NUM_ROWS))
+        start_sample_logged_stack: StartStack, tiny_model_dir: Path) -> None:
+    stack = start_sample_logged_stack("--worker-restarts", "1", num_rows=NUM_ROWS)
+    api, client, train = stack.api, stack.client, stack.train
     # up to 32 tokens, and the stop string "1" ends most rollouts early: the iteration's rollouts finish
     # one after another over many decode steps
     spec = tiny_job("rollout-kill", tiny_model_dir, train, steps=STEPS, sampling={"max_new_tokens": 32, "stop": ["1"]})
@@ -81,9 +67,8 @@ def test_a_killed_rollout_engine_loses_no_sample_and_trains_none_twice(
 
     # the trainer's own record: one trainer process throughout, one line per applied step, in order,
     # each with complete groups
-    trainers = {p.name for p in tmp_path.glob("trained-*.jsonl")}
-    assert trainers == {f"trained-{p.pid}.jsonl" for p in (workers["trainer"], doomed_trainer)}
-    steps = sample_log_lines(tmp_path / f"trained-{workers['trainer'].pid}.jsonl")
+    assert stack.logged_pids() == {workers["trainer"].pid, doomed_trainer.pid}
+    steps = stack.trainer_log(workers["trainer"].pid)
     assert [s["version"] for s in steps] == list(range(1, STEPS + 1)), "every step trained once, by one trainer"
     drawn: collections.Counter[tuple[int, ...]] = collections.Counter()
     for step in steps:

@@ -15,17 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import redis
-from fault_helpers import (
-    Controllers,
-    arithmetic_rows,
-    job_workers,
-    sample_log_lines,
-    tiny_job,
-    wait_job,
-    wait_until,
-    write_rows,
-)
+from fault_helpers import StartStack, job_workers, tiny_job, wait_job, wait_until
 
 from everstep_controller.launchers.processes import kill_processes
 
@@ -41,12 +31,9 @@ LORA = {"learning_rate": 1e-2, "lora": {"rank": 4, "alpha": 8, "target_modules":
 
 @pytest.mark.parametrize("trainer", [None, LORA], ids=["full", "lora"])
 def test_a_killed_trainer_resumes_its_checkpoint_and_trains_like_an_uninterrupted_run(
-        controllers: Controllers, tiny_model_dir: Path, tmp_path: Path, trainer: dict | None) -> None:
-    logs = tmp_path / "trained"
-    controllers.start(env={"EVERSTEP_TRAINER_SAMPLE_LOG": str(logs / "{pid}.jsonl")})
-    client = redis.Redis.from_url(controllers.redis_url)
-    api = controllers.api
-    train = write_rows(tmp_path / "train.jsonl", arithmetic_rows(10))
+        start_sample_logged_stack: StartStack, tiny_model_dir: Path, trainer: dict | None) -> None:
+    stack = start_sample_logged_stack(num_rows=10)
+    api, client, train = stack.api, stack.client, stack.train
     spec = {"deterministic": True, "checkpoint": {"interval": CHECKPOINT_INTERVAL},
             **({"trainer": trainer} if trainer else {})}
     job_a = api.post("/v1/jobs", json=tiny_job("a", tiny_model_dir, train, steps=STEPS, **spec)).json()["id"]
@@ -77,10 +64,10 @@ def test_a_killed_trainer_resumes_its_checkpoint_and_trains_like_an_uninterrupte
     assert len(set(grad_norms)) == STEPS and min(grad_norms) > 0, "a real signal to compare"
 
     # the trainers' own logs: A's, B's killed one, B's new one (resumed from the checkpoint)
-    steps_a = sample_log_lines(logs / f"{trainer_a.pid}.jsonl")
-    killed_b = sample_log_lines(logs / f"{trainer_b.pid}.jsonl")
-    [resumed_log] = set(logs.glob("*.jsonl")) - {logs / f"{p.pid}.jsonl" for p in (trainer_a, trainer_b)}
-    resumed_b = sample_log_lines(resumed_log)
+    steps_a = stack.trainer_log(trainer_a.pid)
+    killed_b = stack.trainer_log(trainer_b.pid)
+    [resumed_pid] = stack.logged_pids() - {trainer_a.pid, trainer_b.pid}
+    resumed_b = stack.trainer_log(resumed_pid)
     assert [s["version"] for s in steps_a] == list(range(1, STEPS + 1))
     assert [s["version"] for s in resumed_b] == list(range(resume["from_step"] + 1, STEPS + 1))
     assert len(killed_b) >= resume["from_step"]

@@ -14,7 +14,7 @@ from everstep.v1 import reward_pb2
 from everstep_reward.verifiers import SpecError
 from everstep_reward.verifiers.math import MathVerifier, extract_boxed_answer, extract_last_number, prepare_math_worker
 from everstep_reward.verifiers.params import ParamsError
-from everstep_reward.verifiers.worker_pool import ProcessWorkerPool
+from everstep_reward.worker_pool import ProcessWorkerPool
 
 
 @pytest.fixture(scope="module")

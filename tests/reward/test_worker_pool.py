@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from misbehaving_checks import process_ids, sleep_then_return
 
-from everstep_reward.verifiers.worker_pool import ProcessWorkerPool, WorkerTimeout
+from everstep_reward.worker_pool import ProcessWorkerPool, WorkerTimeout
 
 
 def test_queued_calls_get_their_whole_timeout_and_results_keep_their_order() -> None:
@@ -74,7 +74,7 @@ def test_workers_exit_when_their_parent_is_killed(tmp_path: Path) -> None:
     script.write_text(textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from everstep_reward.verifiers.worker_pool import ProcessWorkerPool
+        from everstep_reward.worker_pool import ProcessWorkerPool
         if __name__ == "__main__":
             pool = ProcessWorkerPool(2)
             pool.start()

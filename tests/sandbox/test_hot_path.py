@@ -8,7 +8,7 @@ import json
 import pytest
 from starlette.testclient import TestClient
 
-from everstep_sandbox.http_api import create_app
+from everstep_sandbox.api.http_app import create_app
 from everstep_sandbox.runner import SandboxRunner
 
 CASES = [

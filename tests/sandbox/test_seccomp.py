@@ -18,8 +18,8 @@ import httpx
 import pyseccomp
 import pytest
 
-from everstep_sandbox.isolation import RUNTIME_DIR
-from everstep_sandbox.seccomp import (
+from everstep_sandbox.isolation.namespaces import RUNTIME_DIR
+from everstep_sandbox.isolation.seccomp import (
     DENIED_SYSCALLS,
     SeccompUnavailable,
     build_filter,

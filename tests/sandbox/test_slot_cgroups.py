@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from everstep_sandbox.cgroups import CgroupTree, SlotCgroup
+from everstep_sandbox.isolation.cgroups import CgroupTree, SlotCgroup
 
 
 @pytest.fixture

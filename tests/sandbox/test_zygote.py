@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 
 from everstep_sandbox.config import default_python
-from everstep_sandbox.isolation import RUNTIME_DIR
+from everstep_sandbox.isolation.namespaces import RUNTIME_DIR
 
 
 def test_zygote_preloads_no_module_with_an_at_fork_hook() -> None:

@@ -24,7 +24,7 @@ from everstep_reward.verifiers.length import LengthParams, LengthVerifier
 from everstep_reward.verifiers.math import MathVerifier, prepare_math_worker
 from everstep_reward.verifiers.model import ModelVerifier, RewardModel, RewardModelSettings
 from everstep_reward.verifiers.tool_use import ToolUseVerifier
-from everstep_reward.verifiers.worker_pool import ProcessWorkerPool
+from everstep_reward.worker_pool import ProcessWorkerPool
 
 __all__ = ["RewardServicer", "serve"]
 

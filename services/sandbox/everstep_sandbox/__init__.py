@@ -1,4 +1,4 @@
 """everstep sandbox service: SandboxFusion-compatible HTTP and gRPC code execution.
 
-See `everstep_sandbox.runner` for what this skeleton does and does not isolate.
+See `everstep_sandbox.isolation` for what it protects against and what it does not.
 """

@@ -64,7 +64,7 @@ def main() -> None:
         _exit_with_parent(args.worker_of)
 
     from everstep_sandbox.config import SandboxConfig
-    from everstep_sandbox.seccomp import SeccompUnavailable
+    from everstep_sandbox.isolation.seccomp import SeccompUnavailable
     from everstep_sandbox.server import PortInUse, serve
 
     overrides = {k: v for k, v in {"workers": args.workers,

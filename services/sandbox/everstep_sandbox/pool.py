@@ -29,10 +29,10 @@ from pathlib import Path
 
 from everstep_sandbox import metrics
 from everstep_sandbox.cancel import Cancelled, CancelToken
-from everstep_sandbox.cgroups import CgroupTree
 from everstep_sandbox.config import SandboxConfig
-from everstep_sandbox.isolation import IsolationReport
-from everstep_sandbox.slots import Slot, SlotError
+from everstep_sandbox.isolation.cgroups import CgroupTree
+from everstep_sandbox.isolation.namespaces import IsolationReport
+from everstep_sandbox.isolation.slots import Slot, SlotError
 
 __all__ = ["PoolBusy", "PoolClosed", "SlotPool", "Spawner"]
 

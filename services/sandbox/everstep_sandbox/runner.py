@@ -2,13 +2,10 @@
 cache's artifacts), run it once (`run_code`) or once per test case (`run_tests`), and decide the
 outcome with SandboxFusion's rules.
 
-What the sandbox protects against and what it does not is in docs/sandbox.md and in
-`isolation.py`; in short, every run gets (where this host allows) no network, a private
-writable /work and /tmp with everything else read-only, a private PID namespace, a per-slot
-unprivileged uid, a seccomp filter, cgroup limits on memory, processes and CPU, rlimits on CPU
-time and file size, a wall-clock timeout, and capped output, and every process it started is
-killed before the response is sent. It does not protect against kernel exploits (the kernel is
-shared), CPU side channels, or reading world-readable files under /usr and /etc.
+What the sandbox protects against and what it does not is in docs/sandbox.md and in the
+`isolation` package's docstring (in short: no network, a private writable /work and /tmp, a private
+PID namespace, a seccomp filter and cgroup limits; not kernel exploits, CPU side channels, or reading
+world-readable files under /usr and /etc).
 """
 
 from __future__ import annotations
@@ -23,10 +20,13 @@ from pathlib import Path
 
 from everstep_sandbox import metrics
 from everstep_sandbox.cancel import Cancelled, CancelToken
-from everstep_sandbox.cgroups import CgroupTree
 from everstep_sandbox.compile_cache import CompileCache, CompiledProgram, cache_key
 from everstep_sandbox.config import SandboxConfig
-from everstep_sandbox.isolation import RUNTIME_DIR, IsolationReport, path_policy, probe
+from everstep_sandbox.isolation.cgroups import CgroupTree
+from everstep_sandbox.isolation.namespaces import RUNTIME_DIR, IsolationReport, path_policy, probe
+from everstep_sandbox.isolation.paths import PathPolicy, PathRefused
+from everstep_sandbox.isolation.seccomp import SeccompUnavailable, build_filter, check_kernel_enforces
+from everstep_sandbox.isolation.slots import ExecRequest, Slot
 from everstep_sandbox.jupyter import (
     JUPYTER_OUTPUT,
     JupyterResult,
@@ -37,11 +37,8 @@ from everstep_sandbox.jupyter import (
 )
 from everstep_sandbox.languages import SANDBOX_PATH, Language, ProgramFiles, available_languages
 from everstep_sandbox.languages import tool_exists as _exists
-from everstep_sandbox.paths import PathPolicy, PathRefused
 from everstep_sandbox.pool import PoolBusy, PoolClosed, SlotPool
 from everstep_sandbox.process import CommandResult, CommandRunStatus, RunStatus
-from everstep_sandbox.seccomp import SeccompUnavailable, build_filter, check_kernel_enforces
-from everstep_sandbox.slots import ExecRequest, Slot
 
 __all__ = [
     "InvalidRequest", "ProgramResult", "ProgramSpec", "SandboxRunner", "TestCase",

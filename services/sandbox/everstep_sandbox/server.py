@@ -29,9 +29,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from everstep.transport import bind, new_server
 from everstep.v1 import sandbox_pb2_grpc
+from everstep_sandbox.api.grpc_service import SandboxServicer
+from everstep_sandbox.api.http_app import create_app
 from everstep_sandbox.config import SandboxConfig
-from everstep_sandbox.grpc_service import SandboxServicer
-from everstep_sandbox.http_api import create_app
 from everstep_sandbox.runner import SandboxRunner
 
 __all__ = ["SIGTERM_STOP_SECONDS", "PortInUse", "serve"]

@@ -1,1 +1,1 @@
-"""The algorithm: the C3PO++ and sync schedulers, the training batch and its GRPO advantages (layer 5)."""
+"""The algorithm (layer 5): the C3PO++ and sync schedulers, the training batch, the advantage estimators by name."""

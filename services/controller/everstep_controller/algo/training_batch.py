@@ -8,10 +8,13 @@ from typing import Protocol
 from everstep.settings import TrainerConfig
 from everstep.settings_codec import TRAINER_CONFIG
 from everstep.v1 import trainer_pb2
-from everstep_controller.algo.scheduler import grpo_advantages
+from everstep_controller.algo.advantages import get_advantage_estimator
 from everstep_controller.data.reward_errors import ErrorClass, RewardFailed, describe
 from everstep_controller.spec.job_spec import JobSpec
 from everstep_controller.store.progress_store import ScoredSample
+
+ADVANTAGE_ESTIMATOR = "grpo"
+"""The estimator in `algo.advantages` that every batch uses (the only one registered so far)."""
 
 
 def trainer_config(spec: JobSpec, start_step: int = 0) -> trainer_pb2.TrainerConfig:
@@ -52,6 +55,7 @@ def build_batch(group_ids: list[str], scheduler: GroupMembers, scored: dict[str,
     not be scored is left out whole (its advantages would be made up), and any other failed
     reward raises `RewardFailed` with its cause (see `reward_errors`).
     """
+    estimate_advantages = get_advantage_estimator(ADVANTAGE_ESTIMATOR)
     batch = TrainingBatch()
     for group_id in group_ids:
         sample_ids = scheduler.surviving_samples(group_id)
@@ -70,7 +74,7 @@ def build_batch(group_ids: list[str], scheduler: GroupMembers, scored: dict[str,
         if drop_zero_signal and not has_signal(members):
             batch.num_zero_signal += 1
             continue
-        for member, advantage in zip(members, grpo_advantages(rewards, normalize_std=normalize_std), strict=True):
+        for member, advantage in zip(members, estimate_advantages(rewards, normalize_std=normalize_std), strict=True):
             seq = member.proto()
             batch.samples.append(trainer_pb2.TrainSample(
                 prompt_ids=seq.prompt_ids, output_ids=seq.output_ids, rollout_logprobs=seq.output_logprobs,

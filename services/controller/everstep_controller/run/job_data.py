@@ -15,9 +15,9 @@ from everstep.v1 import common_pb2
 from everstep_controller.data.dataset import LoadedDataset, PromptRow, RowFields, load_prompt_rows, load_tokenizer
 from everstep_controller.data.dataset_columns import check_dataset_fields
 from everstep_controller.data.prompt_rendering import load_prompt_encoder
-from everstep_controller.data.submission_checks import check_verifiers
 from everstep_controller.spec.job_spec import JobSpec
 from everstep_controller.spec.model_limits import check_routing_replay, max_prompt_tokens
+from everstep_controller.spec.submission_checks import check_verifiers
 from everstep_controller.store.job_store import DatasetReport
 
 __all__ = ["JobData", "load_job_data"]
@@ -58,7 +58,7 @@ def load_job_data(spec: JobSpec) -> JobData:
         assert encoder.template is not None  # load_prompt_encoder refuses tools without one
         call_format = format_for_template(encoder.template.source) or ""
     d = spec.dataset
-    check_dataset_fields(d)  # as at submission (submission_checks): a field the file lacks fails the job
+    check_dataset_fields(d)  # as at submission (data.file_checks): a field the file lacks fails the job
     fields = RowFields(prompt=d.prompt_field, answer=d.answer_field, tests=d.tests_field,
                        function_name=d.function_name_field, language=d.language_field, verifiers=d.verifiers_field)
     names = [v.name for v in spec.reward.verifiers]

@@ -1,5 +1,5 @@
 """Which library each backend of the spec's `tracking` section needs, and the check that it is installed (the
-422 at submission: `data.submission_checks`)."""
+422 at submission: `spec.submission_checks`)."""
 
 from __future__ import annotations
 

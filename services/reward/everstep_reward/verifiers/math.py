@@ -12,8 +12,8 @@ last box if there is one, else the last number written in the response (`-3`, `1
 number merely mentioned last counts as the answer.
 
 math-verify guards its sympy calls with signal.alarm, which only works on a main thread; we turn
-those timeouts off and run every check in a worker process instead (see worker_pool.py), with our
-own per-item timeout.
+those timeouts off and run every check in a worker process instead (see `everstep_reward.worker_pool`),
+with our own per-item timeout.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Literal
 from everstep.v1 import reward_pb2
 from everstep_reward.verifiers.base import VerifierResult
 from everstep_reward.verifiers.params import SpecError, VerifierParams, read_params
-from everstep_reward.verifiers.worker_pool import ProcessWorkerPool, WorkerCrashed, WorkerTimeout
+from everstep_reward.worker_pool import ProcessWorkerPool, WorkerCrashed, WorkerTimeout
 
 __all__ = ["MathCheck", "MathParams", "MathVerifier", "check_math_answer", "check_math_answer_last_number",
            "extract_boxed_answer", "extract_last_number", "prepare_math_worker"]

@@ -24,8 +24,8 @@ from fastapi import FastAPI, HTTPException, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
 from pydantic import BaseModel, Field
 
+from everstep_sandbox.api.hot_path import HotPathApp, HotRoute
 from everstep_sandbox.cancel import CancelToken
-from everstep_sandbox.hot_path import HotPathApp, HotRoute
 from everstep_sandbox.jupyter import JupyterSpec
 from everstep_sandbox.process import CommandResult, CommandRunStatus, RunStatus
 from everstep_sandbox.runner import InvalidRequest, ProgramSpec, SandboxRunner, TestCase

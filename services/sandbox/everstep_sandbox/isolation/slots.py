@@ -23,9 +23,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from everstep_sandbox.cgroups import SlotCgroup
 from everstep_sandbox.config import SandboxConfig
-from everstep_sandbox.isolation import IsolationReport, SlotLayout, slot_layout
+from everstep_sandbox.isolation.cgroups import SlotCgroup
+from everstep_sandbox.isolation.namespaces import IsolationReport, SlotLayout, slot_layout
 from everstep_sandbox.process import CommandResult, CommandRunStatus
 
 __all__ = ["ExecRequest", "Slot", "SlotError"]

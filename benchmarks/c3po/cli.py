@@ -3,14 +3,14 @@
     python -m benchmarks.c3po --simulate [--prompts-per-iteration P --group-size G --trained-samples N ...]
         The controller's scheduler alone against a simulated engine at the paper's scale (default:
         4096 concurrent rollouts, long-tailed lengths up to 64K tokens, a decode step whose cost grows
-        with batch occupancy and context); see benchmarks/c3po_sim.py for the cost model.
+        with batch occupancy and context); see benchmarks/c3po/sim.py for the cost model.
         `--cost-model FILE` takes the constants measured on a real engine and model by
         `python -m benchmarks.decode_cost --model DIR --out FILE`.
 
     python -m benchmarks.c3po [--model examples/demo-model --prompts-per-iteration P ...]
         The same job on real generation: the demo model and its long-tailed arithmetic task, through
         Redis, the reward service, the controller's job runner and a real rollout engine and trainer
-        (benchmarks/c3po_real.py).
+        (benchmarks/c3po/real.py).
 
     python -m benchmarks.c3po --model outputs/smollm2-135m-instruct --dataset outputs/arith-cot/train.parquet \\
         --answer-field reward_model.ground_truth --verifiers math:1,format:0.5 --keep-zero-signal-groups \\
@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from benchmarks.c3po_sim import CostModel
+    from benchmarks.c3po.sim import CostModel
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -97,7 +97,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _cost_model(args: argparse.Namespace) -> CostModel:
     """The simulation's CostModel: from --cost-model's measured file, or from the --step-*/--train-* flags."""
-    from benchmarks.c3po_sim import CostModel as cost_model
+    from benchmarks.c3po.sim import CostModel as cost_model
 
     flags = {"base_seconds": args.step_base_seconds, "per_sequence_seconds": args.step_per_sequence_seconds,
              "per_kv_token_seconds": args.step_per_kv_token_seconds,
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
     if args.simulate:
-        from benchmarks.c3po_sim import SimConfig, run_simulation
+        from benchmarks.c3po.sim import SimConfig, run_simulation
 
         group_size, prompts = args.group_size or 16, args.prompts_per_iteration or 256
         config = SimConfig(
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         result = run_simulation(config)
     else:
-        from benchmarks.c3po_real import RealConfig, run_real
+        from benchmarks.c3po.real import RealConfig, run_real
 
         group_size, prompts = args.group_size or 8, args.prompts_per_iteration or 32
         config = RealConfig(

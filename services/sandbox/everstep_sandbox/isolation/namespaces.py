@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from everstep_sandbox.config import SandboxConfig
-from everstep_sandbox.paths import PathPolicy
+from everstep_sandbox.isolation.paths import PathPolicy
 
 __all__ = ["RUNTIME_DIR", "IsolationReport", "SlotLayout", "path_policy", "probe", "slot_layout"]
 
 log = logging.getLogger(__name__)
-RUNTIME_DIR = Path(__file__).parent / "runtime"
+RUNTIME_DIR = Path(__file__).parent.parent / "runtime"
 _SANDBOX_RUNTIME = "/opt/everstep-sandbox"
 _ZYGOTE_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER")
 _TOP_LEVEL = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")

@@ -1,5 +1,5 @@
-"""Saved reports of the mismatch experiments (`benchmarks.icepop_mismatch`, `benchmarks.moe_mismatch`): read them
-back, and combine reports of runs split across processes (`--only-arms`, `--seed-list`) into one.
+"""Saved reports of the mismatch experiments (`benchmarks.mismatch.icepop`, `benchmarks.mismatch.moe`): read
+them back, and combine reports of runs split across processes (`--only-arms`, `--seed-list`) into one.
 
 A full run is 100 steps x 3 seeds x 6 arms; on 2 cores it is run as several processes, each on some arms or seeds,
 and `--combine A.json B.json ... --out DIR` writes DIR/<report>.json and .png as one process would have. Reports
@@ -16,29 +16,27 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
+from benchmarks.mismatch.records import Arm, EvalRecord, RunResult, Settings, StepRecord
+
 # Settings that may differ between the combined reports: the seeds (each report runs some) and the thread count
 # (a process's speed, not its result: a run's figures are the same at any thread count up to float rounding).
 MAY_DIFFER = frozenset({"seeds", "num_threads"})
 
 
-def load_runs(path: Path) -> list[Any]:
+def load_runs(path: Path) -> list[RunResult]:
     """The RunResults of a saved report (full or .partial.json)."""
-    from benchmarks.icepop_mismatch import EvalRecord, RunResult, StepRecord
-
     return [RunResult(arm=run["arm"], seed=run["seed"], steps=[StepRecord(**s) for s in run["steps"]],
                       evals=[EvalRecord(**e) for e in run["evals"]])
             for run in json.loads(path.read_text())["runs"]]
 
 
-def combine(paths: list[Path]) -> tuple[Any, list[Any], dict[str, list[Any]]]:
+def combine(paths: list[Path]) -> tuple[Settings, list[Arm], dict[str, list[RunResult]]]:
     """(settings, arms, runs by arm) of the reports at `paths`, merged; ValueError naming the disagreement."""
-    from benchmarks.icepop_mismatch import Arm, Settings
-
     if len(paths) < 2:
         raise ValueError("--combine: give two or more saved reports")
     settings: dict[str, Any] | None = None
     arms: dict[str, Arm] = {}
-    by_arm: dict[str, list[Any]] = {}
+    by_arm: dict[str, list[RunResult]] = {}
     seen: dict[tuple[str, int], Path] = {}
     for path in paths:
         if not path.is_file():
@@ -73,7 +71,7 @@ def combine(paths: list[Path]) -> tuple[Any, list[Any], dict[str, list[Any]]]:
     return merged, ordered, {arm.name: by_arm[arm.name] for arm in ordered}
 
 
-def plot(by_arm: dict[str, list[Any]], title: str, path: Path, *, routes: bool = False) -> None:
+def plot(by_arm: dict[str, list[RunResult]], title: str, path: Path, *, routes: bool = False) -> None:
     """One panel per figure over steps, one line per arm (mean over seeds, min-max band); with `routes`, the
     routing disagreement replaces the gradient norm panel."""
     import matplotlib

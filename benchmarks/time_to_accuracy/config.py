@@ -19,7 +19,7 @@ from typing import Any
 from everstep_cli.job_file import load_job_file
 from everstep_controller.spec.job_spec import JobSpec
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEMO_SPEC = REPO / "examples" / "demo.yaml"
 
 

@@ -1,7 +1,7 @@
 """The TRL arms of `benchmarks.time_to_accuracy`: TRL's `GRPOTrainer` on the same model, rows and reward.
 
-    python -m benchmarks.tta_trl --arm trl|trl-lora --config CONFIG.json --spec SPEC.json --reward HOST:PORT
-        --out RESULT.json
+    python -m benchmarks.time_to_accuracy.trl_arm --arm trl|trl-lora --config CONFIG.json --spec SPEC.json
+        --reward HOST:PORT --out RESULT.json
 
 Run by `benchmarks.time_to_accuracy` in its own process (its own torch threads). Needs the optional
 benchmark dependency: `pip install -r benchmarks/requirements-trl.txt` (TRL 1.16.0).
@@ -44,7 +44,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.tta_config import Arm, ArmRun, CurvePoint, TtaConfig, lr_schedule_of, optimizer_steps_per_step
+from benchmarks.time_to_accuracy.config import (
+    Arm,
+    ArmRun,
+    CurvePoint,
+    TtaConfig,
+    lr_schedule_of,
+    optimizer_steps_per_step,
+)
 from everstep.settings import ALL_LINEAR, LoraSettings
 from everstep.v1 import common_pb2
 from everstep_controller.data.dataset import PromptRow
@@ -279,8 +286,8 @@ def lora_config_kwargs(lora: LoraSettings) -> dict[str, Any]:
 
 
 TRL_SCHEDULE = ("TRL arm: torch LambdaLR per optimizer step t, factor everstep's learning_rate_at(t // optimizer "
-                "steps per step, warmup_steps, total_steps = steps) (benchmarks/tta_trl.py lr_factor), in place of "
-                "transformers' lr_scheduler_type='cosine'")
+                "steps per step, warmup_steps, total_steps = steps) (benchmarks/time_to_accuracy/trl_arm.py "
+                "lr_factor), in place of transformers' lr_scheduler_type='cosine'")
 
 
 def run_trl_arm(config: TtaConfig, arm: Arm, spec: JobSpec, reward_address: str) -> ArmRun:
@@ -387,7 +394,7 @@ def _version(package: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.tta_trl", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m benchmarks.time_to_accuracy.trl_arm", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arm", required=True, choices=[Arm.trl.value, Arm.trl_lora.value], help="which TRL arm")
     p.add_argument("--config", required=True, help="JSON of the benchmark's TtaConfig")

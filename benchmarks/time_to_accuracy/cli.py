@@ -11,7 +11,7 @@ everstep reward service's math verifier.
 Settings: the demo model (the default) keeps the benchmark's demo defaults; any other model, or --spec
 FILE, takes data, G, max_new_tokens, temperature, num_minibatches, learning rate, steps and evaluation
 from the job spec (default examples/smollm2-full.yaml). A flag always wins, and one that disagrees with
-the spec is recorded in the result's config.overrides (benchmarks/tta_resolve.py).
+the spec is recorded in the result's config.overrides (benchmarks/time_to_accuracy/resolve.py).
 
 - sync, c3po, overlap: the base job submitted over REST to a real local stack (`everstep up`'s, with the
   local launcher: own rollout engine and trainer per job), as scheduler.mode sync (--prompts-per-step
@@ -21,7 +21,7 @@ the spec is recorded in the result's config.overrides (benchmarks/tta_resolve.py
 - trl, trl-lora: TRL 1.16's GRPOTrainer with full's and lora's settings (trl-lora: a peft LoraConfig of
   the same rank, alpha, dropout and target modules), --prompts-per-step prompts x G per generation round,
   rewarded by the same reward service over gRPC and evaluated with Hugging Face generate
-  (benchmarks/tta_trl.py; needs `pip install -r benchmarks/requirements-trl.txt`).
+  (benchmarks/time_to_accuracy/trl_arm.py; needs `pip install -r benchmarks/requirements-trl.txt`).
 
 Optimizer steps per generation round are equal on both sides (trainer.num_minibatches), and both sides
 run everstep's learning-rate schedule: linear warmup (trainer.warmup_steps), then cosine decay to 0 over
@@ -50,9 +50,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.tta_config import Arm, ArmRun, TtaConfig
-from benchmarks.tta_resolve import DEMO_DEFAULTS, QUICK, resolve
-from benchmarks.tta_run import RUNS_FILE, RunLog, read_runs, run_arms
+from benchmarks.time_to_accuracy.config import Arm, ArmRun, TtaConfig
+from benchmarks.time_to_accuracy.resolve import DEMO_DEFAULTS, QUICK, resolve
+from benchmarks.time_to_accuracy.run import RUNS_FILE, RunLog, read_runs, run_arms
 
 FULL = {k: DEMO_DEFAULTS[k] for k in ("steps", "eval_every", "eval_prompts")}
 FROM_SPEC = "default: the spec's; demo model: "

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.tta_config import Arm, ArmRun, CurvePoint, TtaConfig, job_spec, lr_schedule_of
+from benchmarks.time_to_accuracy.config import Arm, ArmRun, CurvePoint, TtaConfig, job_spec, lr_schedule_of
 from everstep_cli.follow import TERMINAL
 from everstep_cli.local_stack import LocalStack, StackState, free_port
 from everstep_cli.rest_client import ControllerClient

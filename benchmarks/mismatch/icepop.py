@@ -1,4 +1,4 @@
-"""IcePop under a real mismatch: `python -m benchmarks.icepop_mismatch [--quick] [--model DIR] [--out DIR] ...`.
+"""IcePop under a real mismatch: `python -m benchmarks.mismatch.icepop [--quick] [--model DIR] [--out DIR] ...`.
 
 The Ring-1T / truncated-importance-sampling experiment in small, on the demo task: a quantized rollout
 engine (weight-only int8, per output channel, by default) samples while a float32 trainer trains, so
@@ -31,7 +31,7 @@ evaluations, then over seeds: one evaluation of 50 prompts moves by several poin
 mismatch_kl_last (mean over seeds of the mean over the first / last 10% of steps), masked_fraction_mean,
 logp_diff_max_max, routing_disagreement_mean (0 here: a dense model has no routes).
 
-`benchmarks.moe_mismatch` runs this same harness (`run_experiment`) with MoE arms (routing replay).
+`benchmarks.mismatch.moe` runs this same harness (`run_experiment`) with MoE arms (routing replay).
 
 Sizes: the default (100 steps x 3 seeds x 4 arms at P=8, G=8) is the full run (about an hour on 2 cores);
 `--quick` is about 4 to 7 minutes (30 steps, 2 seeds, P=4, 20 eval prompts). The model defaults to the demo
@@ -51,89 +51,18 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
+
+from benchmarks.mismatch.records import Arm, EvalRecord, RunResult, Settings, StepRecord
+from benchmarks.mismatch.reports import combine, load_runs, plot
 
 DEFAULT_MODEL = Path("examples/demo-model")
 QUANTIZATIONS = ("int8", "int8-tensor", "fp8", "int4")
 EVAL_SAMPLES = 4
 LATE_EVALS = 3  # late_accuracy: the mean of a run's last evaluations, steadier than its last one alone
 
-log = logging.getLogger("benchmarks.icepop_mismatch")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Arm:
-    name: str
-    quantization: str
-    """The engine's weight quantization ("none" for the control)."""
-    correction: str
-    dtype: str = "float32"
-    """The engine's compute dtype (the trainer is float32 throughout)."""
-    routing_replay: str = "off"
-    """The trainer's `routing_replay` ("rollout": replay the engine's routes; MoE models only)."""
-    routes: bool = False
-    """Ask the engine for its routes (`return_routed_experts`) and send them to the trainer (MoE models only):
-    the trainer then reports its routing disagreement with the engine, replaying them or not."""
-    beta: float | None = None
-    """IcePop's upper bound for this arm (None: Settings.beta)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Settings:
-    """Everything every arm shares."""
-
-    model: str
-    quantization: str
-    steps: int
-    seeds: list[int]
-    prompts_per_step: int
-    group_size: int
-    max_new_tokens: int
-    learning_rate: float
-    temperature: float
-    alpha: float
-    beta: float
-    tis_cap: float
-    eval_every: int
-    eval_prompts: int
-    num_threads: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class StepRecord:
-    step: int
-    reward_mean: float
-    mismatch_kl: float
-    logp_diff_max: float
-    logp_diff_abs_mean: float
-    masked_fraction: float
-    clip_fraction: float
-    loss: float
-    grad_norm: float
-    entropy: float
-    num_tokens: int
-    rollout_seconds: float
-    train_seconds: float
-    routing_disagreement: float = 0.0
-    """Fraction of (token, MoE layer) pairs whose top-k set under the trainer's own router differs from the
-    engine's (0 without routes; a default so that reports saved before it still load)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class EvalRecord:
-    step: int
-    avg_at_4: float
-    """Mean correctness of EVAL_SAMPLES samples per held-out prompt at temperature 1."""
-    greedy: float
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunResult:
-    arm: str
-    seed: int
-    steps: list[StepRecord]
-    evals: list[EvalRecord]
+log = logging.getLogger("benchmarks.mismatch.icepop")
 
 
 def arms(quantization: str, betas: Sequence[float] = ()) -> list[Arm]:
@@ -207,7 +136,7 @@ def run_one(arm: Arm, seed: int, settings: Settings, prompts: list[tuple[str, st
     import torch
 
     from everstep.settings import TrainerConfig
-    from everstep_controller.algo.scheduler import grpo_advantages
+    from everstep_controller.algo.advantages.grpo import grpo_advantages
     from everstep_rollout.config import EngineConfig
     from everstep_rollout.engine import Engine
     from everstep_tools.demo.evaluation import is_correct
@@ -375,7 +304,7 @@ def parse_betas(text: str, parser: argparse.ArgumentParser) -> list[float]:
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.ArgumentParser]:
     parser = build_parser(
-        "python -m benchmarks.icepop_mismatch", __doc__, default_model=DEFAULT_MODEL,
+        "python -m benchmarks.mismatch.icepop", __doc__, default_model=DEFAULT_MODEL,
         model_help=f"demo-task model directory with train.jsonl and eval.jsonl (default {DEFAULT_MODEL}, built if "
                    "missing)",
         default_out=Path("outputs/icepop-mismatch"), quantizations=QUANTIZATIONS, default_quantization="int8",
@@ -391,8 +320,6 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Arg
 def resummarize(path: Path) -> dict:
     """The per-arm summary of a saved icepop_mismatch.json (or moe_mismatch.json), computed by this version of
     `summarize`."""
-    from benchmarks.mismatch_reports import load_runs
-
     by_arm: dict[str, list[RunResult]] = {}
     for run in load_runs(path):
         by_arm.setdefault(run.arm, []).append(run)
@@ -456,7 +383,6 @@ def run_experiment(args: argparse.Namespace, parser: argparse.ArgumentParser, ar
             # (`--summarize OUT/report.partial.json` summarises them)
             write_report(args.out / f"{report}.partial.json", settings, arm_list, by_arm, started)
     summary = write_report(args.out / f"{report}.json", settings, arm_list, by_arm, started)
-    from benchmarks.mismatch_reports import plot
 
     (args.out / f"{report}.partial.json").unlink()
     plot(by_arm, f"{title} (mean over {len(settings.seeds)} seeds, band: min-max)", args.out / f"{report}.png",
@@ -467,7 +393,6 @@ def run_experiment(args: argparse.Namespace, parser: argparse.ArgumentParser, ar
 
 def _combine(args: argparse.Namespace, parser: argparse.ArgumentParser, *, report: str, title: str) -> dict:
     """--combine: merge saved reports into OUT/`report`.json and .png; print and return the summary."""
-    from benchmarks.mismatch_reports import combine, plot
 
     try:
         settings, arm_list, by_arm = combine(args.combine)

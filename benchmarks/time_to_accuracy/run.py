@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.tta_config import REPO, Arm, ArmRun, TtaConfig, job_spec
+from benchmarks.time_to_accuracy.config import REPO, Arm, ArmRun, TtaConfig, job_spec
 
 RUNS_FILE = "runs.jsonl"
 
@@ -71,15 +71,16 @@ def read_runs(path: Path) -> tuple[TtaConfig, list[ArmRun]]:
 
 
 def run_trl(config: TtaConfig, arm: Arm, root: Path, reward_address: str, tag: str) -> ArmRun:
-    """One run of a TRL arm in its own process (`benchmarks.tta_trl`), with its counterpart's job spec."""
+    """One run of a TRL arm in its own process (`benchmarks.time_to_accuracy.trl_arm`), with its counterpart's job
+    spec."""
     config_file, spec_file, out = (root / f"{tag}-config.json", root / f"{tag}-spec.json", root / f"{tag}-result.json")
     config_file.write_text(json.dumps(config.to_json()))
     spec_file.write_text(json.dumps(job_spec(config, arm, root / "checkpoints")))
     out.unlink(missing_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": str(config.threads_per_worker)}
-    command = [sys.executable, "-m", "benchmarks.tta_trl", "--arm", arm.value, "--config", str(config_file),
-               "--spec", str(spec_file), "--reward", reward_address, "--out", str(out)]
+    command = [sys.executable, "-m", "benchmarks.time_to_accuracy.trl_arm", "--arm", arm.value,
+               "--config", str(config_file), "--spec", str(spec_file), "--reward", reward_address, "--out", str(out)]
     process = subprocess.run(command, cwd=REPO, env=env)
     if process.returncode != 0:
         raise RuntimeError(f"the {arm.value} arm failed (exit {process.returncode}); its output is above. Is TRL "
@@ -89,7 +90,7 @@ def run_trl(config: TtaConfig, arm: Arm, root: Path, reward_address: str, tag: s
 
 def run_arms(config: TtaConfig, root: Path, record: Callable[[ArmRun], None]) -> list[ArmRun]:
     """Every arm, ``config.repeats`` times; ``record`` gets each run as it finishes."""
-    from benchmarks.tta_everstep import run_everstep_arm, start_stack
+    from benchmarks.time_to_accuracy.everstep_arm import run_everstep_arm, start_stack
 
     runs: list[ArmRun] = []
 

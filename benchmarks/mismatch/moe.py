@@ -1,7 +1,7 @@
-"""IcePop and routing replay under a real MoE mismatch: `python -m benchmarks.moe_mismatch [--quick] [--model DIR]
+"""IcePop and routing replay under a real MoE mismatch: `python -m benchmarks.mismatch.moe [--quick] [--model DIR]
 [--quantization none|int8|fp8] [--out DIR] ...`.
 
-The `benchmarks.icepop_mismatch` experiment (the same harness, flags, files and summary) on a mixture-of-experts
+The `benchmarks.mismatch.icepop` experiment (the same harness, flags, files and summary) on a mixture-of-experts
 model, where a mismatched engine also routes tokens to other experts than the float32 trainer would. Arms,
 identical but for the engine, the correction and routing replay (R3):
 
@@ -30,7 +30,8 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.icepop_mismatch import Arm, build_parser, finish_args, run_experiment
+from benchmarks.mismatch.icepop import build_parser, finish_args, run_experiment
+from benchmarks.mismatch.records import Arm
 
 DEFAULT_MODEL = Path("examples/demo-moe-model")
 QUANTIZATIONS = ("none", "int8", "fp8")
@@ -58,12 +59,12 @@ def check_moe_model(model_dir: Path) -> None:
     if not any(isinstance(config.get(key), int) and config[key] > 0 for key in EXPERT_KEYS):
         raise SystemExit(f"moe_mismatch: --model {model_dir}: not an MoE model (model_type "
                          f"{config.get('model_type')!r}, no experts in config.json); pass --model DIR with a "
-                         "Qwen3-MoE demo-task model (benchmarks.icepop_mismatch runs dense models)")
+                         "Qwen3-MoE demo-task model (benchmarks.mismatch.icepop runs dense models)")
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.ArgumentParser]:
     parser = build_parser(
-        "python -m benchmarks.moe_mismatch", __doc__, default_model=DEFAULT_MODEL,
+        "python -m benchmarks.mismatch.moe", __doc__, default_model=DEFAULT_MODEL,
         model_help=f"Qwen3-MoE demo-task model directory with train.jsonl and eval.jsonl (default {DEFAULT_MODEL}, "
                    "never built here)",
         default_out=Path("outputs/moe-mismatch"), quantizations=QUANTIZATIONS, default_quantization="none",
