@@ -255,7 +255,7 @@ def bench_loop(args: argparse.Namespace, model: Path, url: str) -> dict[str, Any
     import torch
     from transformers import AutoTokenizer
 
-    from everstep.tool_settings import ToolSettings
+    from everstep.settings.tools import ToolSettings
     from everstep_rollout.config import EngineConfig
     from everstep_rollout.engine import Engine
 

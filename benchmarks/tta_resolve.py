@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.tta_config import DEMO_SPEC, REPO, Arm, LoraArm, Override, TtaConfig
-from everstep.settings import LoraSettings
+from everstep.settings.training import LoraSettings
 from everstep_cli.job_file import load_job_file
 from everstep_controller.spec.job_spec import JobSpec, SchedulerMode
 

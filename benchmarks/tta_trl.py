@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.tta_config import Arm, ArmRun, CurvePoint, TtaConfig, lr_schedule_of, optimizer_steps_per_step
-from everstep.settings import ALL_LINEAR, LoraSettings
+from everstep.settings.training import ALL_LINEAR, LoraSettings
 from everstep.v1 import common_pb2
 from everstep_controller.data.dataset import PromptRow
 from everstep_controller.data.reward_items import RewardItemBuilder

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-PYPROJECTS = sorted([REPO / "proto" / "pyproject.toml", *REPO.glob("services/*/pyproject.toml")])
-PACKAGE_NAMES = {"everstep-proto", *(f"everstep-{p.parent.name}" for p in REPO.glob("services/*/pyproject.toml"))}
+PYPROJECTS = sorted([REPO / "common" / "pyproject.toml", *REPO.glob("services/*/pyproject.toml")])
+PACKAGE_NAMES = {"everstep-common", *(f"everstep-{p.parent.name}" for p in REPO.glob("services/*/pyproject.toml"))}
 
 
 def load(path: Path) -> dict:
@@ -22,7 +22,7 @@ def load(path: Path) -> dict:
 def test_every_package_is_found() -> None:
     names = {load(p)["project"]["name"] for p in PYPROJECTS}
     assert names == PACKAGE_NAMES
-    assert {"everstep-proto", "everstep-cli", "everstep-controller", "everstep-rollout", "everstep-trainer",
+    assert {"everstep-common", "everstep-cli", "everstep-controller", "everstep-rollout", "everstep-trainer",
             "everstep-reward", "everstep-sandbox"} <= names
 
 
@@ -60,15 +60,15 @@ def _floor(requirement: str):
 
 # --- the proto stubs' runtime floors --------------------------------------------------------------------------
 
-PROTO = load(REPO / "proto" / "pyproject.toml")
+COMMON = load(REPO / "common" / "pyproject.toml")
 GENCODE_CHECK = re.compile(r"ValidateProtobufRuntimeVersion\(\s*_runtime_version\.Domain\.PUBLIC,\s*"
                            r"(\d+),\s*(\d+),\s*(\d+),\s*'([^']*)',")
 GRPC_GENERATED = re.compile(r"^GRPC_GENERATED_VERSION = '([^']+)'$", re.M)
 
 
 def _proto_requirement(name: str) -> str:
-    found = [r for r in PROTO["project"]["dependencies"] if re.match(rf"{re.escape(name)}\s*[<>=~!]", r)]
-    assert len(found) == 1, (name, PROTO["project"]["dependencies"])
+    found = [r for r in COMMON["project"]["dependencies"] if re.match(rf"{re.escape(name)}\s*[<>=~!]", r)]
+    assert len(found) == 1, (name, COMMON["project"]["dependencies"])
     return found[0]
 
 
@@ -112,8 +112,8 @@ def test_grpcio_tools_is_a_bounded_range_within_the_grpcio_floor() -> None:
     may not pass the runtime's grpcio floor, and the sglang environment's exact grpcio must satisfy the floor."""
     from packaging.requirements import Requirement
 
-    tools = [r for r in PROTO["build-system"]["requires"] if r.startswith("grpcio-tools")]
-    assert len(tools) == 1, PROTO["build-system"]["requires"]
+    tools = [r for r in COMMON["build-system"]["requires"] if r.startswith("grpcio-tools")]
+    assert len(tools) == 1, COMMON["build-system"]["requires"]
     specifier = Requirement(tools[0]).specifier
     tops = [_version(s.version) for s in specifier if s.operator in ("<=", "==")]
     assert tops and _floor(tools[0]) is not None, f"{tools[0]}: pin grpcio-tools to a closed range"

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from everstep.settings import Aggregation, Correction, SchedulerMode
+from everstep.settings.training import Aggregation, Correction, SchedulerMode
 from everstep.verifiers import VERIFIER_PARAMS
 from everstep_cli.job_file import load_job_file
 from everstep_controller.spec.job_spec import JobSpec

@@ -12,7 +12,7 @@ import redis
 from pydantic import ValidationError
 from step_rows import eval_row, step_row
 
-from everstep.settings import SchedulerMode
+from everstep.settings.training import SchedulerMode
 from everstep.v1 import common_pb2
 from everstep_controller.algo.scheduler import C3POScheduler, SchedulerConfig
 from everstep_controller.data.prompt_order import PromptOrder

@@ -14,7 +14,7 @@ from step_rows import step_row
 from test_chat_template import SMOLLM2_TEMPLATE, _model_dir
 from tool_fixtures import LLAMA31_STYLE_TEMPLATE, QWEN25_TEMPLATE
 
-from everstep.tool_settings import ToolSettings
+from everstep.settings.tools import ToolSettings
 from everstep.v1 import common_pb2, reward_pb2
 from everstep_cli.samples import format_samples
 from everstep_controller.algo.training_batch import build_batch

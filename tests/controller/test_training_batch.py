@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from everstep.settings import SchedulerMode
+from everstep.settings.training import SchedulerMode
 from everstep.v1 import common_pb2
 from everstep_controller.algo.scheduler import C3POScheduler, SchedulerConfig
 from everstep_controller.algo.training_batch import build_batch, trainer_config

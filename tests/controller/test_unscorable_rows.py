@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import redis
 
-from everstep.settings import SchedulerMode
+from everstep.settings.training import SchedulerMode
 from everstep.v1 import common_pb2
 from everstep_controller.algo.scheduler import C3POScheduler, SchedulerConfig
 from everstep_controller.algo.training_batch import build_batch

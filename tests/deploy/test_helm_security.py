@@ -128,7 +128,7 @@ def test_tls_from_existing_secrets_reaches_every_everstep_pod(tls_objects: list[
         assert mount == {"name": "internal-tls", "mountPath": TLS_DIR, "readOnly": True}, name
         component = name.rsplit("-", 1)[-1]
         if component in GRPC_PORTS:  # the kubelet's grpc probe has no TLS: the container checks itself
-            check = ["python", "-m", "everstep.health_check", f"127.0.0.1:{GRPC_PORTS[component]}"]
+            check = ["python", "-m", "everstep.transport.health_check", f"127.0.0.1:{GRPC_PORTS[component]}"]
             assert container["readinessProbe"]["exec"]["command"] == check, name
             assert "grpc" not in str(container.get("livenessProbe", {})), name
 

@@ -133,7 +133,7 @@ def test_the_whole_model_is_pushed_into_a_running_engine(transport: str, smollm2
 
 
 def test_one_train_step_fits_and_changes_the_weights(smollm2_dir: Path, hf) -> None:
-    from everstep.settings import TrainerConfig
+    from everstep.settings.training import TrainerConfig
     from everstep_trainer.batching import TrainSample
     from everstep_trainer.policy_trainer import PolicyTrainer
 

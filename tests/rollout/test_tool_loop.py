@@ -22,7 +22,7 @@ from tool_fixtures import (
     make_tool_moe_model,
 )
 
-from everstep.tool_settings import ToolSettings
+from everstep.settings.tools import ToolSettings
 from everstep.v1 import common_pb2
 from everstep_controller.launchers.processes import free_port, spawn, stop_processes, wait_grpc_serving
 from everstep_rollout.config import EngineConfig

@@ -83,7 +83,7 @@ def test_services_refuse_clients_without_a_certificate_and_serve_those_with_one(
 
         # the chart's exec probe: the server name it expects must be in the certificate
         def probe(server_name: str) -> subprocess.CompletedProcess:
-            return subprocess.run([sys.executable, "-m", "everstep.health_check", reward.grpc_address],
+            return subprocess.run([sys.executable, "-m", "everstep.transport.health_check", reward.grpc_address],
                                   env={**pki.grpc_env(server_name)}, capture_output=True, text=True, timeout=30)
 
         ok = probe("everstep-internal")

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from everstep.settings import Aggregation, Correction, TrainerConfig
+from everstep.settings.training import Aggregation, Correction, TrainerConfig
 from everstep.v1 import trainer_pb2
 from everstep_controller.algo.training_batch import trainer_config
 from everstep_controller.spec.job_spec import JobSpec

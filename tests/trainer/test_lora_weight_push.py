@@ -13,7 +13,7 @@ import pytest
 import torch
 from distributed_check import check_batches, check_config
 
-from everstep.settings import LoraSettings
+from everstep.settings.training import LoraSettings
 from everstep.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 from everstep_controller.launchers.processes import ManagedProcess, free_port, spawn, stop_processes, wait_grpc_serving
 from everstep_trainer.policy_trainer import PolicyTrainer

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from everstep.settings import TrainerConfig
+from everstep.settings.training import TrainerConfig
 from everstep_trainer.batching import PackedRows, TrainSample, pack_micro_batches, pad_samples
 from everstep_trainer.hf_model import (
     check_packing_supported,

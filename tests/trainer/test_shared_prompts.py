@@ -21,7 +21,7 @@ from distributed_check import (
 )
 from pydantic import ValidationError
 
-from everstep.settings import TrainerConfig, TrainerSettings
+from everstep.settings.training import TrainerConfig, TrainerSettings
 from everstep_trainer import shared_prompts
 from everstep_trainer.batching import TrainSample, pad_samples
 from everstep_trainer.hf_model import (

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from everstep.settings import Aggregation, RoutingReplay, TrainerConfig
+from everstep.settings.training import Aggregation, RoutingReplay, TrainerConfig
 from everstep_trainer.batching import (
     PackedRows,
     PaddedBatch,

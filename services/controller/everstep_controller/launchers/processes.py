@@ -22,7 +22,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from everstep import transport
+from everstep.transport import channels
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ def wait_grpc_address(address: str, timeout_seconds: float, *, what: str = "serv
                       check: Callable[[], None] | None = None, hint: str = "") -> None:
     """Polls the standard gRPC health service at `address` until SERVING; `check` may raise to give up early."""
     deadline = time.monotonic() + timeout_seconds
-    with transport.channel(address) as channel:
+    with channels.channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             try:

@@ -8,9 +8,9 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from everstep import tool_settings
-from everstep.tool_calls import format_for_template
-from everstep.tool_settings import ToolSettings
+from everstep.settings import tools as tool_settings
+from everstep.settings.tools import ToolSettings
+from everstep.tools.calls import format_for_template
 from everstep.v1 import common_pb2
 from everstep_controller.data.dataset import LoadedDataset, PromptRow, RowFields, load_prompt_rows, load_tokenizer
 from everstep_controller.data.dataset_columns import check_dataset_fields
@@ -31,7 +31,7 @@ class JobData:
     """The model's tokenizer (decodes the samples shown per step)."""
     tools: ToolSettings | None = None
     tool_call_format: str = ""
-    """The format the job's chat template writes tool calls in (`everstep.tool_calls.FORMATS`)."""
+    """The format the job's chat template writes tool calls in (`everstep.tools.calls.FORMATS`)."""
 
     def tool_config(self, sandbox_address: str) -> common_pb2.ToolConfig | None:
         """What every Generate request of the job carries (None: no tools)."""

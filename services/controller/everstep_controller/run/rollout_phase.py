@@ -16,7 +16,7 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from everstep.settings import SchedulerMode
+from everstep.settings.training import SchedulerMode
 from everstep.v1 import common_pb2
 from everstep_controller.algo.scheduler import GroupToStart
 from everstep_controller.algo.training_batch import has_signal

@@ -30,8 +30,8 @@ from pathlib import Path
 import redis
 from tokenizers import Tokenizer
 
-from everstep.settings import RoutingReplay, SchedulerMode
-from everstep.settings_codec import SAMPLING_PARAMS
+from everstep.settings.codec import SAMPLING_PARAMS
+from everstep.settings.training import RoutingReplay, SchedulerMode
 from everstep.v1 import common_pb2
 from everstep_controller.algo.training_batch import build_batch
 from everstep_controller.data.dataset import PromptRow
