@@ -138,7 +138,7 @@ class Calculator:
     """examples/environments/calculator.py in its own process."""
 
     def __init__(self, delay_seconds: float) -> None:
-        from everstep_controller.launchers.processes import free_port
+        from everstep.processes import free_port
 
         port = free_port()
         self.process = subprocess.Popen(

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.tta_config import Arm, ArmRun, CurvePoint, TtaConfig, lr_schedule_of, optimizer_steps_per_step
+from everstep.rest.job_spec import JobSpec
 from everstep.settings.training import ALL_LINEAR, LoraSettings
 from everstep.v1 import common_pb2
 from everstep_controller.data.dataset import PromptRow
@@ -52,7 +53,6 @@ from everstep_controller.data.reward_items import RewardItemBuilder
 from everstep_controller.run.clients import RewardClient
 from everstep_controller.run.evaluation import correctness, scored_results
 from everstep_controller.run.job_data import load_job_data
-from everstep_controller.spec.job_spec import JobSpec
 from everstep_trainer.optim import learning_rate_at
 
 MICRO_BATCH = 64  # completions per forward/backward; the optimizer step covers the whole generation batch

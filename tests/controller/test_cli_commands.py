@@ -80,7 +80,7 @@ def test_an_unknown_job_exits_1_naming_it(store: JobStore, command: list[str],
 
 
 def test_logs_prints_steps_and_evaluations(store: JobStore, capsys: pytest.CaptureFixture[str]) -> None:
-    from everstep_controller.spec.job_spec import JobSpec
+    from everstep.rest.job_spec import JobSpec
 
     job_id = store.create(JobSpec.model_validate(SPEC)).id
     rows = [step_row(1), step_row(2).model_copy(update={"reward_mean": 0.75, "num_samples_trained": 16,
@@ -100,7 +100,7 @@ def test_logs_prints_steps_and_evaluations(store: JobStore, capsys: pytest.Captu
 
 def test_logs_follow_prints_new_steps_until_the_job_ends(store: JobStore, monkeypatch: pytest.MonkeyPatch,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    from everstep_controller.spec.job_spec import JobSpec
+    from everstep.rest.job_spec import JobSpec
 
     job_id = store.create(JobSpec.model_validate(SPEC)).id
     store.update(job_id, state=JobState.RUNNING)
@@ -121,7 +121,7 @@ def test_logs_follow_prints_new_steps_until_the_job_ends(store: JobStore, monkey
 def test_status_names_checkpoints_and_latest_weights(store: JobStore, capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    from everstep_controller.spec.job_spec import JobSpec
+    from everstep.rest.job_spec import JobSpec
     from everstep_controller.store.job_store import CheckpointInfo
 
     job_id = store.create(JobSpec.model_validate(SPEC)).id
@@ -134,7 +134,7 @@ def test_status_names_checkpoints_and_latest_weights(store: JobStore, capsys: py
 
 
 def test_status_summarizes_a_job(store: JobStore, capsys: pytest.CaptureFixture[str]) -> None:
-    from everstep_controller.spec.job_spec import JobSpec
+    from everstep.rest.job_spec import JobSpec
     from everstep_controller.store.job_store import CheckpointInfo
 
     job_id = store.create(JobSpec.model_validate(SPEC)).id

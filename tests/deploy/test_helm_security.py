@@ -13,9 +13,9 @@ import pytest
 from deploy_assets import CHART
 from test_helm_chart import KUBERNETES_VERSION, by_kind_name, pod_specs, render
 
+from everstep.rest.job_spec import ResourcesSpec
 from everstep_controller.launchers import WorkerRequest
 from everstep_controller.launchers.kubernetes import build_worker_objects, pod_template_from_dict
-from everstep_controller.spec.job_spec import ResourcesSpec
 
 TLS_VALUES = Path(__file__).parent / "values-tls.yaml"
 TLS_DIR = "/var/run/secrets/everstep/tls"  # not under /etc, which the sandbox binds into every run

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from fault_helpers import Controllers, RedisServer, Service
 
-from everstep_controller.launchers.processes import stop_processes
+from everstep.processes import stop_processes
 
 
 @pytest.fixture

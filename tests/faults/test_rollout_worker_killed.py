@@ -29,7 +29,7 @@ from fault_helpers import (
     write_rows,
 )
 
-from everstep_controller.launchers.processes import kill_processes
+from everstep.processes import kill_processes
 
 pytestmark = pytest.mark.faults
 

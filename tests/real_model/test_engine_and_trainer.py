@@ -12,8 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from everstep.processes import ManagedProcess, free_port, spawn, stop_processes, wait_grpc_serving
 from everstep.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
-from everstep_controller.launchers.processes import ManagedProcess, free_port, spawn, stop_processes, wait_grpc_serving
 from everstep_trainer.weight_push import make_transport
 
 QUESTIONS = ["Tom has 3 apples and buys 5 more. How many apples does he have? Put the answer in \\boxed{}.",

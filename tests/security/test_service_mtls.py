@@ -14,8 +14,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tls_material import make_test_pki
 
+from everstep.processes import ManagedProcess, free_port, spawn, stop_processes, wait_grpc_serving
 from everstep.v1 import reward_pb2
-from everstep_controller.launchers.processes import ManagedProcess, free_port, spawn, stop_processes, wait_grpc_serving
 from everstep_controller.run.clients import RewardClient
 
 TLS_VARIABLES = ("EVERSTEP_GRPC_TLS_CERT", "EVERSTEP_GRPC_TLS_KEY", "EVERSTEP_GRPC_TLS_CA",

@@ -8,8 +8,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from everstep.rest.step_metrics import Evaluation, StepMetrics
 from everstep_cli.rest_client import ControllerClient
-from everstep_controller.store.step_metrics import Evaluation, StepMetrics
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 

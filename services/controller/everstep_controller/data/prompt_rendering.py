@@ -18,10 +18,10 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from everstep.rest.job_spec import PromptFormat, PromptSpec
 from everstep.settings.tools import ToolSettings
 from everstep.tools.calls import FORMATS, format_for_template
 from everstep_controller.data.chat_template import ChatMessage, ChatTemplate, ChatTemplateError, read_chat_template
-from everstep_controller.spec.job_spec import PromptFormat, PromptSpec
 
 __all__ = ["PromptEncoder", "RowPrompt", "load_prompt_encoder", "read_row_prompt", "resolve_prompt_format",
            "tool_template", "user_content"]

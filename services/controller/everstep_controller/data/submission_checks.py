@@ -19,12 +19,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from everstep.rest.job_spec import JobSpec, PromptFormat
 from everstep.verifiers import VERIFIER_PARAMS
 from everstep_controller.data.chat_template import ChatTemplateError, read_chat_template
 from everstep_controller.data.dataset import DatasetPathError, dataset_paths, pattern_folder
 from everstep_controller.data.dataset_columns import DatasetFieldError, check_dataset_fields
 from everstep_controller.data.prompt_rendering import resolve_prompt_format, tool_template
-from everstep_controller.spec.job_spec import JobSpec, PromptFormat
 from everstep_controller.spec.model_limits import check_routing_replay, max_prompt_tokens
 from everstep_controller.spec.model_modules import check_lora_targets
 from everstep_controller.spec.tracking_libraries import MissingTrackingLibrary, check_tracking_libraries

@@ -15,8 +15,7 @@ import sys
 import threading
 from pathlib import Path
 
-from everstep_controller.launchers.base import Launcher, ProcessHandle, WorkerRequest, Workers
-from everstep_controller.launchers.processes import (
+from everstep.processes import (
     ManagedProcess,
     free_port,
     is_alive,
@@ -25,6 +24,7 @@ from everstep_controller.launchers.processes import (
     stop_processes,
     wait_grpc_serving,
 )
+from everstep_controller.launchers.base import Launcher, ProcessHandle, WorkerRequest, Workers
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ job resumed on shared workers always reloads its latest checkpoint (`dedicated` 
 
 from __future__ import annotations
 
+from everstep.processes import wait_grpc_address
 from everstep_controller.launchers.base import Launcher, WorkerRequest, Workers
-from everstep_controller.launchers.processes import wait_grpc_address
 
 
 class SharedLauncher(Launcher):

@@ -16,6 +16,7 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from everstep.rest.job_spec import JobSpec
 from everstep.settings.training import SchedulerMode
 from everstep.v1 import common_pb2
 from everstep_controller.algo.scheduler import GroupToStart
@@ -25,7 +26,6 @@ from everstep_controller.data.trajectories import new_sequence, num_model_tokens
 from everstep_controller.run.clients import GenerateStream
 from everstep_controller.run.run_state import RunState, SampleInFlight
 from everstep_controller.run.scoring import ScorerPool
-from everstep_controller.spec.job_spec import JobSpec
 
 __all__ = ["RolloutPhase", "RolloutResult", "sample_seed"]
 

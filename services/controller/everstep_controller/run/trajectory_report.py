@@ -8,11 +8,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import groupby
 
+from everstep.rest.step_samples import SampleSegment, StepSample, ToolCallView
 from everstep.tools.error_kind import tool_error_kind_name
 from everstep.v1 import common_pb2
 from everstep_controller.data.dataset import PromptRow
 from everstep_controller.data.trajectories import final_answer
-from everstep_controller.store.step_samples import SampleSegment, StepSample, ToolCallView
 
 __all__ = ["TrajectoryStats", "render_sample"]
 

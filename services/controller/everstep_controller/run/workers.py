@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import logging
 
+from everstep.rest.job_spec import JobSpec
 from everstep.v1 import trainer_pb2
 from everstep_controller.algo.training_batch import trainer_config
 from everstep_controller.launchers import WorkerRequest, Workers
 from everstep_controller.run.clients import Deadlines, RolloutClient, TrainerClient
-from everstep_controller.spec.job_spec import JobSpec
 
 __all__ = ["JobWorkers"]
 

@@ -24,9 +24,9 @@ from typing import Annotated, Any
 import redis
 from pydantic import BaseModel, BeforeValidator, Field, TypeAdapter
 
-from everstep_controller.spec.job_spec import JobSpec
-from everstep_controller.store.step_metrics import Evaluation, StepMetrics
-from everstep_controller.store.step_samples import StepSample
+from everstep.rest.job_spec import JobSpec
+from everstep.rest.step_metrics import Evaluation, StepMetrics
+from everstep.rest.step_samples import StepSample
 
 PREFIX = "everstep:"
 

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from everstep_controller.spec.tracking_spec import MlflowTracking, TensorBoardTracking, WandbTracking
+from everstep.rest.tracking_spec import MlflowTracking, TensorBoardTracking, WandbTracking
 from everstep_controller.store.job_store import JobState
 
 __all__ = ["MLFLOW_JOB_TAG", "MlflowTracker", "RunIdentity", "TensorBoardTracker", "Tracker", "WandbTracker",

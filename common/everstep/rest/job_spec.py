@@ -13,6 +13,7 @@ from enum import StrEnum
 
 from pydantic import Field, JsonValue, field_validator, model_validator
 
+from everstep.rest.tracking_spec import TrackingSpec
 from everstep.settings.tools import ToolSettings
 from everstep.settings.training import (
     AlgorithmSettings,
@@ -23,7 +24,6 @@ from everstep.settings.training import (
 )
 from everstep.settings.training import Section as _Section
 from everstep.verifiers import VERIFIER_PARAMS
-from everstep_controller.spec.tracking_spec import TrackingSpec
 
 
 class DatasetFormat(StrEnum):

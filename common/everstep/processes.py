@@ -1,4 +1,5 @@
-"""OS processes the controller starts: each in its own process group, recognised by its start time.
+"""OS processes that everstep starts (the CLI's local stack, the controller's local launcher, the tests): each in its
+own process group, recognised by its start time.
 
 A process is recorded as (pid, start ticks); it is signalled only while /proc says that pid
 still has that start time, so a reused PID is never touched. Stopping signals the process
