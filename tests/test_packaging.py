@@ -1,10 +1,13 @@
 """Packaging metadata that must stay true: every package's license, the proto stubs' runtime floors (read off
-the stubs this build generated), one torch floor everywhere, and the TORCH_INDEX_URL knob of the Makefile
-and the torch images."""
+the stubs this build generated), one torch floor everywhere, the TORCH_INDEX_URL knob of the Makefile
+and the torch images, and the CLI installing (into a fresh environment) without any service."""
 
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -178,3 +181,38 @@ def test_torch_index_url_is_honoured_by_the_makefile_and_the_torch_images() -> N
         assert re.search(r"^ARG TORCH_INDEX_URL=\s*$", text, re.M), image
         assert '${TORCH_INDEX_URL:+--index-url ${TORCH_INDEX_URL}} "${TORCH_SPEC}"' in text, image
     assert "TORCH_INDEX_URL" in (REPO / "README.md").read_text()
+
+
+# --- the CLI is a client ---------------------------------------------------------------------------------------
+
+SERVER_ONLY = ("kubernetes", "fastapi", "pyarrow", "uvicorn", "torch", "transformers", "everstep_controller",
+               "everstep_rollout", "everstep_trainer", "everstep_reward", "everstep_sandbox")
+"""What the controller and the other services pull in, and the CLI must not."""
+
+
+@pytest.mark.slow
+def test_the_cli_installs_without_the_controller_or_its_dependencies(tmp_path: Path) -> None:
+    """`pip install ./common services/cli` into a fresh environment, every dependency resolved by pip from its
+    configured indexes (about a minute): `everstep --help` and every CLI module import there, and none of the
+    controller's server libraries, no torch and no service package came with them."""
+    sources = tmp_path / "src"
+    for folder in ("common", "services/cli"):  # a copy: the builds write build/ and *.egg-info beside the sources
+        shutil.copytree(REPO / folder, sources / folder,
+                        ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    install = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
+                              str(sources / "common"), str(sources / "services" / "cli")],
+                             capture_output=True, text=True, timeout=600)
+    assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-4000:]
+
+    modules = sorted(p.stem for p in (REPO / "services" / "cli" / "everstep_cli").glob("*.py") if p.stem != "__main__")
+    probe = (f"import importlib, importlib.util as u\n"
+             f"for m in {modules!r}: importlib.import_module('everstep_cli.' + m)\n"
+             f"print(sorted(n for n in {SERVER_ONLY!r} if u.find_spec(n)))")
+    found = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert found.returncode == 0, found.stderr[-4000:]
+    assert found.stdout.strip() == "[]", f"installed with the CLI: {found.stdout.strip()}"
+    usage = subprocess.run([str(venv / "bin" / "everstep"), "--help"], capture_output=True, text=True, timeout=120)
+    assert usage.returncode == 0 and "submit" in usage.stdout, usage.stderr[-2000:]
