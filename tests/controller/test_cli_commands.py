@@ -11,13 +11,14 @@ import yaml
 from fastapi.testclient import TestClient
 from step_rows import eval_row, step_row
 
+from everstep.rest.job_record import JobState
 from everstep_cli import cli, logs
 from everstep_cli.job_file import SpecOverrideError, load_job_file
 from everstep_cli.rest_client import ControllerClient
 from everstep_controller.api.app import create_app
 from everstep_controller.launchers.shared import SharedLauncher
 from everstep_controller.run.manager import JobManager
-from everstep_controller.store.job_store import JobState, JobStore
+from everstep_controller.store.job_store import JobStore
 
 SPEC = {"name": "arith", "model_path": "/models/m", "dataset": {"train_path": "/data/train.jsonl"}, "steps": 3}
 
@@ -121,8 +122,8 @@ def test_logs_follow_prints_new_steps_until_the_job_ends(store: JobStore, monkey
 def test_status_names_checkpoints_and_latest_weights(store: JobStore, capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
+    from everstep.rest.job_record import CheckpointInfo
     from everstep.rest.job_spec import JobSpec
-    from everstep_controller.store.job_store import CheckpointInfo
 
     job_id = store.create(JobSpec.model_validate(SPEC)).id
     store.update(job_id, checkpoints=[CheckpointInfo(step=2, path="/ckpt/step-2", saved_at=1.0)],
@@ -134,8 +135,8 @@ def test_status_names_checkpoints_and_latest_weights(store: JobStore, capsys: py
 
 
 def test_status_summarizes_a_job(store: JobStore, capsys: pytest.CaptureFixture[str]) -> None:
+    from everstep.rest.job_record import CheckpointInfo
     from everstep.rest.job_spec import JobSpec
-    from everstep_controller.store.job_store import CheckpointInfo
 
     job_id = store.create(JobSpec.model_validate(SPEC)).id
     code, out, _ = _run(["status", job_id], capsys)

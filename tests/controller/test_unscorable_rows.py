@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 import redis
 
+from everstep.rest.job_record import DatasetReport
 from everstep.rest.job_spec import JobSpec, RewardSpec
 from everstep.settings.training import SchedulerMode
 from everstep.v1 import common_pb2
@@ -24,7 +25,7 @@ from everstep_controller.run.clients import RewardClient
 from everstep_controller.run.evaluation import scored_results
 from everstep_controller.run.scoring import ScorerPool, ScoringDepth
 from everstep_controller.run.unscorable_rows import UnscorableRows
-from everstep_controller.store.job_store import DatasetReport, JobStore
+from everstep_controller.store.job_store import JobStore
 from everstep_controller.store.progress_store import ProgressStore, ScoredSample
 
 JOB = "job1"

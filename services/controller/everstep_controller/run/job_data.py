@@ -8,6 +8,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from everstep.rest.job_record import DatasetReport
 from everstep.rest.job_spec import JobSpec
 from everstep.settings import tools as tool_settings
 from everstep.settings.tools import ToolSettings
@@ -18,7 +19,6 @@ from everstep_controller.data.dataset_columns import check_dataset_fields
 from everstep_controller.data.prompt_rendering import load_prompt_encoder
 from everstep_controller.data.submission_checks import check_verifiers
 from everstep_controller.spec.model_limits import check_routing_replay, max_prompt_tokens
-from everstep_controller.store.job_store import DatasetReport
 
 __all__ = ["JobData", "load_job_data"]
 

@@ -30,6 +30,7 @@ from pathlib import Path
 import redis
 from tokenizers import Tokenizer
 
+from everstep.rest.job_record import JobState, WorkerAddresses
 from everstep.rest.job_spec import JobSpec
 from everstep.rest.step_samples import SAMPLES_PER_STEP
 from everstep.settings.codec import SAMPLING_PARAMS
@@ -55,7 +56,7 @@ from everstep_controller.run.steps_in_flight import StepsInFlight
 from everstep_controller.run.trajectory_report import TrajectoryStats, render_sample
 from everstep_controller.run.unscorable_rows import UnscorableRows
 from everstep_controller.run.workers import JobWorkers
-from everstep_controller.store.job_store import Action, JobState, JobStore, LostOwnership, WorkerAddresses
+from everstep_controller.store.job_store import Action, JobStore, LostOwnership
 from everstep_controller.store.progress_store import ProgressStore
 from everstep_controller.tracking import Trackers
 
