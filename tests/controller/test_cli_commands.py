@@ -211,3 +211,13 @@ def test_override_paths_are_relative_to_the_current_directory(tmp_path: Path, jo
         "log_dir": str(here / "runs/tb")}
     with pytest.raises(SpecOverrideError, match=r"reward.verifiers.0.weight: .*reward.verifiers has no fields"):
         load_job_file(job_file, ["reward.verifiers.0.weight=2"])
+
+
+def test_the_local_stack_names_a_service_package_that_is_not_installed() -> None:
+    """The CLI depends on no service: `up`, `serve` and `demo` say which package to install before starting one."""
+    from everstep_cli.local_stack import require_services
+
+    require_services(["controller", "rollout", "trainer", "reward", "sandbox"])  # all installed here
+    with pytest.raises(RuntimeError, match=r"the no_such service package\(s\) are not installed") as raised:
+        require_services(["controller", "no_such"])
+    assert "pip install -e services/no_such " in str(raised.value) and "controller" not in str(raised.value)
