@@ -18,11 +18,11 @@ SGLANG_PIP := $(SGLANG_VENV)/bin/pip
 
 .PHONY: install install-dev test test-stack test-faults test-real-model test-sandbox-all-languages real-model lint demo proto clean sglang-venv
 
-$(VENV)/.installed: proto/pyproject.toml proto/setup.py $(wildcard proto/everstep/*.py proto/everstep/v1/*.proto) $(foreach s,$(SERVICES),services/$(s)/pyproject.toml) tools/pyproject.toml
+$(VENV)/.installed: common/pyproject.toml common/setup.py $(wildcard common/everstep/*.py common/everstep/*/*.py common/everstep/v1/*.proto) $(foreach s,$(SERVICES),services/$(s)/pyproject.toml) tools/pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(if $(TORCH_INDEX_URL),--index-url "$(TORCH_INDEX_URL)") "$(TORCH_SPEC)"
-	$(PIP) install -q ./proto $(foreach s,$(SERVICES),-e services/$(s)) -e tools
+	$(PIP) install -q ./common $(foreach s,$(SERVICES),-e services/$(s)) -e tools
 	touch $@
 
 # schemathesis fuzzes the REST API from its OpenAPI document; cryptography makes the TLS tests' certificates;
@@ -48,11 +48,11 @@ install: $(VENV)/.installed
 
 # `--engine sglang` runs the rollout server from this venv: $(SGLANG_VENV)/bin/python -m everstep_rollout ...
 # Never installed by the other targets, and never needed by the tests (docs/rollout.md).
-$(SGLANG_VENV)/.installed: deploy/sglang/requirements.txt proto/pyproject.toml proto/setup.py $(wildcard proto/everstep/*.py proto/everstep/v1/*.proto) services/rollout/pyproject.toml
+$(SGLANG_VENV)/.installed: deploy/sglang/requirements.txt common/pyproject.toml common/setup.py $(wildcard common/everstep/*.py common/everstep/*/*.py common/everstep/v1/*.proto) services/rollout/pyproject.toml
 	test -x $(SGLANG_VENV)/bin/python || python3 -m venv $(SGLANG_VENV)
 	$(SGLANG_PIP) install -q --upgrade pip
 	$(SGLANG_PIP) install -q -r deploy/sglang/requirements.txt
-	$(SGLANG_PIP) install -q -c deploy/sglang/requirements.txt ./proto -e services/rollout
+	$(SGLANG_PIP) install -q -c deploy/sglang/requirements.txt ./common -e services/rollout
 	$(SGLANG_VENV)/bin/python -c "import sglang, torch, transformers; print('sglang', sglang.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
 	touch $@
 
@@ -60,9 +60,9 @@ sglang-venv: $(SGLANG_VENV)/.installed
 
 install-dev: $(VENV)/.installed-dev
 
-# Regenerates the stubs after a .proto change, and reinstalls proto/everstep/*.py (built, never committed).
+# Regenerates the stubs after a .proto change, and reinstalls common/everstep/ (built, never committed).
 proto:
-	$(PIP) install -q --force-reinstall --no-deps ./proto
+	$(PIP) install -q --force-reinstall --no-deps ./common
 
 lint: install-dev
 	$(VENV)/bin/ruff check .
@@ -110,4 +110,4 @@ demo: install
 	$(VENV)/bin/everstep demo
 
 clean:
-	rm -rf $(VENV) $(SGLANG_VENV) outputs .everstep proto/build
+	rm -rf $(VENV) $(SGLANG_VENV) outputs .everstep common/build

@@ -14,7 +14,7 @@ Parts, in order (each wrapped: a failure is recorded as "error" in its entry and
                 a random model earns no reward), and `losses.policy_loss` on the same batch (at ratio 1 the
                 two losses agree).
 5. weight_push  trainer process -> a second process running its own engine on the same device. On CUDA the
-                parameters travel through everstep's own CUDA IPC transport (`everstep.cuda_ipc`, the
+                parameters travel through everstep's own CUDA IPC transport (`everstep.tensors.cuda_ipc`, the
                 module the trainer's `cuda_ipc` push and the engine's receiver use: encode once per
                 receiver, the handles as plain data, rebuild on the GPU with that UUID, no copy on the
                 sender); the receiver also checks that torch refuses to re-share a received tensor and
@@ -40,14 +40,14 @@ Optional, only when asked for with --parts (it runs in the sglang environment, n
                 requests: same trajectories, tool masks and versions, log-prob gap, the share of each continuation
                 request's input that sglang's prefix cache held (benchmarks/gpu_check_sglang_tools.py)::
 
-    PYTHONPATH=proto:services/rollout .venv-sglang/bin/python -m benchmarks.gpu_check --device cuda \
+    PYTHONPATH=common:services/rollout .venv-sglang/bin/python -m benchmarks.gpu_check --device cuda \
         --parts sglang_tools --out "$OUT" 2> "$OUT/gpu_check.log"
 
 On the GPU machine, from the repository root (torch and transformers >= 4.56 installed; nothing else: no
-grpc, no protobuf, no stubs, no network; `proto` on the path makes the torch-only `everstep.cuda_ipc`
+grpc, no protobuf, no stubs, no network; `common` on the path makes the torch-only `everstep.tensors.cuda_ipc`
 importable)::
 
-    PYTHONPATH=proto:services/rollout:services/trainer:tools python -m benchmarks.gpu_check --device cuda \
+    PYTHONPATH=common:services/rollout:services/trainer:tools python -m benchmarks.gpu_check --device cuda \
         --size 100m --out "$OUT" 2> "$OUT/gpu_check.log"
 
 A global time budget (--time-budget-seconds, 210 s by default) bounds every loop; a watchdog writes and
@@ -243,7 +243,7 @@ def _engine_process(model_dir: str, engine_config, num_threads: int, requests: A
             del message
             start = time.perf_counter()
             reshare = None
-            if isinstance(named, list):  # CUDA IPC handles from everstep.cuda_ipc.encode
+            if isinstance(named, list):  # CUDA IPC handles from everstep.tensors.cuda_ipc.encode
                 named, reshare = _rebuild_handles(named)
             if lora is not None:  # as the rollout server does with an adapter update
                 from everstep_rollout.weights.lora import AdapterMerger
@@ -275,7 +275,7 @@ def _rebuild_handles(handles: list) -> tuple[dict, dict]:
 
     import torch.multiprocessing  # noqa: F401 - registers torch's reductions with ForkingPickler
 
-    from everstep import cuda_ipc
+    from everstep.tensors import cuda_ipc
 
     named = {h.name: cuda_ipc.rebuild(h) for h in handles}
     probe = next(iter(named.values()))
@@ -411,7 +411,7 @@ class GpuCheck:
     def trainer(self, *, fresh: bool = False):
         """The PolicyTrainer (bf16 autocast on CUDA); `fresh` reloads it from the model directory."""
         if self._trainer is None or fresh:
-            from everstep.settings import TrainerConfig
+            from everstep.settings.training import TrainerConfig
             from everstep_trainer.step.trainer import PolicyTrainer
 
             self._trainer = None
@@ -548,7 +548,7 @@ class GpuCheck:
         trainer = self.trainer()
         on_cuda = self.device.startswith("cuda")
         if on_cuda:
-            from everstep import cuda_ipc
+            from everstep.tensors import cuda_ipc
         context = mp.get_context("spawn")
         requests, replies = context.Queue(), context.Queue()
         until = self.deadline.part(0.25)
@@ -608,7 +608,7 @@ class GpuCheck:
 
         on_cuda = self.device.startswith("cuda")
         if on_cuda:
-            from everstep import cuda_ipc
+            from everstep.tensors import cuda_ipc
         from safetensors import safe_open
 
         names, full_bytes = set(), 0

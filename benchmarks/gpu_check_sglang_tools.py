@@ -97,7 +97,7 @@ def run_sglang_tool_check(work_dir: Path, *, device: str, num_tool_requests: int
     if sglang_engine is None and importlib.util.find_spec("sglang") is None:
         raise RuntimeError("the sglang_tools part needs sglang: run it with the sglang environment's python "
                            "(`make sglang-venv`, then .venv-sglang/bin/python; see docs/gpu.md)")
-    from everstep.tool_settings import ToolSettings
+    from everstep.settings.tools import ToolSettings
     from everstep_rollout.config import EngineConfig
     from everstep_rollout.engine import Engine
     from everstep_rollout.engine.sglang_engine import SglangEngine

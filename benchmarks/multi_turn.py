@@ -138,7 +138,7 @@ class Calculator:
     """examples/environments/calculator.py in its own process."""
 
     def __init__(self, delay_seconds: float) -> None:
-        from everstep_controller.launchers.processes import free_port
+        from everstep.processes import free_port
 
         port = free_port()
         self.process = subprocess.Popen(
@@ -255,7 +255,7 @@ def bench_loop(args: argparse.Namespace, model: Path, url: str) -> dict[str, Any
     import torch
     from transformers import AutoTokenizer
 
-    from everstep.tool_settings import ToolSettings
+    from everstep.settings.tools import ToolSettings
     from everstep_rollout.config import EngineConfig
     from everstep_rollout.engine import Engine
 

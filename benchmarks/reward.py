@@ -30,8 +30,8 @@ from pathlib import Path
 
 import grpc
 
+from everstep.processes import ManagedProcess, free_port, spawn, stop_processes, wait_grpc_serving
 from everstep.v1 import reward_pb2, reward_pb2_grpc
-from everstep_controller.launchers.processes import ManagedProcess, free_port, spawn, stop_processes, wait_grpc_serving
 from everstep_reward.scoring import RewardScorer
 from everstep_reward.verifiers import VerifierRegistry
 from everstep_reward.verifiers.math import MathVerifier, check_math_answer, prepare_math_worker

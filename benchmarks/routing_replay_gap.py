@@ -77,7 +77,7 @@ def rollouts(model: Path, arm: str, args: argparse.Namespace, seed: int) -> list
 
 def gap(model: Path, results: list, *, replay: bool, seed: int) -> dict[str, float]:
     """The trainer's first-pass statistics on the rollouts (its own routing, or the engine's replayed)."""
-    from everstep.settings import TrainerConfig
+    from everstep.settings.training import TrainerConfig
     from everstep_trainer.batch.samples import TrainSample
     from everstep_trainer.step.trainer import PolicyTrainer
 

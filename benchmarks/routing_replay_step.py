@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error("--steps, --num-prompts, --group-size and --max-new-tokens must be >= 1")
     import torch
 
-    from everstep.settings import TrainerConfig
+    from everstep.settings.training import TrainerConfig
     from everstep_trainer.batch.samples import TrainSample
     from everstep_trainer.step.trainer import PolicyTrainer
 

@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     import torch
 
-    from everstep.settings import TrainerConfig
+    from everstep.settings.training import TrainerConfig
     from everstep_trainer.step.trainer import PolicyTrainer
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

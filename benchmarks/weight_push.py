@@ -49,10 +49,10 @@ from pathlib import Path
 
 import grpc
 
-from everstep.settings import ALL_LINEAR, LoraSettings, TrainerConfig
-from everstep.settings_codec import TRAINER_CONFIG
+from everstep.processes import ManagedProcess, free_port, spawn, stop_processes, wait_grpc_serving
+from everstep.settings.codec import TRAINER_CONFIG
+from everstep.settings.training import ALL_LINEAR, LoraSettings, TrainerConfig
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc, trainer_pb2, trainer_pb2_grpc
-from everstep_controller.launchers.processes import ManagedProcess, free_port, spawn, stop_processes, wait_grpc_serving
 from everstep_trainer.weight_push.plan import Transport
 
 _READY_TIMEOUT_SECONDS = 300

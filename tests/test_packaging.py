@@ -1,19 +1,22 @@
 """Packaging metadata that must stay true: every package's license, the proto stubs' runtime floors (read off
-the stubs this build generated), one torch floor everywhere, and the TORCH_INDEX_URL knob of the Makefile
-and the torch images."""
+the stubs this build generated), one torch floor everywhere, the TORCH_INDEX_URL knob of the Makefile
+and the torch images, and the CLI installing (into a fresh environment) without any service."""
 
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-PYPROJECTS = sorted([REPO / "proto" / "pyproject.toml", REPO / "tools" / "pyproject.toml",
+PYPROJECTS = sorted([REPO / "common" / "pyproject.toml", REPO / "tools" / "pyproject.toml",
                      *REPO.glob("services/*/pyproject.toml")])
-PACKAGE_NAMES = {"everstep-proto", "everstep-tools",
+PACKAGE_NAMES = {"everstep-common", "everstep-tools",
                  *(f"everstep-{p.parent.name}" for p in REPO.glob("services/*/pyproject.toml"))}
 
 
@@ -24,7 +27,7 @@ def load(path: Path) -> dict:
 def test_every_package_is_found() -> None:
     names = {load(p)["project"]["name"] for p in PYPROJECTS}
     assert names == PACKAGE_NAMES
-    assert {"everstep-proto", "everstep-cli", "everstep-controller", "everstep-rollout", "everstep-trainer",
+    assert {"everstep-common", "everstep-cli", "everstep-controller", "everstep-rollout", "everstep-trainer",
             "everstep-reward", "everstep-sandbox", "everstep-tools"} <= names
 
 
@@ -62,15 +65,15 @@ def _floor(requirement: str):
 
 # --- the proto stubs' runtime floors --------------------------------------------------------------------------
 
-PROTO = load(REPO / "proto" / "pyproject.toml")
+COMMON = load(REPO / "common" / "pyproject.toml")
 GENCODE_CHECK = re.compile(r"ValidateProtobufRuntimeVersion\(\s*_runtime_version\.Domain\.PUBLIC,\s*"
                            r"(\d+),\s*(\d+),\s*(\d+),\s*'([^']*)',")
 GRPC_GENERATED = re.compile(r"^GRPC_GENERATED_VERSION = '([^']+)'$", re.M)
 
 
 def _proto_requirement(name: str) -> str:
-    found = [r for r in PROTO["project"]["dependencies"] if re.match(rf"{re.escape(name)}\s*[<>=~!]", r)]
-    assert len(found) == 1, (name, PROTO["project"]["dependencies"])
+    found = [r for r in COMMON["project"]["dependencies"] if re.match(rf"{re.escape(name)}\s*[<>=~!]", r)]
+    assert len(found) == 1, (name, COMMON["project"]["dependencies"])
     return found[0]
 
 
@@ -114,8 +117,8 @@ def test_grpcio_tools_is_a_bounded_range_within_the_grpcio_floor() -> None:
     may not pass the runtime's grpcio floor, and the sglang environment's exact grpcio must satisfy the floor."""
     from packaging.requirements import Requirement
 
-    tools = [r for r in PROTO["build-system"]["requires"] if r.startswith("grpcio-tools")]
-    assert len(tools) == 1, PROTO["build-system"]["requires"]
+    tools = [r for r in COMMON["build-system"]["requires"] if r.startswith("grpcio-tools")]
+    assert len(tools) == 1, COMMON["build-system"]["requires"]
     specifier = Requirement(tools[0]).specifier
     tops = [_version(s.version) for s in specifier if s.operator in ("<=", "==")]
     assert tops and _floor(tools[0]) is not None, f"{tools[0]}: pin grpcio-tools to a closed range"
@@ -180,3 +183,38 @@ def test_torch_index_url_is_honoured_by_the_makefile_and_the_torch_images() -> N
         assert re.search(r"^ARG TORCH_INDEX_URL=\s*$", text, re.M), image
         assert '${TORCH_INDEX_URL:+--index-url ${TORCH_INDEX_URL}} "${TORCH_SPEC}"' in text, image
     assert "TORCH_INDEX_URL" in (REPO / "README.md").read_text()
+
+
+# --- the CLI is a client ---------------------------------------------------------------------------------------
+
+SERVER_ONLY = ("kubernetes", "fastapi", "pyarrow", "uvicorn", "torch", "transformers", "everstep_controller",
+               "everstep_rollout", "everstep_trainer", "everstep_reward", "everstep_sandbox")
+"""What the controller and the other services pull in, and the CLI must not."""
+
+
+@pytest.mark.slow
+def test_the_cli_installs_without_the_controller_or_its_dependencies(tmp_path: Path) -> None:
+    """`pip install ./common services/cli` into a fresh environment, every dependency resolved by pip from its
+    configured indexes (about a minute): `everstep --help` and every CLI module import there, and none of the
+    controller's server libraries, no torch and no service package came with them."""
+    sources = tmp_path / "src"
+    for folder in ("common", "services/cli"):  # a copy: the builds write build/ and *.egg-info beside the sources
+        shutil.copytree(REPO / folder, sources / folder,
+                        ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    install = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
+                              str(sources / "common"), str(sources / "services" / "cli")],
+                             capture_output=True, text=True, timeout=600)
+    assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-4000:]
+
+    modules = sorted(p.stem for p in (REPO / "services" / "cli" / "everstep_cli").glob("*.py") if p.stem != "__main__")
+    probe = (f"import importlib, importlib.util as u\n"
+             f"for m in {modules!r}: importlib.import_module('everstep_cli.' + m)\n"
+             f"print(sorted(n for n in {SERVER_ONLY!r} if u.find_spec(n)))")
+    found = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert found.returncode == 0, found.stderr[-4000:]
+    assert found.stdout.strip() == "[]", f"installed with the CLI: {found.stdout.strip()}"
+    usage = subprocess.run([str(venv / "bin" / "everstep"), "--help"], capture_output=True, text=True, timeout=120)
+    assert usage.returncode == 0 and "submit" in usage.stdout, usage.stderr[-2000:]

@@ -87,7 +87,7 @@ class Pki:
     stranger: Issued
 
     def grpc_env(self, server_name: str = "") -> dict[str, str]:
-        """The environment that turns on mutual TLS between services (everstep.transport)."""
+        """The environment that turns on mutual TLS between services (everstep.transport.channels)."""
         env = {"EVERSTEP_GRPC_TLS_CERT": str(self.service.cert), "EVERSTEP_GRPC_TLS_KEY": str(self.service.key),
                "EVERSTEP_GRPC_TLS_CA": str(self.ca.cert)}
         return {**env, "EVERSTEP_GRPC_TLS_SERVER_NAME": server_name} if server_name else env

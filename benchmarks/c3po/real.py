@@ -37,15 +37,16 @@ from typing import Any
 
 import redis
 
+from everstep.processes import ManagedProcess, free_port, spawn, stop_processes, wait_grpc_serving
+from everstep.rest.job_record import TERMINAL_STATES
+from everstep.rest.job_spec import JobSpec
+from everstep.rest.step_metrics import Evaluation, StepMetrics
 from everstep_cli.local_stack import redis_server_binary
 from everstep_controller.launchers.base import Launcher
 from everstep_controller.launchers.local import LocalLauncher
-from everstep_controller.launchers.processes import ManagedProcess, free_port, spawn, stop_processes, wait_grpc_serving
 from everstep_controller.launchers.shared import SharedLauncher
 from everstep_controller.run.manager import JobManager
-from everstep_controller.spec.job_spec import JobSpec
-from everstep_controller.store.job_store import TERMINAL_STATES, JobStore
-from everstep_controller.store.step_metrics import Evaluation, StepMetrics
+from everstep_controller.store.job_store import JobStore
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -25,7 +25,7 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from everstep.settings import SchedulerMode
+from everstep.settings.training import SchedulerMode
 from everstep_controller.algo.scheduler import C3POScheduler, SchedulerConfig
 
 

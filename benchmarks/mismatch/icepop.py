@@ -135,7 +135,7 @@ def run_one(arm: Arm, seed: int, settings: Settings, prompts: list[tuple[str, st
     """One training run of `arm` with `seed`."""
     import torch
 
-    from everstep.settings import TrainerConfig
+    from everstep.settings.training import TrainerConfig
     from everstep_controller.algo.advantages.grpo import grpo_advantages
     from everstep_rollout.config import EngineConfig
     from everstep_rollout.engine import Engine

@@ -16,8 +16,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from everstep.rest.job_spec import JobSpec
 from everstep_cli.job_file import load_job_file
-from everstep_controller.spec.job_spec import JobSpec
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_SPEC = REPO / "examples" / "demo.yaml"

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.time_to_accuracy.config import Arm, ArmRun, CurvePoint, TtaConfig, job_spec, lr_schedule_of
-from everstep_cli.follow import TERMINAL
+from everstep.rest.job_record import TERMINAL_STATES
+from everstep.rest.job_spec import JobSpec
+from everstep.rest.step_metrics import Evaluation, StepMetrics
 from everstep_cli.local_stack import LocalStack, StackState, free_port
 from everstep_cli.rest_client import ControllerClient
-from everstep_controller.spec.job_spec import JobSpec
-from everstep_controller.store.step_metrics import Evaluation, StepMetrics
 
 EVERSTEP_SCHEDULE = ("everstep trainer: learning_rate_at(train step, warmup_steps, total_steps = the job's steps) "
                      "(services/trainer/everstep_trainer/step/optim.py), set once per step before its num_minibatches "
@@ -52,7 +52,7 @@ def run_everstep_arm(state: StackState, config: TtaConfig, arm: Arm, root: Path)
                       flush=True)
             for step in map(int, record.get("evaluation") or {}):
                 eval_seen.setdefault(step, now)
-            if record["state"] in TERMINAL:
+            if record["state"] in TERMINAL_STATES:
                 break
             time.sleep(config.poll_seconds)
         total_seconds = time.monotonic() - started

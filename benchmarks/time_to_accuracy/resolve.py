@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.time_to_accuracy.config import DEMO_SPEC, REPO, Arm, LoraArm, Override, TtaConfig
-from everstep.settings import LoraSettings
+from everstep.rest.job_spec import JobSpec, SchedulerMode
+from everstep.settings.training import LoraSettings
 from everstep_cli.job_file import load_job_file
-from everstep_controller.spec.job_spec import JobSpec, SchedulerMode
 
 DEMO_MODEL = REPO / "examples" / "demo-model"
 SMOLLM2_FULL_SPEC = REPO / "examples" / "smollm2-full.yaml"

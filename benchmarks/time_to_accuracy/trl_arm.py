@@ -52,14 +52,14 @@ from benchmarks.time_to_accuracy.config import (
     lr_schedule_of,
     optimizer_steps_per_step,
 )
-from everstep.settings import ALL_LINEAR, LoraSettings
+from everstep.rest.job_spec import JobSpec
+from everstep.settings.training import ALL_LINEAR, LoraSettings
 from everstep.v1 import common_pb2
 from everstep_controller.data.dataset import PromptRow
 from everstep_controller.data.reward_items import RewardItemBuilder
 from everstep_controller.run.clients import RewardClient
 from everstep_controller.run.evaluation import correctness, scored_results
 from everstep_controller.run.job_data import load_job_data
-from everstep_controller.spec.job_spec import JobSpec
 from everstep_trainer.step.optim import learning_rate_at
 
 MICRO_BATCH = 64  # completions per forward/backward; the optimizer step covers the whole generation batch

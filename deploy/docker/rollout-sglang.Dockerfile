@@ -16,9 +16,9 @@ WORKDIR /src
 COPY deploy/sglang/requirements.txt deploy/sglang/requirements.txt
 # sglang's pinned set first, so that nothing of ours moves it
 RUN pip install --no-cache-dir -r deploy/sglang/requirements.txt
-COPY proto proto
+COPY common common
 COPY services/rollout services/rollout
-RUN pip install --no-cache-dir -c deploy/sglang/requirements.txt ./proto ./services/rollout \
+RUN pip install --no-cache-dir -c deploy/sglang/requirements.txt ./common ./services/rollout \
     && python -c "import sglang, torch, transformers; print('sglang', sglang.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)" \
     && rm -rf /src \
     && useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin everstep

@@ -10,10 +10,10 @@
 FROM python:3.11-slim-bookworm AS build
 RUN pip install --no-cache-dir --upgrade pip
 WORKDIR /src
-COPY proto proto
+COPY common common
 COPY services/sandbox services/sandbox
-# wheels of the shared proto stubs, this service and their dependencies only
-RUN pip wheel --no-cache-dir --wheel-dir /wheels ./proto ./services/sandbox
+# wheels of the shared package (everstep-common), this service and their dependencies only
+RUN pip wheel --no-cache-dir --wheel-dir /wheels ./common ./services/sandbox
 
 FROM python:3.11-slim-bookworm
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 DEBIAN_FRONTEND=noninteractive
@@ -21,7 +21,7 @@ COPY scripts/install-sandbox-toolchains.sh /tmp/install-sandbox-toolchains.sh
 RUN bash /tmp/install-sandbox-toolchains.sh --all \
     && rm -rf /var/lib/apt/lists/* /root/.npm /tmp/install-sandbox-toolchains.sh
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir --no-index --find-links /wheels everstep-proto everstep-sandbox \
+RUN pip install --no-cache-dir --no-index --find-links /wheels everstep-common everstep-sandbox \
     && rm -rf /wheels \
     && python -c "import importlib.util as u; assert u.find_spec('torch') is None, 'torch in a torch-free image'"
 WORKDIR /tmp

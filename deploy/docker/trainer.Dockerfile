@@ -5,9 +5,9 @@ ARG PYTHON_IMAGE=python:3.11-slim
 FROM ${PYTHON_IMAGE} AS build
 RUN pip install --no-cache-dir --upgrade pip
 WORKDIR /src
-COPY proto proto
+COPY common common
 COPY services/trainer services/trainer
-RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels ./proto ./services/trainer
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels ./common ./services/trainer
 
 FROM ${PYTHON_IMAGE}
 # TORCH_SPEC: the torch to install (the Makefile's pin; the packages ask for torch>=2.6).

@@ -247,9 +247,9 @@ def test_weight_checksums_see_a_change_of_one_value_or_of_order(gpu_check: Modul
 
 def test_documented_gpu_command_keeps_its_results(gpu_check: ModuleType) -> None:
     """The command docs/gpu.md and the module give writes into "$OUT" (what the device machine brings back),
-    with `proto` on the path for the torch-only everstep.cuda_ipc."""
+    with `common` on the path for the torch-only everstep.tensors.cuda_ipc."""
     doc = (REPO / "docs" / "gpu.md").read_text()
     for text in (doc, gpu_check.__doc__ or ""):
-        assert ("PYTHONPATH=proto:services/rollout:services/trainer:tools python -m benchmarks.gpu_check "
+        assert ("PYTHONPATH=common:services/rollout:services/trainer:tools python -m benchmarks.gpu_check "
                 "--device cuda") in text
         assert '--out "$OUT"' in text and "--out OUT" not in text

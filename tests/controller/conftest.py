@@ -41,7 +41,7 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def reward_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real reward service (math verifier, one worker) shared by the controller tests."""
-    from everstep_controller.launchers.processes import spawn, stop_processes, wait_grpc_serving
+    from everstep.processes import spawn, stop_processes, wait_grpc_serving
 
     http_port, grpc_port = free_port(), free_port()
     log = tmp_path_factory.mktemp("reward") / "reward.log"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from everstep_controller.store.step_metrics import TOOL_FIELDS, TRAIN_STAT_FIELDS, Evaluation, StepMetrics
+from everstep.rest.step_metrics import TOOL_FIELDS, TRAIN_STAT_FIELDS, Evaluation, StepMetrics
 
 _COUNTS = dict.fromkeys((name for name in StepMetrics.model_fields if name not in (*TRAIN_STAT_FIELDS, *TOOL_FIELDS)),
                         0)

@@ -8,12 +8,12 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
+from everstep.rest.job_spec import JobSpec
 from everstep_cli.job_file import load_job_file
 from everstep_controller.api.app import create_app
 from everstep_controller.launchers.shared import SharedLauncher
 from everstep_controller.run.job_data import load_job_data
 from everstep_controller.run.manager import JobManager
-from everstep_controller.spec.job_spec import JobSpec
 from everstep_controller.spec.submission_checks import JobInputError
 from everstep_controller.store.job_store import JobStore
 

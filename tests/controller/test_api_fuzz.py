@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
+from everstep.rest.job_spec import JobSpec
 from everstep_controller.api.app import create_app
 from everstep_controller.launchers.shared import SharedLauncher
 from everstep_controller.run.manager import JobManager
-from everstep_controller.spec.job_spec import JobSpec
 from everstep_controller.store.job_store import JobStore
 
 EXAMPLES_PER_OPERATION = {("POST", "/v1/jobs"): 40}  # the job spec: the one deep schema

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
+from everstep.rest.job_spec import PromptFormat, PromptSpec, VerifierWeight
 from everstep.v1 import common_pb2
 from everstep_controller.data.chat_template import ChatMessage, read_chat_template
 from everstep_controller.data.dataset import load_prompt_rows, load_tokenizer
 from everstep_controller.data.prompt_rendering import PromptEncoder, load_prompt_encoder
 from everstep_controller.data.reward_items import RewardItemBuilder
-from everstep_controller.spec.job_spec import PromptFormat, PromptSpec, VerifierWeight
 
 transformers = pytest.importorskip("transformers")  # the reference (trainer/rollout dependency)
 

@@ -11,13 +11,14 @@ import yaml
 from fastapi.testclient import TestClient
 from step_rows import eval_row, step_row
 
+from everstep.rest.job_record import JobState
 from everstep_cli import cli, logs
 from everstep_cli.job_file import SpecOverrideError, load_job_file
 from everstep_cli.rest_client import ControllerClient
 from everstep_controller.api.app import create_app
 from everstep_controller.launchers.shared import SharedLauncher
 from everstep_controller.run.manager import JobManager
-from everstep_controller.store.job_store import JobState, JobStore
+from everstep_controller.store.job_store import JobStore
 
 SPEC = {"name": "arith", "model_path": "/models/m", "dataset": {"train_path": "/data/train.jsonl"}, "steps": 3}
 
@@ -80,7 +81,7 @@ def test_an_unknown_job_exits_1_naming_it(store: JobStore, command: list[str],
 
 
 def test_logs_prints_steps_and_evaluations(store: JobStore, capsys: pytest.CaptureFixture[str]) -> None:
-    from everstep_controller.spec.job_spec import JobSpec
+    from everstep.rest.job_spec import JobSpec
 
     job_id = store.create(JobSpec.model_validate(SPEC)).id
     rows = [step_row(1), step_row(2).model_copy(update={"reward_mean": 0.75, "num_samples_trained": 16,
@@ -100,7 +101,7 @@ def test_logs_prints_steps_and_evaluations(store: JobStore, capsys: pytest.Captu
 
 def test_logs_follow_prints_new_steps_until_the_job_ends(store: JobStore, monkeypatch: pytest.MonkeyPatch,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    from everstep_controller.spec.job_spec import JobSpec
+    from everstep.rest.job_spec import JobSpec
 
     job_id = store.create(JobSpec.model_validate(SPEC)).id
     store.update(job_id, state=JobState.RUNNING)
@@ -121,8 +122,8 @@ def test_logs_follow_prints_new_steps_until_the_job_ends(store: JobStore, monkey
 def test_status_names_checkpoints_and_latest_weights(store: JobStore, capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    from everstep_controller.spec.job_spec import JobSpec
-    from everstep_controller.store.job_store import CheckpointInfo
+    from everstep.rest.job_record import CheckpointInfo
+    from everstep.rest.job_spec import JobSpec
 
     job_id = store.create(JobSpec.model_validate(SPEC)).id
     store.update(job_id, checkpoints=[CheckpointInfo(step=2, path="/ckpt/step-2", saved_at=1.0)],
@@ -134,8 +135,8 @@ def test_status_names_checkpoints_and_latest_weights(store: JobStore, capsys: py
 
 
 def test_status_summarizes_a_job(store: JobStore, capsys: pytest.CaptureFixture[str]) -> None:
-    from everstep_controller.spec.job_spec import JobSpec
-    from everstep_controller.store.job_store import CheckpointInfo
+    from everstep.rest.job_record import CheckpointInfo
+    from everstep.rest.job_spec import JobSpec
 
     job_id = store.create(JobSpec.model_validate(SPEC)).id
     code, out, _ = _run(["status", job_id], capsys)
@@ -210,3 +211,13 @@ def test_override_paths_are_relative_to_the_current_directory(tmp_path: Path, jo
         "log_dir": str(here / "runs/tb")}
     with pytest.raises(SpecOverrideError, match=r"reward.verifiers.0.weight: .*reward.verifiers has no fields"):
         load_job_file(job_file, ["reward.verifiers.0.weight=2"])
+
+
+def test_the_local_stack_names_a_service_package_that_is_not_installed() -> None:
+    """The CLI depends on no service: `up`, `serve` and `demo` say which package to install before starting one."""
+    from everstep_cli.local_stack import require_services
+
+    require_services(["controller", "rollout", "trainer", "reward", "sandbox"])  # all installed here
+    with pytest.raises(RuntimeError, match=r"the no_such service package\(s\) are not installed") as raised:
+        require_services(["controller", "no_such"])
+    assert "pip install -e services/no_such " in str(raised.value) and "controller" not in str(raised.value)

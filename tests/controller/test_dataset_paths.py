@@ -11,11 +11,11 @@ import pytest
 from pydantic import ValidationError
 from tokenizers import Tokenizer, models, pre_tokenizers
 
+from everstep.rest.job_spec import DatasetSpec, JobSpec
 from everstep_controller.data.dataset import DatasetPathError, dataset_paths, load_prompt_rows
 from everstep_controller.data.dataset_columns import DatasetFieldError, check_dataset_fields
 from everstep_controller.data.file_checks import check_job_input
 from everstep_controller.data.prompt_rendering import PromptEncoder
-from everstep_controller.spec.job_spec import DatasetSpec, JobSpec
 from everstep_controller.spec.submission_checks import JobInputError
 
 

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from everstep.rest.job_spec import JobSpec
 from everstep_cli.job_file import load_job_file
-from everstep_controller.spec.job_spec import JobSpec
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
 

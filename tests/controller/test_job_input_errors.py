@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from everstep_controller.launchers.processes import free_port, is_alive, spawn, stop_processes
+from everstep.processes import free_port, is_alive, spawn, stop_processes
 
 SKIPPED_METRIC = re.compile(r"^everstep_controller_dataset_rows_skipped_total (\S+)$", re.MULTILINE)
 

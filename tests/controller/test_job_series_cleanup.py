@@ -15,13 +15,14 @@ import redis
 from prometheus_client import generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 
+from everstep.rest.job_record import JobState
+from everstep.rest.job_spec import JobSpec
+from everstep.rest.step_metrics import StepMetrics
 from everstep_controller.launchers.shared import SharedLauncher
 from everstep_controller.run import metrics
 from everstep_controller.run.manager import JobManager
 from everstep_controller.run.runner import JobCancelled, JobRunner
-from everstep_controller.spec.job_spec import JobSpec
-from everstep_controller.store.job_store import Action, JobState, JobStore
-from everstep_controller.store.step_metrics import StepMetrics
+from everstep_controller.store.job_store import Action, JobStore
 
 STEP_ROW = StepMetrics(
     step=2, policy_version=2, reward_mean=0.5, num_samples_scored=8, num_samples_trained=8,

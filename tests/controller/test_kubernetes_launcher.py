@@ -20,6 +20,7 @@ import yaml
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from kubernetes import client
 
+from everstep.rest.job_spec import ResourcesSpec
 from everstep_controller.launchers import WorkerRequest
 from everstep_controller.launchers.kubernetes import (
     KubernetesLauncher,
@@ -27,7 +28,6 @@ from everstep_controller.launchers.kubernetes import (
     object_name,
     pod_template_from_dict,
 )
-from everstep_controller.spec.job_spec import ResourcesSpec
 
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "everstep"
 KUBERNETES_VERSION = "1.30.0"

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from everstep.processes import start_ticks
 from everstep_controller.launchers.base import WorkerRequest
 from everstep_controller.launchers.local import LocalLauncher
-from everstep_controller.launchers.processes import start_ticks
 
 
 @pytest.fixture

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from everstep.settings import Aggregation, Correction, SchedulerMode
+from everstep.rest.job_spec import JobSpec
+from everstep.settings.training import Aggregation, Correction, SchedulerMode
 from everstep.verifiers import VERIFIER_PARAMS
 from everstep_cli.job_file import load_job_file
-from everstep_controller.spec.job_spec import JobSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "migrating.md"

@@ -12,12 +12,13 @@ import redis
 from pydantic import ValidationError
 from step_rows import eval_row, step_row
 
-from everstep.settings import SchedulerMode
+from everstep.rest.job_record import JobState
+from everstep.rest.job_spec import JobSpec
+from everstep.settings.training import SchedulerMode
 from everstep.v1 import common_pb2
 from everstep_controller.algo.scheduler import C3POScheduler, SchedulerConfig
 from everstep_controller.data.prompt_order import PromptOrder
-from everstep_controller.spec.job_spec import JobSpec
-from everstep_controller.store.job_store import InvalidJobUpdate, JobState, JobStore, LostOwnership
+from everstep_controller.store.job_store import InvalidJobUpdate, JobStore, LostOwnership
 from everstep_controller.store.progress_store import JobProgress, ProgressStore, ScoredSample
 
 

@@ -15,14 +15,14 @@ import pytest
 import redis
 from step_rows import step_row
 
+from everstep.processes import free_port
+from everstep.rest.job_spec import JobSpec
 from everstep.v1 import reward_pb2
 from everstep_cli.local_stack import redis_server_binary
-from everstep_controller.launchers.processes import free_port
 from everstep_controller.run.backoff import Backoff
 from everstep_controller.run.clients import Deadlines, RewardClient, RolloutClient, Service, ServiceUnavailable
 from everstep_controller.run.runner import sample_seed
 from everstep_controller.run.runner_settings import RunnerSettings
-from everstep_controller.spec.job_spec import JobSpec
 from everstep_controller.store.job_store import JobStore
 from everstep_controller.store.progress_store import JobProgress, ProgressStore
 from everstep_controller.store.redis_client import connect

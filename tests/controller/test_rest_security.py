@@ -16,9 +16,9 @@ import redis
 from fastapi.testclient import TestClient
 from tls_material import make_test_pki
 
+from everstep.processes import free_port, is_alive, spawn, stop_processes
 from everstep_cli.rest_client import ApiError, ControllerClient
 from everstep_controller.api.app import create_app
-from everstep_controller.launchers.processes import free_port, is_alive, spawn, stop_processes
 from everstep_controller.launchers.shared import SharedLauncher
 from everstep_controller.run.manager import JobManager
 from everstep_controller.store.job_store import JobStore

@@ -9,6 +9,7 @@ import pytest
 from google.protobuf import json_format
 from tokenizers import Tokenizer, models, pre_tokenizers
 
+from everstep.rest.job_spec import RewardSpec
 from everstep.reward_error_kind import error_kind_label
 from everstep.v1 import common_pb2, reward_pb2
 from everstep_controller.data.dataset import PromptRow, load_prompt_rows
@@ -16,7 +17,6 @@ from everstep_controller.data.prompt_rendering import PromptEncoder
 from everstep_controller.data.reward_errors import ErrorClass, classify, part_errors
 from everstep_controller.data.reward_items import RewardItemBuilder
 from everstep_controller.run.clients import RewardClient
-from everstep_controller.spec.job_spec import RewardSpec
 
 JOB = RewardSpec.model_validate({"verifiers": [
     {"name": "math", "weight": 1.0},

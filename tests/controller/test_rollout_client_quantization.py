@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from everstep.quantization import Quantization
+from everstep.settings.quantization import Quantization
 from everstep.v1 import rollout_pb2
 from everstep_controller.run.clients import Deadlines, RolloutClient
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from everstep.rest.job_spec import JobSpec
 from everstep.v1 import common_pb2
 from everstep_controller.data.dataset import PromptRow
 from everstep_controller.run.run_state import IterationEnd, RunState, SampleInFlight
-from everstep_controller.spec.job_spec import JobSpec
 
 SPEC = JobSpec.model_validate({"model_path": "/m", "dataset": {"train_path": "/d.jsonl"},
                                "algorithm": {"group_size": 2},

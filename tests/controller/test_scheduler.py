@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from everstep.settings import SchedulerMode
+from everstep.settings.training import SchedulerMode
 from everstep_controller.algo.scheduler import (
     C3POScheduler,
     IterationOutcome,

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import redis
 
+from everstep.processes import free_port, spawn, stop_processes, wait_grpc_serving
+from everstep.rest.job_spec import JobSpec
 from everstep.v1 import common_pb2, reward_pb2
-from everstep_controller.launchers.processes import free_port, spawn, stop_processes, wait_grpc_serving
 from everstep_controller.run import metrics
 from everstep_controller.run.backoff import Backoff
 from everstep_controller.run.clients import RewardClient
 from everstep_controller.run.scoring import ScorerPool, ScoringDepth, ScoringError
-from everstep_controller.spec.job_spec import JobSpec
 from everstep_controller.store.job_store import JobStore
 from everstep_controller.store.progress_store import ProgressStore, ScoredSample
 

@@ -12,12 +12,12 @@ import pytest
 from transformers import AutoTokenizer
 
 from everstep.model_manifest import MANIFEST_NAME, verify_manifest
-from everstep.tool_calls import ParsedCall
-from everstep.tool_settings import PYTHON_TOOL
+from everstep.rest.job_spec import JobSpec
+from everstep.settings.tools import PYTHON_TOOL
+from everstep.tools.calls import ParsedCall
 from everstep_cli.demo import rebuild_module, rebuild_options
 from everstep_cli.job_file import load_job_file
 from everstep_controller.data.file_checks import check_job_input
-from everstep_controller.spec.job_spec import JobSpec
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SHIPPED = EXAMPLES / "demo-tools-model"

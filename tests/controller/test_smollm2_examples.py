@@ -11,9 +11,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from everstep.rest.job_spec import JobSpec
 from everstep_cli.job_file import load_job_file
 from everstep_controller.data.file_checks import check_job_input
-from everstep_controller.spec.job_spec import JobSpec
 from everstep_reward.verifiers.math import MathParams
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

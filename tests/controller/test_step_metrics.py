@@ -10,6 +10,9 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
+from everstep.rest.job_record import JobRecord
+from everstep.rest.job_spec import JobSpec
+from everstep.rest.step_metrics import TOOL_FIELDS, TRAIN_STAT_FIELDS, Evaluation, StepMetrics
 from everstep.v1 import trainer_pb2
 from everstep_controller.algo.scheduler import IterationOutcome
 from everstep_controller.algo.training_batch import TrainingBatch
@@ -17,10 +20,8 @@ from everstep_controller.api.app import create_app
 from everstep_controller.launchers.shared import SharedLauncher
 from everstep_controller.run.manager import JobManager
 from everstep_controller.run.step_record import StepTimes, step_record
-from everstep_controller.spec.job_spec import JobSpec
-from everstep_controller.store.job_store import JobRecord, JobStore
+from everstep_controller.store.job_store import JobStore
 from everstep_controller.store.progress_store import JobProgress, ProgressStore
-from everstep_controller.store.step_metrics import TOOL_FIELDS, TRAIN_STAT_FIELDS, Evaluation, StepMetrics
 
 # A row as the dict-building step_record wrote it (json.dumps) for a step without a trained batch.
 OLD_UNTRAINED_ROW = {

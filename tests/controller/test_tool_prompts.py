@@ -14,7 +14,9 @@ from step_rows import step_row
 from test_chat_template import SMOLLM2_TEMPLATE, _model_dir
 from tool_fixtures import LLAMA31_STYLE_TEMPLATE, QWEN25_TEMPLATE
 
-from everstep.tool_settings import ToolSettings
+from everstep.rest.job_spec import JobSpec, VerifierWeight
+from everstep.rest.step_samples import SampleSegment
+from everstep.settings.tools import ToolSettings
 from everstep.v1 import common_pb2, reward_pb2
 from everstep_cli.samples import format_samples
 from everstep_controller.algo.training_batch import build_batch
@@ -29,11 +31,9 @@ from everstep_controller.launchers.shared import SharedLauncher
 from everstep_controller.run.job_data import load_job_data
 from everstep_controller.run.manager import JobManager
 from everstep_controller.run.trajectory_report import TrajectoryStats, render_sample
-from everstep_controller.spec.job_spec import JobSpec, VerifierWeight
 from everstep_controller.spec.submission_checks import JobInputError
 from everstep_controller.store.job_store import JobStore
 from everstep_controller.store.progress_store import JobProgress, ProgressStore, ScoredSample
-from everstep_controller.store.step_samples import SampleSegment
 
 transformers = pytest.importorskip("transformers")
 

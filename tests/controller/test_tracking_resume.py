@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from step_rows import step_row
 
-from everstep_controller.spec.job_spec import JobSpec
-from everstep_controller.store.job_store import JobState
+from everstep.rest.job_record import JobState
+from everstep.rest.job_spec import JobSpec
 from everstep_controller.tracking import Trackers
 from everstep_controller.tracking.backends import wandb_run_id
 

@@ -12,14 +12,15 @@ from prometheus_client import REGISTRY
 from pydantic import ValidationError
 from step_rows import step_row  # noqa: I001 (tests/controller helper)
 
+from everstep.rest.job_record import JobState
+from everstep.rest.job_spec import JobSpec
+from everstep.rest.step_metrics import Evaluation
 from everstep_controller.api.app import create_app
 from everstep_controller.launchers.shared import SharedLauncher
 from everstep_controller.run import metrics
 from everstep_controller.run.manager import JobManager
 from everstep_controller.spec import tracking_libraries as libraries
-from everstep_controller.spec.job_spec import JobSpec
-from everstep_controller.store.job_store import JobState, JobStore
-from everstep_controller.store.step_metrics import Evaluation
+from everstep_controller.store.job_store import JobStore
 from everstep_controller.tracking.trackers import Trackers, evaluation_values, step_values
 
 SPEC = {"model_path": "/models/m", "dataset": {"train_path": "/data/train.jsonl"}, "steps": 3}

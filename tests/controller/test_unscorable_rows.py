@@ -10,7 +10,9 @@ from dataclasses import replace
 import pytest
 import redis
 
-from everstep.settings import SchedulerMode
+from everstep.rest.job_record import DatasetReport
+from everstep.rest.job_spec import JobSpec, RewardSpec
+from everstep.settings.training import SchedulerMode
 from everstep.v1 import common_pb2
 from everstep_controller.algo.scheduler import C3POScheduler, SchedulerConfig
 from everstep_controller.algo.training_batch import build_batch
@@ -23,8 +25,7 @@ from everstep_controller.run.clients import RewardClient
 from everstep_controller.run.evaluation import scored_results
 from everstep_controller.run.scoring import ScorerPool, ScoringDepth
 from everstep_controller.run.unscorable_rows import UnscorableRows
-from everstep_controller.spec.job_spec import JobSpec, RewardSpec
-from everstep_controller.store.job_store import DatasetReport, JobStore
+from everstep_controller.store.job_store import JobStore
 from everstep_controller.store.progress_store import ProgressStore, ScoredSample
 
 JOB = "job1"

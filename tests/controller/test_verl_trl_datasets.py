@@ -14,6 +14,7 @@ import redis
 from fastapi.testclient import TestClient
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
+from everstep.rest.job_spec import DatasetSpec, JobSpec
 from everstep_controller.api.app import create_app
 from everstep_controller.data.dataset import RowFields, load_prompt_rows, load_tokenizer
 from everstep_controller.data.dataset_columns import DatasetFieldError, check_dataset_fields
@@ -21,7 +22,6 @@ from everstep_controller.data.prompt_rendering import PromptEncoder, load_prompt
 from everstep_controller.launchers.shared import SharedLauncher
 from everstep_controller.run.job_data import load_job_data
 from everstep_controller.run.manager import JobManager
-from everstep_controller.spec.job_spec import DatasetSpec, JobSpec
 from everstep_controller.store.job_store import JobStore
 
 # Qwen2-Instruct's template (Qwen/Qwen2-0.5B-Instruct's tokenizer_config.json), as in test_chat_template.py

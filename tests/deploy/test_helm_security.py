@@ -13,9 +13,9 @@ import pytest
 from deploy_assets import CHART
 from test_helm_chart import KUBERNETES_VERSION, by_kind_name, pod_specs, render
 
+from everstep.rest.job_spec import ResourcesSpec
 from everstep_controller.launchers import WorkerRequest
 from everstep_controller.launchers.kubernetes import build_worker_objects, pod_template_from_dict
-from everstep_controller.spec.job_spec import ResourcesSpec
 
 TLS_VALUES = Path(__file__).parent / "values-tls.yaml"
 TLS_DIR = "/var/run/secrets/everstep/tls"  # not under /etc, which the sandbox binds into every run
@@ -128,7 +128,7 @@ def test_tls_from_existing_secrets_reaches_every_everstep_pod(tls_objects: list[
         assert mount == {"name": "internal-tls", "mountPath": TLS_DIR, "readOnly": True}, name
         component = name.rsplit("-", 1)[-1]
         if component in GRPC_PORTS:  # the kubelet's grpc probe has no TLS: the container checks itself
-            check = ["python", "-m", "everstep.health_check", f"127.0.0.1:{GRPC_PORTS[component]}"]
+            check = ["python", "-m", "everstep.transport.health_check", f"127.0.0.1:{GRPC_PORTS[component]}"]
             assert container["readinessProbe"]["exec"]["command"] == check, name
             assert "grpc" not in str(container.get("livenessProbe", {})), name
 

@@ -1,4 +1,4 @@
-"""Images: one Dockerfile per service, each installing only the proto stubs and its own service;
+"""Images: one Dockerfile per service, each installing only the shared package (everstep-common) and its own service;
 the controller, reward and sandbox images without torch (checked on the dependency closure the
 image's pip install resolves, as installed here)."""
 
@@ -40,11 +40,11 @@ def test_one_dockerfile_per_service(service: str) -> None:
     assert path.exists(), f"{path} missing"
     text = path.read_text()
     copies = {line.split()[1] for line in text.splitlines() if line.startswith("COPY") and "--from" not in line}
-    own = {"proto", f"services/{service}"}
+    own = {"common", f"services/{service}"}
     if service == "sandbox":
         own.add("scripts/install-sandbox-toolchains.sh")  # the image installs toolchains as `make test` does
     foreign = {c for c in copies if c not in own and not c.startswith("deploy/docker/")}
-    assert not foreign, f"{service} image copies {foreign}: only the proto stubs and its own service belong in it"
+    assert not foreign, f"{service} image copies {foreign}: only the shared package and its own service belong in it"
     starts = [line for line in text.splitlines() if line.startswith(("ENTRYPOINT", "CMD"))]
     assert any(f"everstep_{service}" in line for line in starts), f"{service} image does not start its service"
     user = re.findall(r"^USER\s+(\S+)", text, flags=re.M)
@@ -59,7 +59,7 @@ def test_one_dockerfile_per_service(service: str) -> None:
 @pytest.mark.parametrize("service", TORCH_FREE)
 def test_torch_free_images_pull_no_torch(service: str) -> None:
     closure = dependency_closure(f"everstep-{service}")
-    assert f"everstep-{service}" in closure and "everstep-proto" in closure
+    assert f"everstep-{service}" in closure and "everstep-common" in closure
     assert not {"torch", "transformers", "nvidia-cuda-runtime-cu12"} & closure, sorted(closure)
     text = (REPO / "deploy" / "docker" / f"{service}.Dockerfile").read_text()
     installs = [line for line in text.splitlines() if "pip install" in line]

@@ -9,7 +9,7 @@ import pytest
 import redis
 from fault_helpers import Controllers, RedisServer, SampleLoggedStack, Service, StartStack, arithmetic_rows, write_rows
 
-from everstep_controller.launchers.processes import stop_processes
+from everstep.processes import stop_processes
 
 
 @pytest.fixture

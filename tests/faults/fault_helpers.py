@@ -1,6 +1,6 @@
 """Helpers of the fault tests: restartable Redis and services, controllers, tiny jobs, fault injection.
 
-Everything is a real process started through `everstep_controller.launchers.processes`: Redis with its
+Everything is a real process started through `everstep.processes`: Redis with its
 append-only file fsynced on every write, the reward service (and the sandbox), controllers with
 the local launcher (each job's rollout engine and trainer are processes of their own). A fault is
 injected by signalling one process group, by PID checked against its start time.
@@ -21,10 +21,7 @@ import httpx
 import pytest
 import redis
 
-from everstep_cli.local_stack import redis_server_binary
-from everstep_controller.launchers.base import Workers
-from everstep_controller.launchers.local import LocalLauncher
-from everstep_controller.launchers.processes import (
+from everstep.processes import (
     ManagedProcess,
     free_port,
     is_alive,
@@ -33,6 +30,9 @@ from everstep_controller.launchers.processes import (
     stop_processes,
     wait_grpc_serving,
 )
+from everstep_cli.local_stack import redis_server_binary
+from everstep_controller.launchers.base import Workers
+from everstep_controller.launchers.local import LocalLauncher
 
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 

@@ -19,7 +19,7 @@ import pytest
 import redis
 from fault_helpers import TERMINAL, Controllers, freeze_while, job_workers, wait_job, write_rows
 
-from everstep_controller.launchers.processes import kill_processes, start_ticks, stop_processes
+from everstep.processes import kill_processes, start_ticks, stop_processes
 from everstep_controller.store.job_store import JobStore
 
 pytestmark = pytest.mark.faults

@@ -15,8 +15,8 @@ import pytest
 import redis
 from fault_helpers import Controllers, Service, arithmetic_rows, freeze_while, thaw, tiny_job, wait_job, write_rows
 
+from everstep.processes import is_alive
 from everstep_controller.__main__ import SIGTERM_STOP_SECONDS
-from everstep_controller.launchers.processes import is_alive
 from everstep_controller.store.job_store import JobStore
 
 pytestmark = pytest.mark.faults

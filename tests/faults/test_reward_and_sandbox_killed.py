@@ -30,8 +30,8 @@ from fault_helpers import (
 )
 from transformers import AutoTokenizer
 
+from everstep.processes import kill_processes
 from everstep.v1 import reward_pb2, reward_pb2_grpc
-from everstep_controller.launchers.processes import kill_processes
 
 pytestmark = pytest.mark.faults
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from fault_helpers import StartStack, freeze_while, job_workers, tiny_job, wait_job, wait_until
 
-from everstep_controller.launchers.processes import kill_processes
+from everstep.processes import kill_processes
 
 pytestmark = pytest.mark.faults
 

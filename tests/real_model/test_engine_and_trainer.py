@@ -12,8 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from everstep.processes import ManagedProcess, free_port, spawn, stop_processes, wait_grpc_serving
 from everstep.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
-from everstep_controller.launchers.processes import ManagedProcess, free_port, spawn, stop_processes, wait_grpc_serving
 from everstep_trainer.weight_push import make_transport
 
 QUESTIONS = ["Tom has 3 apples and buys 5 more. How many apples does he have? Put the answer in \\boxed{}.",
@@ -133,7 +133,7 @@ def test_the_whole_model_is_pushed_into_a_running_engine(transport: str, smollm2
 
 
 def test_one_train_step_fits_and_changes_the_weights(smollm2_dir: Path, hf) -> None:
-    from everstep.settings import TrainerConfig
+    from everstep.settings.training import TrainerConfig
     from everstep_trainer.batch.samples import TrainSample
     from everstep_trainer.step.trainer import PolicyTrainer
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from everstep.rest.job_spec import PromptSpec
 from everstep_controller.data.chat_template import ChatMessage
 from everstep_controller.data.dataset import load_tokenizer
 from everstep_controller.data.prompt_rendering import load_prompt_encoder
-from everstep_controller.spec.job_spec import PromptSpec
 
 USER = [{"role": "user", "content": "What is 2 + 3? Answer with a number."}]
 WITH_SYSTEM = [{"role": "system", "content": "Think step by step, then put the answer in \\boxed{}."}, *USER]

@@ -100,7 +100,7 @@ def test_bad_quantization_is_refused_naming_the_field(tiny_model_dir, tiny_gpt2_
 
 def test_int8_kernel_and_dequantized_matmul_agree() -> None:
     """bfloat16 with few rows takes torch's int8 kernel where it runs, more rows dequantize: same numbers."""
-    from everstep.quantization import Quantization
+    from everstep.settings.quantization import Quantization
     from everstep_rollout.executor.quantization import QuantizedMatrix
 
     generator = torch.Generator().manual_seed(0)
@@ -128,7 +128,7 @@ def test_quantized_engine_on_cuda_computes_what_the_cpu_one_does(quantization, t
 @pytest.mark.parametrize("cols", [64, 45])
 def test_int4_packs_two_values_a_byte_with_a_scale_per_group_of_32_inputs(cols: int) -> None:
     """An odd width and a last group shorter than 32 round like the others; two values are stored a byte."""
-    from everstep.quantization import Quantization
+    from everstep.settings.quantization import Quantization
     from everstep_rollout.executor.quantization import QuantizedMatrix
 
     generator = torch.Generator().manual_seed(1)

@@ -13,7 +13,7 @@ import torch
 from rollout_reference import hf_greedy, hf_model
 from safetensors.torch import load_file
 
-from everstep import tensor_codec
+from everstep.tensors import tensor_codec
 from everstep.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
 
 GREEDY = common_pb2.SamplingParams(temperature=0.0, max_new_tokens=16)

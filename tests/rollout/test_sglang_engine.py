@@ -16,7 +16,7 @@ loops, which is where a first GPU run would break:
 - `update_weights_from_tensor` refuses to flush its cache while requests run, and pickles the tensors
   with torch's ForkingPickler as sglang's MultiprocessingSerializer does; torch's refusal to re-share a
   CUDA tensor received from another process cannot happen on a CPU, so the stand-in raises torch's
-  message for tensors `everstep.cuda_ipc` marked as received (`TorchReshareRefusalStandIn`).
+  message for tensors `everstep.tensors.cuda_ipc` marked as received (`TorchReshareRefusalStandIn`).
 
 Its "model" is a deterministic function of the tokens so far and a weight offset. The engine is driven
 from a thread of its own, as `EngineLoop` drives it. These tests check our adapter, not sglang.
@@ -40,7 +40,7 @@ import pytest
 import torch
 import torch.multiprocessing  # noqa: F401 - registers torch's tensor reductions with ForkingPickler
 
-from everstep import cuda_ipc
+from everstep.tensors import cuda_ipc
 from everstep_rollout.engine import EngineUnavailableError, QueueFullError, build_engine
 from everstep_rollout.engine.sglang_engine import SglangEngine
 from everstep_rollout.sequence import FinishReason, GenerationRequest, SamplingOptions, SequenceResult

@@ -60,10 +60,10 @@ def test_make_target_and_image_install_the_pinned_set() -> None:
     plan = subprocess.run(["make", "-n", "sglang-venv", "SGLANG_VENV=/tmp/sglang-venv-plan"], cwd=REPO,
                           capture_output=True, text=True, check=True).stdout
     assert "/tmp/sglang-venv-plan/bin/pip install -q -r deploy/sglang/requirements.txt" in plan
-    assert "-c deploy/sglang/requirements.txt ./proto -e services/rollout" in plan
+    assert "-c deploy/sglang/requirements.txt ./common -e services/rollout" in plan
     assert ".venv/" not in plan  # never the main environment
     image = (REPO / "deploy" / "docker" / "rollout-sglang.Dockerfile").read_text()
     assert "pip install --no-cache-dir -r deploy/sglang/requirements.txt" in image
-    assert "-c deploy/sglang/requirements.txt ./proto ./services/rollout" in image
+    assert "-c deploy/sglang/requirements.txt ./common ./services/rollout" in image
     assert re.search(r'^ENTRYPOINT .*"--engine", "sglang"', image, flags=re.M)
     assert re.findall(r"^USER\s+(\S+)", image, flags=re.M)[-1].split(":")[0] not in ("root", "0")

@@ -22,9 +22,9 @@ from tool_fixtures import (
     make_tool_moe_model,
 )
 
-from everstep.tool_settings import ToolSettings
+from everstep.processes import free_port, spawn, stop_processes, wait_grpc_serving
+from everstep.settings.tools import ToolSettings
 from everstep.v1 import common_pb2
-from everstep_controller.launchers.processes import free_port, spawn, stop_processes, wait_grpc_serving
 from everstep_rollout.config import EngineConfig
 from everstep_rollout.engine import Engine
 from everstep_rollout.sequence import FinishReason, GenerationRequest, SamplingOptions, SequenceResult

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from everstep_controller.launchers.processes import free_port, spawn, stop_processes, wait_grpc_serving
+from everstep.processes import free_port, spawn, stop_processes, wait_grpc_serving
 from everstep_sandbox.config import SandboxConfig
 from everstep_sandbox.runner import SandboxRunner
 

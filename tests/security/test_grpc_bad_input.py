@@ -9,7 +9,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from everstep.transport import message_size_options
+from everstep.transport.channels import message_size_options
 from everstep.v1 import reward_pb2, reward_pb2_grpc, sandbox_pb2, sandbox_pb2_grpc
 
 LIMIT_BYTES = 64 * 1024  # the knob under test: --grpc-max-message-bytes

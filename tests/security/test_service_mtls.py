@@ -14,8 +14,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tls_material import make_test_pki
 
+from everstep.processes import ManagedProcess, free_port, spawn, stop_processes, wait_grpc_serving
 from everstep.v1 import reward_pb2
-from everstep_controller.launchers.processes import ManagedProcess, free_port, spawn, stop_processes, wait_grpc_serving
 from everstep_controller.run.clients import RewardClient
 
 TLS_VARIABLES = ("EVERSTEP_GRPC_TLS_CERT", "EVERSTEP_GRPC_TLS_KEY", "EVERSTEP_GRPC_TLS_CA",
@@ -83,7 +83,7 @@ def test_services_refuse_clients_without_a_certificate_and_serve_those_with_one(
 
         # the chart's exec probe: the server name it expects must be in the certificate
         def probe(server_name: str) -> subprocess.CompletedProcess:
-            return subprocess.run([sys.executable, "-m", "everstep.health_check", reward.grpc_address],
+            return subprocess.run([sys.executable, "-m", "everstep.transport.health_check", reward.grpc_address],
                                   env={**pki.grpc_env(server_name)}, capture_output=True, text=True, timeout=30)
 
         ok = probe("everstep-internal")

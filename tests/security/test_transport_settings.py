@@ -1,4 +1,4 @@
-"""everstep.transport's settings: all three TLS paths or none, a readable file each, a sane message limit;
+"""everstep.transport.channels's settings: all three TLS paths or none, a readable file each, a sane message limit;
 a service given less exits at start naming the flags (a real process, stopped at argument parsing)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from everstep.transport import (
+from everstep.transport.channels import (
     ENV_CA,
     ENV_CERT,
     ENV_KEY,

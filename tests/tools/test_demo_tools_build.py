@@ -11,7 +11,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from everstep.model_manifest import verify_manifest
-from everstep.tool_calls import FORMATS, ParsedCall, format_for_template
+from everstep.tools.calls import FORMATS, ParsedCall, format_for_template
 from everstep_tools.demo.tools.__main__ import main
 from everstep_tools.demo.tools.build import TOOLS, ToolsBuildConfig, _examples, _Renderer
 from everstep_tools.demo.tools.task import Problem, TaskConfig, call_text, split_train_eval

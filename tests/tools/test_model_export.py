@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from everstep.settings import TrainerConfig
+from everstep.settings.training import TrainerConfig
 from everstep_tools.model_export import export_checkpoint
 from everstep_trainer.batch.samples import TrainSample
 from everstep_trainer.step.trainer import PolicyTrainer

@@ -2,8 +2,8 @@
 
 `weight_receivers` starts in-test gRPC servers with `RolloutWeightReceiverForTests`, a test double
 of the rollout service that implements only `Rollout.UpdateWeights`: it decodes the streamed
-tensors, whole or in chunks (with `everstep.tensor_codec`, as the engine does) so tests can compare them with the
-trainer's weights. (The real rollout service is another package, which trainer tests must not
+tensors, whole or in chunks (with `everstep.tensors.tensor_codec`, as the engine does) so tests can compare them
+with the trainer's weights. (The real rollout service is another package, which trainer tests must not
 import.)
 """
 
@@ -19,7 +19,7 @@ import grpc
 import pytest
 import torch
 
-from everstep import tensor_codec
+from everstep.tensors import tensor_codec
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc
 
 # The tiny models run on a few tokens: with more intra-op threads than free cores (this machine is

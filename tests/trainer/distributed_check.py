@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from everstep.settings import TrainerConfig
+from everstep.settings.training import TrainerConfig
 from everstep_trainer.batch.samples import TrainSample
 
 __all__ = ["UPDATE_TOLERANCE", "RankRunResult", "check", "check_batches", "max_weight_difference",

@@ -11,7 +11,7 @@ import pytest
 import torch
 from distributed_check import check_batches
 
-from everstep.settings import TrainerConfig
+from everstep.settings.training import TrainerConfig
 from everstep_trainer.model.checkpoint import CHECKPOINT_META_FILE
 from everstep_trainer.step.trainer import PolicyTrainer
 

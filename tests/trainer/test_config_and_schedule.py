@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from everstep.settings import Aggregation, Correction, TrainerConfig
+from everstep.rest.job_spec import JobSpec
+from everstep.settings.training import Aggregation, Correction, TrainerConfig
 from everstep.v1 import trainer_pb2
 from everstep_controller.algo.training_batch import trainer_config
-from everstep_controller.spec.job_spec import JobSpec
 from everstep_trainer.batch.packing import split_micro_batches
 from everstep_trainer.server import config_from_proto
 from everstep_trainer.step.optim import learning_rate_at

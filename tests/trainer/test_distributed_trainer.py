@@ -96,7 +96,7 @@ def test_lora_on_two_ranks_gives_the_one_rank_adapters(tiny_model_dirs, tmp_path
                                                        extra: dict) -> None:
     """FSDP2 shards the frozen base and the float32 adapters alike; only the adapters' gradients are reduced, and
     a checkpoint the two ranks wrote (adapters only) resumes on one rank."""
-    from everstep.settings import LoraSettings
+    from everstep.settings.training import LoraSettings
 
     tiny_model_dir = tiny_model_dirs(architecture)
     config = check_config(lora=LoraSettings(rank=4, alpha=8.0), learning_rate=1e-2, **extra)

@@ -18,7 +18,7 @@ from distributed_check import (
 )
 from safetensors.torch import load_file
 
-from everstep.settings import LoraSettings
+from everstep.settings.training import LoraSettings
 from everstep_trainer.model.checkpoint import TRAINER_STATE_FILE
 from everstep_trainer.model.lora import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
 from everstep_trainer.step.trainer import PolicyTrainer

@@ -13,9 +13,9 @@ import pytest
 import torch
 from distributed_check import check_batches, check_config
 
-from everstep.settings import LoraSettings
+from everstep.processes import ManagedProcess, free_port, spawn, stop_processes, wait_grpc_serving
+from everstep.settings.training import LoraSettings
 from everstep.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
-from everstep_controller.launchers.processes import ManagedProcess, free_port, spawn, stop_processes, wait_grpc_serving
 from everstep_trainer.step.trainer import PolicyTrainer
 from everstep_trainer.weight_push import WeightPusher
 from everstep_trainer.weight_push.base import lora_adapter_proto

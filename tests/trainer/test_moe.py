@@ -11,7 +11,7 @@ import pytest
 import torch
 from distributed_check import check_batches
 
-from everstep.settings import TrainerConfig
+from everstep.settings.training import TrainerConfig
 from everstep_trainer.batch.packing import PackedRows
 from everstep_trainer.batch.samples import pad_samples
 from everstep_trainer.model.hf_model import compute_token_logprobs, load_causal_lm

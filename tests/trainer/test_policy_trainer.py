@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from everstep.settings import TrainerConfig
+from everstep.settings.training import TrainerConfig
 from everstep_trainer.batch.samples import TrainSample, pad_samples
 from everstep_trainer.model.hf_model import compute_token_logprobs
 from everstep_trainer.step.trainer import PolicyTrainer

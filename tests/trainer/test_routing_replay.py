@@ -25,7 +25,7 @@ from distributed_check import (
     train_on_ranks,
 )
 
-from everstep.settings import TrainerConfig
+from everstep.settings.training import TrainerConfig
 from everstep.v1 import trainer_pb2, trainer_pb2_grpc
 from everstep_trainer.batch.packing import PackedRows
 from everstep_trainer.batch.samples import RouteSpec, TrainSample, pad_samples, validate_samples

@@ -21,7 +21,7 @@ from distributed_check import (
 )
 from pydantic import ValidationError
 
-from everstep.settings import TrainerConfig, TrainerSettings
+from everstep.settings.training import TrainerConfig, TrainerSettings
 from everstep_trainer.batch import shared_prompts
 from everstep_trainer.batch.samples import TrainSample, pad_samples
 from everstep_trainer.batch.shared_prompts import SharedPromptRows, prompt_lengths

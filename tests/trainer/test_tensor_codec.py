@@ -1,4 +1,4 @@
-"""`everstep.tensor_codec`, the one encoding of tensors that the trainer's gRPC push and the engine's
+"""`everstep.tensors.tensor_codec`, the one encoding of tensors that the trainer's gRPC push and the engine's
 receiver share: every dtype it names, every shape kind, both ways, and what it refuses."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from everstep import tensor_codec
+from everstep.tensors import tensor_codec
 from everstep.v1 import common_pb2
 
 SHAPES = [(), (0,), (3, 0, 2), (5,), (2, 3), (2, 1, 3)]

@@ -19,8 +19,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from everstep.processes import ManagedProcess, free_port, spawn, stop_processes, wait_grpc_serving
 from everstep.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
-from everstep_controller.launchers.processes import ManagedProcess, free_port, spawn, stop_processes, wait_grpc_serving
 from everstep_trainer.weight_push import WeightPusher, WeightPushError, make_transport
 from everstep_trainer.weight_push.shm import SEGMENT_PREFIX, SHM_DIR
 

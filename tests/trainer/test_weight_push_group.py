@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from everstep import cuda_ipc, process_group
+from everstep.tensors import cuda_ipc, process_group
 from everstep.v1 import rollout_pb2
 from everstep_trainer.weight_push import cuda_ipc as weight_push_cuda_ipc
 from everstep_trainer.weight_push.base import WeightPushError
@@ -159,8 +159,8 @@ def test_cuda_ipc_encodes_every_tensor_once_per_engine(monkeypatch: pytest.Monke
 
 
 def test_cuda_ipc_module_imports_with_torch_alone() -> None:
-    """gpu_check imports everstep.cuda_ipc (and with it everstep.tensor_codec) on a machine without grpc,
-    protobuf or the stubs."""
+    """gpu_check imports everstep.tensors.cuda_ipc (and with it everstep.tensors.tensor_codec) on a machine without
+    grpc, protobuf or the stubs."""
     script = textwrap.dedent("""
         import sys
         class Block:
@@ -168,7 +168,7 @@ def test_cuda_ipc_module_imports_with_torch_alone() -> None:
                 if name.split(".")[0] in ("grpc", "google") or name.startswith("everstep.v1"):
                     raise ImportError(f"blocked: {name}")
         sys.meta_path.insert(0, Block())
-        import everstep.cuda_ipc, everstep.process_group, everstep.tensor_codec
+        import everstep.tensors.cuda_ipc, everstep.tensors.process_group, everstep.tensors.tensor_codec
         print("ok")
     """)
     process = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)

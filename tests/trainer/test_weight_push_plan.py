@@ -64,7 +64,7 @@ def test_an_explicit_transport_that_cannot_work_is_an_error_naming_the_setting()
 
 
 def test_trainer_and_engine_describe_this_host_identically() -> None:
-    """Both packages report the shared-memory domain (everstep.peer_identity); on one host they agree."""
+    """Both packages report the shared-memory domain (everstep.transport.peer_identity); on one host they agree."""
     trainer = weight_push_plan.local_peer("cpu")
     engine = PeerInfo.from_proto(weight_receiver.receiver_info("cpu"))
     assert trainer.shm_domain and trainer.shm_domain == engine.shm_domain

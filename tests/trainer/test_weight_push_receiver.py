@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from everstep import tensor_codec
+from everstep.tensors import tensor_codec
 from everstep.v1 import common_pb2, rollout_pb2
 from everstep_rollout.weights import WeightUpdate
 from everstep_trainer.weight_push import iter_weight_buckets

@@ -150,6 +150,9 @@ def main(argv: list[str] | None = None) -> None:
 
 def _dispatch(args: argparse.Namespace, extra: list[str]) -> None:
     if args.command == "serve":
+        from everstep_cli.local_stack import require_services
+
+        require_services([args.service])
         command = [sys.executable, "-m", f"everstep_{args.service}", "--host", args.host]
         if args.port is not None:
             command += ["--port", str(args.port)]

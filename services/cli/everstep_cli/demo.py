@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from everstep.model_manifest import read_manifest, verify_manifest
+from everstep.rest.step_metrics import Evaluation, StepMetrics
 from everstep_cli.follow import follow_job
 from everstep_cli.job_file import load_job_file
 from everstep_cli.local_stack import LocalStack, free_port
 from everstep_cli.rest_client import ControllerClient
-from everstep_controller.store.step_metrics import Evaluation, StepMetrics
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

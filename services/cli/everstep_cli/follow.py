@@ -8,10 +8,9 @@ from typing import Any
 
 from tqdm import tqdm
 
+from everstep.rest.job_record import TERMINAL_STATES
+from everstep.rest.step_metrics import Evaluation, StepMetrics
 from everstep_cli.rest_client import ControllerClient
-from everstep_controller.store.step_metrics import Evaluation, StepMetrics
-
-TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
 
 def follow_job(client: ControllerClient, job_id: str, poll_seconds: float = 1.0) -> dict[str, Any]:
@@ -28,7 +27,7 @@ def follow_job(client: ControllerClient, job_id: str, poll_seconds: float = 1.0)
                             acc=f"{(last_eval.accuracy if last_eval else None) or 0:.3f}",
                             tok_s=f"{latest.tokens_per_s if latest else 0:.0f}", refresh=False)
             bar.refresh()
-            if record["state"] in TERMINAL:
+            if record["state"] in TERMINAL_STATES:
                 return record
             time.sleep(poll_seconds)
             record = client.job(job_id)

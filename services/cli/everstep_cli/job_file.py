@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from everstep_controller.spec.job_spec import JobSpec
+from everstep.rest.job_spec import JobSpec
 
 # (section, field) pairs that hold filesystem paths (or lists of paths and glob patterns); None: top level, a
 # dotted section: a nested one

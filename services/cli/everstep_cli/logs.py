@@ -11,9 +11,8 @@ import sys
 import time
 from typing import Any, TextIO
 
+from everstep.rest.job_record import TERMINAL_STATES
 from everstep_cli.rest_client import ControllerClient
-
-TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
 # trainer statistics shown when present: (field, label, format)
 _TRAIN_STATS = (("loss", "loss", "{:.4g}"), ("grad_norm", "grad_norm", "{:.3g}"),
@@ -50,7 +49,7 @@ def print_logs(client: ControllerClient, job_id: str, *, follow: bool = False, p
         record = client.job(job_id)  # first: a step committed after it is printed on the next round
         rows = client.metrics(job_id)
         evaluations = record.get("evaluation") or {}
-        last = not follow or record["state"] in TERMINAL  # then every evaluation is printed
+        last = not follow or record["state"] in TERMINAL_STATES  # then every evaluation is printed
         steps = record["spec"]["steps"]
         lines: list[tuple[int, int, str]] = []
         for row in rows:

@@ -9,7 +9,7 @@ import os
 import signal
 from pathlib import Path
 
-from everstep.transport import add_transport_arguments, apply_transport_arguments
+from everstep.transport.channels import add_transport_arguments, apply_transport_arguments
 from everstep_controller.settings import ControllerSettings, SettingError
 
 _GRACEFUL_SHUTDOWN_SECONDS = 3.0

@@ -7,10 +7,10 @@ import argparse
 import logging
 import os
 
-from everstep.transport import add_transport_arguments, apply_transport_arguments
+from everstep.transport.channels import add_transport_arguments, apply_transport_arguments
 from everstep_reward.item_log import ITEM_LOG_ENV
 
-TRANSPORT_FLAGS = (  # read by everstep.transport from the environment, not by RewardConfig
+TRANSPORT_FLAGS = (  # read by everstep.transport.channels from the environment, not by RewardConfig
     "grpc_tls_cert", "grpc_tls_key", "grpc_tls_ca", "grpc_tls_server_name", "grpc_max_message_bytes")
 
 

@@ -11,7 +11,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
 
-from everstep.transport import bind, new_server
+from everstep.transport.channels import bind, new_server
 from everstep.v1 import reward_pb2, reward_pb2_grpc
 from everstep.verifiers import VERIFIER_PARAMS
 from everstep_reward.config import RewardConfig

@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 
-from everstep.transport import add_transport_arguments, apply_transport_arguments
+from everstep.transport.channels import add_transport_arguments, apply_transport_arguments
 
 STOP_GRACE_SECONDS = 5.0
 """After SIGTERM/SIGINT: how long open Generate streams may go on before they are cancelled."""

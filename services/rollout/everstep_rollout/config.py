@@ -8,8 +8,8 @@ from typing import Literal
 
 import torch
 
-from everstep.quantization import Quantization
-from everstep.settings import Dtype
+from everstep.settings.quantization import Quantization
+from everstep.settings.training import Dtype
 
 DEFAULT_MAX_SEQ_LEN = 2048
 """The KV cache length per slot when neither the job nor the server sets max_seq_len (and the model allows it)."""

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from everstep.tool_error_kind import TOOL_ERROR_KIND_NAMES, tool_error_kind_name
+from everstep.tools.error_kind import TOOL_ERROR_KIND_NAMES, tool_error_kind_name
 from everstep_rollout.engine.interface import StepStats
 from everstep_rollout.engine.loop import EngineStatus
 from everstep_rollout.sequence import FinishReason, SequenceResult

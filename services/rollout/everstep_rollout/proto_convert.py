@@ -1,11 +1,11 @@
-"""Conversions between proto messages and the engine's dataclasses (tensors: `everstep.tensor_codec`)."""
+"""Conversions between proto messages and the engine's dataclasses (tensors: `everstep.tensors.tensor_codec`)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from everstep.tool_calls import FORMATS
-from everstep.tool_settings import ToolSettings
+from everstep.settings.tools import ToolSettings
+from everstep.tools.calls import FORMATS
 from everstep.v1 import common_pb2
 from everstep_rollout.sequence import GenerationRequest, SamplingOptions, SequenceResult
 

@@ -7,7 +7,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from everstep.tool_settings import ToolSettings
+from everstep.settings.tools import ToolSettings
 
 if TYPE_CHECKING:  # protobuf only where tools are used (benchmarks/gpu_check.py's machine has none)
     from everstep.v1 import common_pb2
@@ -76,7 +76,7 @@ class GenerationRequest:
     sandbox_address: str = ""
     """The python tool's sandbox ("": the engine's --sandbox-endpoint)."""
     tool_call_format: str = "hermes"
-    """How the model writes tool calls (`everstep.tool_calls.FORMATS`; ToolConfig.call_format)."""
+    """How the model writes tool calls (`everstep.tools.calls.FORMATS`; ToolConfig.call_format)."""
     output_tool_mask: list[bool] = field(default_factory=list)
     """True on each earlier output token that a tool wrote (empty: none did)."""
     tool_trajectory: common_pb2.ToolTrajectory | None = None

@@ -14,10 +14,10 @@ import grpc
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from everstep import tool_settings
 from everstep.model_config import position_limit
-from everstep.quantization import Quantization, quantization_from_proto, quantization_to_proto
-from everstep.transport import bind, new_server
+from everstep.settings import tools as tool_settings
+from everstep.settings.quantization import Quantization, quantization_from_proto, quantization_to_proto
+from everstep.transport.channels import bind, new_server
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc
 from everstep_rollout import metrics
 from everstep_rollout.config import EngineConfig, resolve_max_seq_len

@@ -12,7 +12,7 @@ import tempfile
 import threading
 import time
 
-from everstep.transport import add_transport_arguments, apply_transport_arguments
+from everstep.transport.channels import add_transport_arguments, apply_transport_arguments
 
 
 def _exit_with_parent(parent_pid: int) -> None:

@@ -27,7 +27,7 @@ from types import FrameType
 import uvicorn
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from everstep.transport import bind, new_server
+from everstep.transport.channels import bind, new_server
 from everstep.v1 import sandbox_pb2_grpc
 from everstep_sandbox.api.grpc_service import SandboxServicer
 from everstep_sandbox.api.http_app import create_app

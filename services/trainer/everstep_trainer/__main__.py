@@ -15,7 +15,7 @@ import logging
 import os
 import sys
 
-from everstep.transport import add_transport_arguments, apply_transport_arguments
+from everstep.transport.channels import add_transport_arguments, apply_transport_arguments
 from everstep_trainer.weight_push.plan import Transport
 
 

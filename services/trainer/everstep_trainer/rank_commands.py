@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from everstep.settings import TrainerConfig
+from everstep.settings.training import TrainerConfig
 from everstep_trainer.batch.samples import TrainSample
 from everstep_trainer.model.checkpoint import CheckpointMeta
 from everstep_trainer.model.distributed import RankContext

@@ -17,9 +17,9 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
 
-from everstep.settings import TrainerConfig
-from everstep.settings_codec import TRAINER_CONFIG
-from everstep.transport import bind, new_server
+from everstep.settings.codec import TRAINER_CONFIG
+from everstep.settings.training import TrainerConfig
+from everstep.transport.channels import bind, new_server
 from everstep.v1 import trainer_pb2, trainer_pb2_grpc
 from everstep_trainer import metrics
 from everstep_trainer.batch.samples import TrainSample
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 
 def config_from_proto(message: trainer_pb2.TrainerConfig) -> TrainerConfig:
-    """The trainer's config a Load or LoadCheckpoint carries: `everstep.settings_codec.TRAINER_CONFIG` (a field
+    """The trainer's config a Load or LoadCheckpoint carries: `everstep.settings.codec.TRAINER_CONFIG` (a field
     left unset takes its default, a field set to 0 is 0, a field this trainer does not know is an error: fields
     5 and 11 were the strings correction and aggregation of a sender built before trainer.proto's enums)."""
     return TRAINER_CONFIG.from_proto(message)

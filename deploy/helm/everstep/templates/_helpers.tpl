@@ -109,11 +109,11 @@ affinity:
 {{- end -}}
 
 {{/* How a gRPC health check is made; call with (dict "root" $ "port" N). The kubelet's grpc probe
-speaks plaintext only: under mutual TLS the container checks itself with everstep.health_check. */}}
+speaks plaintext only: under mutual TLS the container checks itself with everstep.transport.health_check. */}}
 {{- define "everstep.grpcProbe" -}}
 {{- if .root.Values.tls.internal.enabled -}}
 exec:
-  command: [python, -m, everstep.health_check, "127.0.0.1:{{ .port }}"]
+  command: [python, -m, everstep.transport.health_check, "127.0.0.1:{{ .port }}"]
 {{- else -}}
 grpc: {port: {{ .port }}}
 {{- end -}}

@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import ConfigDict, Field, model_validator
 
-from everstep.settings import SchedulerMode, SchedulerSettings
+from everstep.settings.training import SchedulerMode, SchedulerSettings
 
 
 class SchedulerConfig(SchedulerSettings):

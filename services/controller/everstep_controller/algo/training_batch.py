@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from everstep.settings import TrainerConfig
-from everstep.settings_codec import TRAINER_CONFIG
+from everstep.rest.job_spec import JobSpec
+from everstep.settings.codec import TRAINER_CONFIG
+from everstep.settings.training import TrainerConfig
 from everstep.v1 import trainer_pb2
 from everstep_controller.algo.advantages import get_advantage_estimator
 from everstep_controller.data.reward_errors import ErrorClass, RewardFailed, describe
-from everstep_controller.spec.job_spec import JobSpec
 from everstep_controller.store.progress_store import ScoredSample
 
 ADVANTAGE_ESTIMATOR = "grpo"

@@ -15,15 +15,16 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from everstep.rest.job_record import JobRecord
+from everstep.rest.job_spec import JobSpec
+from everstep.rest.step_metrics import StepMetrics
+from everstep.rest.step_samples import StepSample
 from everstep_controller.api.health import RedisProbe
 from everstep_controller.api.request_limits import DEFAULT_MAX_REQUEST_BYTES, RequestSizeLimit
 from everstep_controller.data.file_checks import check_job_input
 from everstep_controller.run.manager import JobManager
-from everstep_controller.spec.job_spec import JobSpec
 from everstep_controller.spec.submission_checks import JobInputError
-from everstep_controller.store.job_store import Action, JobRecord, JobStore
-from everstep_controller.store.step_metrics import StepMetrics
-from everstep_controller.store.step_samples import StepSample
+from everstep_controller.store.job_store import Action, JobStore
 
 _bearer = HTTPBearer(auto_error=False, description="EVERSTEP_API_TOKEN of the controller, when it has one")
 

@@ -14,9 +14,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from everstep.rest.job_spec import DatasetSpec
 from everstep_controller.data.dataset import dataset_file, dataset_format, dataset_paths
 from everstep_controller.spec.field_paths import MISSING, field_value
-from everstep_controller.spec.job_spec import DatasetSpec
 
 __all__ = ["DatasetFieldError", "check_dataset_fields", "missing_field_paths"]
 

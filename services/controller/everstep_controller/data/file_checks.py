@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from everstep.rest.job_spec import JobSpec, PromptFormat
 from everstep_controller.data.chat_template import ChatTemplateError, read_chat_template
 from everstep_controller.data.dataset import DatasetPathError, dataset_paths, pattern_folder
 from everstep_controller.data.dataset_columns import DatasetFieldError, check_dataset_fields
 from everstep_controller.data.prompt_rendering import resolve_prompt_format, tool_template
-from everstep_controller.spec.job_spec import JobSpec, PromptFormat
 from everstep_controller.spec.submission_checks import (
     JobInputError,
     check_lengths,

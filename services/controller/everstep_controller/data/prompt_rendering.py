@@ -18,10 +18,10 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from everstep.tool_calls import FORMATS, format_for_template
-from everstep.tool_settings import ToolSettings
+from everstep.rest.job_spec import PromptFormat, PromptSpec
+from everstep.settings.tools import ToolSettings
+from everstep.tools.calls import FORMATS, format_for_template
 from everstep_controller.data.chat_template import ChatMessage, ChatTemplate, ChatTemplateError, read_chat_template
-from everstep_controller.spec.job_spec import PromptFormat, PromptSpec
 
 __all__ = ["PromptEncoder", "RowPrompt", "load_prompt_encoder", "read_row_prompt", "resolve_prompt_format",
            "tool_template", "user_content"]
@@ -103,7 +103,7 @@ def load_prompt_encoder(model_path: str, tokenizer: Tokenizer, spec: PromptSpec 
 def tool_template(model_path: str, tools: ToolSettings) -> ChatTemplate:
     """The template a tool-using job renders with: tools.chat_template, else the model's own. ValueError naming it
     when it cannot show tools to the model, or writes tool calls in no format everstep parses
-    (`everstep.tool_calls`)."""
+    (`everstep.tools.calls`)."""
     if tools.chat_template is not None:
         where = "tools.chat_template"
         template = read_chat_template(model_path, tools.chat_template)

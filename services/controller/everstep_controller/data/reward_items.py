@@ -7,10 +7,10 @@ from collections.abc import Sequence
 
 from google.protobuf import struct_pb2
 
+from everstep.rest.job_spec import VerifierWeight
 from everstep.v1 import common_pb2, reward_pb2
 from everstep_controller.data.dataset import PromptRow
 from everstep_controller.data.trajectories import final_answer, num_model_tokens
-from everstep_controller.spec.job_spec import VerifierWeight
 
 __all__ = ["RewardItemBuilder"]
 

@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 
 from pydantic import BaseModel, Field
 
-from everstep_controller.spec.job_spec import ResourcesSpec
+from everstep.rest.job_spec import ResourcesSpec
 
 
 class WorkerRequest(BaseModel):

@@ -28,8 +28,8 @@ import logging
 import time
 from typing import Any, Protocol
 
+from everstep.processes import wait_grpc_address
 from everstep_controller.launchers.base import Launcher, ObjectHandle, WorkerRequest, Workers, engine_names
-from everstep_controller.launchers.processes import wait_grpc_address
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,7 @@ import sys
 import threading
 from pathlib import Path
 
-from everstep_controller.launchers.base import Launcher, ProcessHandle, WorkerRequest, Workers, engine_names
-from everstep_controller.launchers.processes import (
+from everstep.processes import (
     ManagedProcess,
     free_port,
     is_alive,
@@ -26,6 +25,7 @@ from everstep_controller.launchers.processes import (
     stop_processes,
     wait_grpc_serving,
 )
+from everstep_controller.launchers.base import Launcher, ProcessHandle, WorkerRequest, Workers, engine_names
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import logging
 
+from everstep.processes import ManagedProcess, is_alive, wait_grpc_address
 from everstep_controller.launchers.base import Launcher, ProcessHandle, WorkerRequest, Workers
 from everstep_controller.launchers.local import LocalLauncher
-from everstep_controller.launchers.processes import ManagedProcess, is_alive, wait_grpc_address
 
 log = logging.getLogger(__name__)
 

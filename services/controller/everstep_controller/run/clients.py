@@ -16,8 +16,8 @@ from enum import StrEnum
 
 import grpc
 
-from everstep import transport
-from everstep.quantization import Quantization, quantization_from_proto, quantization_to_proto
+from everstep.settings.quantization import Quantization, quantization_from_proto, quantization_to_proto
+from everstep.transport import channels
 from everstep.v1 import (
     common_pb2,
     reward_pb2,
@@ -147,7 +147,7 @@ class RolloutClient:
     def __init__(self, address: str, deadlines: Deadlines | None = None) -> None:
         self.address = address
         self.deadlines = deadlines or Deadlines()
-        self._channel = transport.channel(address, options=_CHANNEL_OPTIONS)
+        self._channel = channels.channel(address, options=_CHANNEL_OPTIONS)
         self._stub = rollout_pb2_grpc.RolloutStub(self._channel)
 
     def _calling(self, method: str) -> contextlib.AbstractContextManager[None]:
@@ -193,7 +193,7 @@ class TrainerClient:
     def __init__(self, address: str, deadlines: Deadlines | None = None) -> None:
         self.address = address
         self.deadlines = deadlines or Deadlines()
-        self._channel = transport.channel(address, options=_CHANNEL_OPTIONS)
+        self._channel = channels.channel(address, options=_CHANNEL_OPTIONS)
         self._stub = trainer_pb2_grpc.TrainerStub(self._channel)
 
     def _call(self, method: str, request: object, *, role: Service | None = Service.TRAINER) -> object:
@@ -226,7 +226,7 @@ class RewardClient:
     def __init__(self, address: str, timeout_seconds: float = 300.0) -> None:
         self.address = address
         self.timeout_seconds = timeout_seconds
-        self._channel = transport.channel(address, options=_CHANNEL_OPTIONS)
+        self._channel = channels.channel(address, options=_CHANNEL_OPTIONS)
         self._stub = reward_pb2_grpc.RewardStub(self._channel)
 
     def score(self, items: list[reward_pb2.RewardItem]) -> dict[str, reward_pb2.ScoreResult]:

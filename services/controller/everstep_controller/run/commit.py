@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from everstep.rest.step_samples import StepSample
 from everstep.v1 import trainer_pb2
 from everstep_controller.algo.training_batch import TrainingBatch
 from everstep_controller.run import metrics
@@ -22,7 +23,6 @@ from everstep_controller.run.scoring import ScorerPool
 from everstep_controller.run.step_record import StepTimes, step_record
 from everstep_controller.run.trajectory_report import TrajectoryStats
 from everstep_controller.store.progress_store import ProgressStore
-from everstep_controller.store.step_samples import StepSample
 from everstep_controller.tracking import Trackers
 
 __all__ = ["StepCommit", "TrainedStep"]

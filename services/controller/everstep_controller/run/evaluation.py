@@ -9,14 +9,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from everstep.rest.job_spec import EvaluationSpec
+from everstep.rest.step_metrics import Evaluation
 from everstep.v1 import common_pb2, reward_pb2
 from everstep_controller.data.dataset import PromptRow
 from everstep_controller.data.reward_errors import ErrorClass, RewardFailed, classify, describe, part_errors
 from everstep_controller.data.trajectories import new_sequence
 from everstep_controller.run.clients import RewardClient
 from everstep_controller.run.engine_pool import PoolStream
-from everstep_controller.spec.job_spec import EvaluationSpec
-from everstep_controller.store.step_metrics import Evaluation
 
 log = logging.getLogger(__name__)
 

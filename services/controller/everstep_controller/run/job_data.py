@@ -8,17 +8,17 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from everstep import tool_settings
-from everstep.tool_calls import format_for_template
-from everstep.tool_settings import ToolSettings
+from everstep.rest.job_record import DatasetReport
+from everstep.rest.job_spec import JobSpec
+from everstep.settings import tools as tool_settings
+from everstep.settings.tools import ToolSettings
+from everstep.tools.calls import format_for_template
 from everstep.v1 import common_pb2
 from everstep_controller.data.dataset import LoadedDataset, PromptRow, RowFields, load_prompt_rows, load_tokenizer
 from everstep_controller.data.dataset_columns import check_dataset_fields
 from everstep_controller.data.prompt_rendering import load_prompt_encoder
-from everstep_controller.spec.job_spec import JobSpec
 from everstep_controller.spec.model_limits import check_routing_replay, max_prompt_tokens
 from everstep_controller.spec.submission_checks import check_verifiers
-from everstep_controller.store.job_store import DatasetReport
 
 __all__ = ["JobData", "load_job_data"]
 
@@ -31,7 +31,7 @@ class JobData:
     """The model's tokenizer (decodes the samples shown per step)."""
     tools: ToolSettings | None = None
     tool_call_format: str = ""
-    """The format the job's chat template writes tool calls in (`everstep.tool_calls.FORMATS`)."""
+    """The format the job's chat template writes tool calls in (`everstep.tools.calls.FORMATS`)."""
 
     def tool_config(self, sandbox_address: str) -> common_pb2.ToolConfig | None:
         """What every Generate request of the job carries (None: no tools)."""

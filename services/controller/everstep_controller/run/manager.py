@@ -22,13 +22,14 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from everstep.rest.job_record import TERMINAL_STATES, JobRecord, JobState
+from everstep.rest.job_spec import JobSpec
 from everstep_controller.launchers import Launcher, Workers
 from everstep_controller.run import metrics
 from everstep_controller.run.runner import JobRunner, RunOutcome
 from everstep_controller.run.runner_settings import RunnerSettings
 from everstep_controller.settings import ControllerSettings
-from everstep_controller.spec.job_spec import JobSpec
-from everstep_controller.store.job_store import PREFIX, TERMINAL_STATES, Action, JobRecord, JobState, JobStore
+from everstep_controller.store.job_store import PREFIX, Action, JobStore
 from everstep_controller.store.progress_store import ProgressStore
 from everstep_controller.store.streams import StreamEntry, WorkStream
 

@@ -17,7 +17,7 @@ import time
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
 
-from everstep_controller.store.step_metrics import StepMetrics
+from everstep.rest.step_metrics import StepMetrics
 
 JOBS = Gauge("everstep_controller_jobs", "Jobs by state.", ["state"])
 JOBS_STARTED = Counter("everstep_controller_jobs_started_total", "Jobs whose runner started.")

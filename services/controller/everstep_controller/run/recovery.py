@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from everstep.rest.job_record import ResumeEvent
+from everstep.rest.job_spec import JobSpec
 from everstep_controller.data.dataset import PromptRow
 from everstep_controller.run import metrics
 from everstep_controller.run.clients import ServiceUnavailable
@@ -30,8 +32,7 @@ from everstep_controller.run.run_state import RunState
 from everstep_controller.run.runner_errors import RunnerInterrupted, WorkersFailed
 from everstep_controller.run.runner_settings import RunnerSettings
 from everstep_controller.run.workers import JobWorkers
-from everstep_controller.spec.job_spec import JobSpec
-from everstep_controller.store.job_store import JobStore, ResumeEvent
+from everstep_controller.store.job_store import JobStore
 from everstep_controller.store.progress_store import JobProgress, ProgressStore
 
 __all__ = ["Recovery"]

@@ -17,7 +17,8 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from everstep.settings import SchedulerMode
+from everstep.rest.job_spec import JobSpec
+from everstep.settings.training import SchedulerMode
 from everstep.v1 import common_pb2
 from everstep_controller.algo.scheduler import GroupToStart
 from everstep_controller.algo.training_batch import has_signal
@@ -26,7 +27,6 @@ from everstep_controller.data.trajectories import new_sequence, num_model_tokens
 from everstep_controller.run.engine_pool import PoolStream
 from everstep_controller.run.run_state import RunState, SampleInFlight
 from everstep_controller.run.scoring import ScorerPool
-from everstep_controller.spec.job_spec import JobSpec
 
 __all__ = ["RolloutPhase", "RolloutResult", "sample_seed"]
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from everstep.rest.job_spec import JobSpec
 from everstep.v1 import common_pb2
 from everstep_controller.algo.scheduler import C3POScheduler, IterationOutcome, SchedulerConfig
 from everstep_controller.data.dataset import PromptRow
 from everstep_controller.data.prompt_order import PromptOrder
-from everstep_controller.spec.job_spec import JobSpec
 from everstep_controller.store.progress_store import JobProgress
 
 __all__ = ["IterationEnd", "RunState", "SampleInFlight", "scheduler_config"]

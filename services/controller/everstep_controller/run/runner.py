@@ -31,8 +31,11 @@ from pathlib import Path
 import redis
 from tokenizers import Tokenizer
 
-from everstep.settings import RoutingReplay, SchedulerMode
-from everstep.settings_codec import SAMPLING_PARAMS
+from everstep.rest.job_record import EngineInfo, EngineState, JobState, WorkerAddresses
+from everstep.rest.job_spec import JobSpec
+from everstep.rest.step_samples import SAMPLES_PER_STEP
+from everstep.settings.codec import SAMPLING_PARAMS
+from everstep.settings.training import RoutingReplay, SchedulerMode
 from everstep.v1 import common_pb2
 from everstep_controller.algo.training_batch import build_batch
 from everstep_controller.data.dataset import PromptRow
@@ -54,18 +57,8 @@ from everstep_controller.run.steps_in_flight import StepsInFlight
 from everstep_controller.run.trajectory_report import TrajectoryStats, render_sample
 from everstep_controller.run.unscorable_rows import UnscorableRows
 from everstep_controller.run.workers import JobWorkers
-from everstep_controller.spec.job_spec import JobSpec
-from everstep_controller.store.job_store import (
-    Action,
-    EngineInfo,
-    EngineState,
-    JobState,
-    JobStore,
-    LostOwnership,
-    WorkerAddresses,
-)
+from everstep_controller.store.job_store import Action, JobStore, LostOwnership
 from everstep_controller.store.progress_store import ProgressStore
-from everstep_controller.store.step_samples import SAMPLES_PER_STEP
 from everstep_controller.tracking import Trackers
 
 __all__ = ["JobCancelled", "JobRunner", "RunOutcome", "RunnerInterrupted", "RunnerSettings", "WorkersFailed",

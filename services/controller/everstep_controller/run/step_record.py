@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from everstep.rest.step_metrics import TRAIN_STAT_FIELDS, StepMetrics
 from everstep.v1 import trainer_pb2
 from everstep_controller.algo.scheduler import IterationOutcome
 from everstep_controller.algo.training_batch import TrainingBatch
 from everstep_controller.run.trajectory_report import TrajectoryStats
-from everstep_controller.store.step_metrics import TRAIN_STAT_FIELDS, StepMetrics
 
 __all__ = ["StepTimes", "step_record"]
 

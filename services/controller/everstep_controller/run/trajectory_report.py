@@ -8,11 +8,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import groupby
 
-from everstep.tool_error_kind import tool_error_kind_name
+from everstep.rest.step_samples import SampleSegment, StepSample, ToolCallView
+from everstep.tools.error_kind import tool_error_kind_name
 from everstep.v1 import common_pb2
 from everstep_controller.data.dataset import PromptRow
 from everstep_controller.data.trajectories import final_answer
-from everstep_controller.store.step_samples import SampleSegment, StepSample, ToolCallView
 
 __all__ = ["TrajectoryStats", "render_sample"]
 
@@ -29,7 +29,7 @@ class TrajectoryStats:
     """Fraction of the samples with at least one tool call."""
     num_tool_calls: int = 0
     tool_errors: dict[str, int] = field(default_factory=dict)
-    """Calls by error kind (`everstep.tool_error_kind`), the ones that ran as asked left out."""
+    """Calls by error kind (`everstep.tools.error_kind`), the ones that ran as asked left out."""
     tool_seconds_mean: float = 0.0
 
     @classmethod

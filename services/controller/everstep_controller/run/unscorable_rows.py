@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import logging
 
+from everstep.rest.job_record import DatasetReport
 from everstep_controller.data.dataset import MAX_REPORTED_SKIPS
 from everstep_controller.data.reward_errors import describe, row_error
 from everstep_controller.run import metrics
-from everstep_controller.store.job_store import DatasetReport
 from everstep_controller.store.progress_store import ScoredSample
 
 log = logging.getLogger(__name__)

@@ -7,12 +7,12 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from everstep.rest.job_spec import JobSpec
 from everstep.v1 import common_pb2, trainer_pb2
 from everstep_controller.algo.training_batch import trainer_config
 from everstep_controller.launchers import WorkerRequest, Workers
 from everstep_controller.run.clients import Deadlines, RolloutClient, TrainerClient
 from everstep_controller.run.engine_pool import EngineStats, PoolStream
-from everstep_controller.spec.job_spec import JobSpec
 
 __all__ = ["JobWorkers"]
 

@@ -8,7 +8,7 @@ from typing import Any, get_args, get_origin
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from everstep_controller.spec.job_spec import JobSpec
+from everstep.rest.job_spec import JobSpec
 
 
 def _default(field: Any) -> str:
@@ -66,7 +66,7 @@ def render() -> str:
     header = [
         "# Job spec",
         "",
-        "Generated from `everstep_controller.spec.job_spec.JobSpec` by `python -m everstep_controller.spec.docs`;",
+        "Generated from `everstep.rest.job_spec.JobSpec` by `python -m everstep_controller.spec.docs`;",
         "do not edit by hand. A job is YAML for the CLI (`everstep submit job.yaml`; relative paths are",
         "taken relative to the YAML file) or JSON for `POST /v1/jobs`. Unknown fields are rejected (422",
         "naming the field).",

@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 from everstep import model_config
-from everstep.settings import RoutingReplay
-from everstep_controller.spec.job_spec import JobSpec
+from everstep.rest.job_spec import JobSpec
+from everstep.settings.training import RoutingReplay
 
 __all__ = ["check_routing_replay", "max_prompt_tokens", "position_limit"]
 

@@ -13,7 +13,7 @@ import json
 import struct
 from pathlib import Path
 
-from everstep.settings import ALL_LINEAR, LoraSettings
+from everstep.settings.training import ALL_LINEAR, LoraSettings
 
 __all__ = ["check_lora_targets", "weight_module_names"]
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from everstep.rest.job_spec import JobSpec
 from everstep.verifiers import VERIFIER_PARAMS
-from everstep_controller.spec.job_spec import JobSpec
 from everstep_controller.spec.model_limits import check_routing_replay, max_prompt_tokens
 from everstep_controller.spec.model_modules import check_lora_targets
 from everstep_controller.spec.tracking_libraries import MissingTrackingLibrary, check_tracking_libraries

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 
-from everstep_controller.spec.tracking_spec import TrackingSpec
+from everstep.rest.tracking_spec import TrackingSpec
 
 __all__ = ["BACKEND_LIBRARIES", "BackendLibrary", "MissingTrackingLibrary", "check_tracking_libraries",
            "library_installed"]

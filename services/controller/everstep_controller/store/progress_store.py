@@ -25,11 +25,12 @@ from typing import Any
 import redis
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from everstep.rest.job_record import CheckpointInfo, JobRecord
+from everstep.rest.step_metrics import StepMetrics
+from everstep.rest.step_samples import StepSample
 from everstep.v1 import common_pb2, reward_pb2
 from everstep_controller.data.reward_errors import ErrorClass, PartError, classify, part_errors
-from everstep_controller.store.job_store import CheckpointInfo, JobRecord, JobStore, LostOwnership
-from everstep_controller.store.step_metrics import StepMetrics
-from everstep_controller.store.step_samples import StepSample
+from everstep_controller.store.job_store import JobStore, LostOwnership
 
 LEGACY_KEYS = (":rollouts",)
 """Keys older controllers wrote (a Redis stream of finished rollouts to score): removed with the job's

@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from everstep_controller.spec.tracking_spec import MlflowTracking, TensorBoardTracking, WandbTracking
-from everstep_controller.store.job_store import JobState
+from everstep.rest.job_record import JobState
+from everstep.rest.tracking_spec import MlflowTracking, TensorBoardTracking, WandbTracking
 
 __all__ = ["MLFLOW_JOB_TAG", "MlflowTracker", "RunIdentity", "TensorBoardTracker", "Tracker", "WandbTracker",
            "wandb_run_id"]

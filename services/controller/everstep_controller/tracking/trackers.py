@@ -12,9 +12,9 @@ import logging
 import threading
 from collections.abc import Callable
 
-from everstep_controller.spec.job_spec import JobSpec
-from everstep_controller.store.job_store import JobState
-from everstep_controller.store.step_metrics import Evaluation, StepMetrics
+from everstep.rest.job_record import JobState
+from everstep.rest.job_spec import JobSpec
+from everstep.rest.step_metrics import Evaluation, StepMetrics
 from everstep_controller.tracking.backends import (
     MlflowTracker,
     RunIdentity,

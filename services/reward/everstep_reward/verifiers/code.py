@@ -25,7 +25,7 @@ from enum import StrEnum
 import grpc
 from pydantic import Field
 
-from everstep import transport
+from everstep.transport import channels
 from everstep.v1 import reward_pb2, sandbox_pb2, sandbox_pb2_grpc
 from everstep_reward import metrics
 from everstep_reward.verifiers.base import VerifierResult
@@ -167,7 +167,7 @@ class CodeVerifier:
         with self._lock:
             if self._stub is None:
                 assert self._endpoint
-                self._channel = transport.channel(self._endpoint)
+                self._channel = channels.channel(self._endpoint)
                 self._stub = sandbox_pb2_grpc.SandboxStub(self._channel)
             return self._stub
 

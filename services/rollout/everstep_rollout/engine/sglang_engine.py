@@ -40,7 +40,7 @@ How it maps the engine interface (the same one `Engine` has, driven by `EngineLo
   output so far), so that its prefix is recomputed under the new weights and every token carries the
   version it was generated under. sglang re-shares the tensors with its scheduler process
   (`MultiprocessingSerializer`), and torch refuses to share a CUDA tensor this process received by CUDA
-  IPC, so those are cloned first (`everstep.cuda_ipc.owned`: one device copy, the CUDA IPC push's only one).
+  IPC, so those are cloned first (`everstep.tensors.cuda_ipc.owned`: one device copy, the CUDA IPC push's only one).
 - Memory: `EngineConfig.mem_fraction_static` goes to sglang (0: sglang's default, most of the GPU).
 - Threads: a `Load` builds the engine on a gRPC thread, where sglang's `signal.signal(SIGQUIT, ...)`
   would raise; see `signal_handlers_skipped_off_main_thread`.
@@ -64,8 +64,8 @@ How it maps the engine interface (the same one `Engine` has, driven by `EngineLo
   token out; the trajectory so far is the next request's input_ids): each model turn is one sglang request whose
   input_ids are the whole trajectory so far (prompt + model tokens + tool-reply tokens), with `stop_token_ids` =
   the engine's EOS set (the torch engine's end-of-turn tokens). When a request stops at an end-of-turn token, the
-  turn goes to the same `ToolSession` the torch engine uses (`everstep.tool_calls` parses the calls, the calls run
-  on `ToolRuntime`'s threads, `everstep.tool_turns` renders the replies, same limits and error kinds); the sequence
+  turn goes to the same `ToolSession` the torch engine uses (`everstep.tools.calls` parses the calls, the calls run
+  on `ToolRuntime`'s threads, `everstep.tools.turns` renders the replies, same limits and error kinds); the sequence
   has no request in sglang meanwhile, and every other request goes on decoding in sglang's batches. The replies'
   tokens are appended (`output_tool_mask` True, log-prob 0, version -1) and the next turn is submitted.
   sglang's radix cache (on unless --disable-radix-cache) keeps the finished request's KV (`cache_finished_req`
@@ -96,9 +96,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from everstep import cuda_ipc
 from everstep.model_config import MAX_ROUTED_EXPERTS, moe_shape, position_limit
-from everstep.quantization import Quantization
+from everstep.settings.quantization import Quantization
+from everstep.tensors import cuda_ipc
 from everstep_rollout.config import EngineConfig, resolve_max_seq_len
 from everstep_rollout.engine.interface import EngineUnavailableError, QueueFullError, StepStats
 from everstep_rollout.engine.throughput import ThroughputWindow

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
-from everstep.quantization import Quantization
+from everstep.settings.quantization import Quantization
 from everstep_rollout.executor.interface import Executor, ExecutorOptions
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from typing import Protocol
 
 import torch
 
-from everstep.quantization import Quantization
+from everstep.settings.quantization import Quantization
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from everstep.quantization import Quantization
+from everstep.settings.quantization import Quantization
 from everstep_rollout.config import resolve_max_seq_len
 from everstep_rollout.executor import rebind
 from everstep_rollout.executor.interface import ExecutorOptions, ExpertRouting, ForwardBatch, RoutingShape

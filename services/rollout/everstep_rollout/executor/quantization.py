@@ -37,7 +37,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from everstep.quantization import Quantization
+from everstep.settings.quantization import Quantization
 
 __all__ = ["INT4_GROUP_SIZE", "ExpertBlocks", "QuantizedMatrix", "RowRange"]
 

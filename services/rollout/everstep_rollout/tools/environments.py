@@ -19,9 +19,9 @@ from typing import Any, Protocol
 
 import grpc
 
-from everstep import transport
-from everstep.tool_calls import ParsedCall
-from everstep.tool_settings import ToolSettings
+from everstep.settings.tools import ToolSettings
+from everstep.tools.calls import ParsedCall
+from everstep.transport import channels
 from everstep.v1 import common_pb2, sandbox_pb2, sandbox_pb2_grpc
 
 __all__ = ["HttpEnvironment", "PythonSandbox", "ToolEnvironmentClient", "ToolOutcome"]
@@ -65,7 +65,7 @@ class PythonSandbox:
     def _sandbox(self) -> sandbox_pb2_grpc.SandboxStub:
         with self._lock:
             if self._stub is None:
-                self._stub = sandbox_pb2_grpc.SandboxStub(transport.channel(self._endpoint))
+                self._stub = sandbox_pb2_grpc.SandboxStub(channels.channel(self._endpoint))
             return self._stub
 
     def run(self, call: ParsedCall, trajectory: common_pb2.ToolTrajectory) -> ToolOutcome:

@@ -6,7 +6,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from everstep.tool_settings import ToolEnvironment, ToolSettings
+from everstep.settings.tools import ToolEnvironment, ToolSettings
 from everstep_rollout.tools.environments import HttpEnvironment, PythonSandbox, ToolEnvironmentClient
 
 __all__ = ["ToolRuntime"]

@@ -1,5 +1,5 @@
 """One sequence's tool loop: at each end of turn, parse the turn's tool calls, run them off the engine thread, and
-turn their replies into the tokens that follow the turn (`everstep.tool_turns`), within the job's limits.
+turn their replies into the tokens that follow the turn (`everstep.tools.turns`), within the job's limits.
 
 A trajectory's state lives in `everstep.v1.ToolTrajectory` so that a partial rollout carries it to any engine. A
 partial drained while its tool ran ends with the unanswered call; the engine that continues it runs the call again
@@ -14,9 +14,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from everstep.tool_calls import FORMATS, MalformedCall, ParsedCall, check_arguments
-from everstep.tool_settings import ToolSettings
-from everstep.tool_turns import ToolTemplateError, tool_reply_text
+from everstep.settings.tools import ToolSettings
+from everstep.tools.calls import FORMATS, MalformedCall, ParsedCall, check_arguments
+from everstep.tools.turns import ToolTemplateError, tool_reply_text
 from everstep.v1 import common_pb2
 from everstep_rollout.tools.environments import ToolEnvironmentClient, ToolOutcome
 

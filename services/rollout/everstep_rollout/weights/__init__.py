@@ -1,7 +1,7 @@
 """The engine's side of a weight push: turning `Rollout.UpdateWeights` streams into named tensors.
 
 - `receiver.py`: `WeightUpdate` collects the buckets of one update (whole tensors and chunks decoded
-  by `everstep.tensor_codec`, /dev/shm segments, broadcast buffers, CUDA IPC handles) for
+  by `everstep.tensors.tensor_codec`, /dev/shm segments, broadcast buffers, CUDA IPC handles) for
   `Engine.update_weights`; `receiver_info` is what the engine reports in GetStatus for the trainer to
   pick a transport.
 - `lora.py`: `AdapterMerger`, which rebuilds each LoRA adapter version's full weights from the kept base.

@@ -1,12 +1,12 @@
 """The engine's side of the GPU-capable weight carriers: the trainer's broadcast group and CUDA IPC handles.
 
 - `WeightGroupMember`: this engine as rank r of the trainer's weight group (backend nccl on GPUs,
-  gloo on CPUs), built from the trainer's TCPStore by `everstep.process_group` (the store keys
+  gloo on CPUs), built from the trainer's TCPStore by `everstep.tensors.process_group` (the store keys
   sglang's `init_weights_update_group` uses, so the trainer's one helper serves both), and warmed
   up before the join returns (NCCL forms its communicator on that first broadcast); it receives
   each bucket's flat buffer by broadcast from rank 0.
 - `rebuild_cuda_ipc_tensor`: a trainer tensor on this engine's GPU, opened from its CUDA IPC handle
-  by `everstep.cuda_ipc` (torch only), on this process's index of the GPU with that UUID.
+  by `everstep.tensors.cuda_ipc` (torch only), on this process's index of the GPU with that UUID.
 
 gloo runs in the CPU tests; NCCL and CUDA IPC are not run here (no GPU).
 """
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from everstep import cuda_ipc, process_group
+from everstep.tensors import cuda_ipc, process_group
 from everstep.v1 import rollout_pb2
 
 __all__ = ["WeightGroupMember", "cuda_device_uuid", "rebuild_cuda_ipc_tensor"]
@@ -116,5 +116,6 @@ def cuda_ipc_args(message: rollout_pb2.CudaIpcTensor, device_index: int) -> tupl
 
 
 def rebuild_cuda_ipc_tensor(message: rollout_pb2.CudaIpcTensor) -> torch.Tensor:
-    """The trainer's tensor, no copy; marked as received (`everstep.cuda_ipc.owned` clones it for re-sharing)."""
+    """The trainer's tensor, no copy; marked as received (`everstep.tensors.cuda_ipc.owned` clones it for
+    re-sharing)."""
     return cuda_ipc.rebuild(handle_from_proto(message))

@@ -1,7 +1,7 @@
 """Turns one `Rollout.UpdateWeights` stream into named tensors for `Engine.update_weights`.
 
 The buckets of an update carry the bytes themselves (gRPC: whole tensors, or chunks of one tensor
-larger than a message, reassembled here; both decoded by `everstep.tensor_codec`, as the trainer
+larger than a message, reassembled here; both decoded by `everstep.tensors.tensor_codec`, as the trainer
 encoded them) or only where the bytes are: a /dev/shm segment the trainer wrote (mapped here and
 viewed with torch.frombuffer: the engine then copies straight from the mapping into its
 parameters, no other copy; or, when the trainer promises `engine_may_keep`, keeps its parameters as
@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from everstep import tensor_codec
-from everstep.peer_identity import SHM_DIR, boot_id, shm_domain
+from everstep.tensors import tensor_codec
+from everstep.transport.peer_identity import SHM_DIR, boot_id, shm_domain
 from everstep.v1 import rollout_pb2
 from everstep_rollout.weights.group import WeightGroupMember, cuda_device_uuid, rebuild_cuda_ipc_tensor
 

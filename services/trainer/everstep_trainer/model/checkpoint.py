@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from everstep.settings import TrainerConfig
+from everstep.settings.training import TrainerConfig
 
 __all__ = [
     "CHECKPOINT_META_FILE",

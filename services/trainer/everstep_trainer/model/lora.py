@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from everstep.settings import ALL_LINEAR, LoraSettings
+from everstep.settings.training import ALL_LINEAR, LoraSettings
 
 __all__ = [
     "ADAPTER_CONFIG_FILE",

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor
 
-from everstep.settings import Aggregation, Correction
+from everstep.settings.training import Aggregation, Correction
 
 __all__ = [
     "MismatchDiagnostics",

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from everstep.settings import Aggregation, TrainerConfig
+from everstep.settings.training import Aggregation, TrainerConfig
 from everstep_trainer.batch.packing import PackedRows, pack_micro_batches, split_micro_batches
 from everstep_trainer.batch.samples import PaddedBatch
 from everstep_trainer.batch.shared_prompts import SharedPromptRows

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from everstep.settings import RoutingReplay, TrainerConfig
+from everstep.settings.training import RoutingReplay, TrainerConfig
 from everstep_trainer.batch.samples import PaddedBatch, RouteSpec, TrainSample, pad_samples, validate_samples
 from everstep_trainer.batch.shared_prompts import SharedPromptRows
 from everstep_trainer.model.checkpoint import (

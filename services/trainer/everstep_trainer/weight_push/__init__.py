@@ -7,7 +7,7 @@ How a push reaches an engine, in order:
 2. `base.py`     `WeightTransport`, and `run_endpoint_streams`: one `Rollout.UpdateWeights` call per
                  engine, fed with `WeightBucket`s.
 3. a transport, one module each:
-   - `grpc.py`        tensor bytes inside the buckets (`everstep.tensor_codec`), a tensor over the
+   - `grpc.py`        tensor bytes inside the buckets (`everstep.tensors.tensor_codec`), a tensor over the
                       message limit in chunks; works everywhere.
    - `shm.py`         bytes through a /dev/shm segment, layout in the buckets; same host.
    - `collective.py`  nccl/gloo: a broadcast over a process group of the trainer and the engines.

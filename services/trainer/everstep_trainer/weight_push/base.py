@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 import grpc
 from torch import Tensor
 
-from everstep import transport
-from everstep.tensor_codec import dtype_name, tensor_num_bytes
+from everstep.tensors.tensor_codec import dtype_name, tensor_num_bytes
+from everstep.transport import channels
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc
 from everstep_trainer.weight_push.plan import Transport
 
@@ -166,7 +166,7 @@ class EndpointStream:
 
     def _run(self) -> None:
         try:
-            with transport.channel(self.endpoint, options=grpc_channel_options(self.max_message_bytes)) as channel:
+            with channels.channel(self.endpoint, options=grpc_channel_options(self.max_message_bytes)) as channel:
                 stub = rollout_pb2_grpc.RolloutStub(channel)
                 self.response = stub.UpdateWeights(self._requests(), timeout=self.timeout_seconds)
         except grpc.RpcError as e:

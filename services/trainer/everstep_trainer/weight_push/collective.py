@@ -4,7 +4,7 @@ With backend "nccl" the buckets go GPU to GPU (the platform's path between GPU h
 the same code runs on CPUs, which is how the tests exercise it (NCCL itself is not run here: no GPU).
 
 The group is a process group of its own, built from a TCPStore the trainer serves by
-`everstep.process_group` (the same helper and store keys as the engine's side and as sglang's
+`everstep.tensors.process_group` (the same helper and store keys as the engine's side and as sglang's
 `init_weights_update_group`), not the default group, so it never interferes with the trainer's FSDP
 group. It is formed on the first push to a set of endpoints (`Rollout.JoinWeightGroup` on each
 engine while the trainer constructs its side), warmed up at once (one byte broadcast and awaited
@@ -40,8 +40,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from everstep import process_group, transport
-from everstep.tensor_codec import tensor_num_bytes
+from everstep.tensors import process_group
+from everstep.tensors.tensor_codec import tensor_num_bytes
+from everstep.transport import channels
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc
 from everstep_trainer.weight_push.base import (
     DEFAULT_BUCKET_BYTES,
@@ -92,7 +93,8 @@ def default_group_host(endpoints: Sequence[str]) -> str:
 
 def new_process_group(backend: str, store: Any, rank: int, world_size: int, timeout: datetime.timedelta, *,
                       group_name: str) -> Any:
-    """The trainer's side of a weight group (see `everstep.process_group`; gloo blocks until every rank joined)."""
+    """The trainer's side of a weight group (see `everstep.tensors.process_group`; gloo blocks until every rank
+    joined)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend: must be one of {BACKENDS}, got {backend!r}")
     return process_group.new_group(backend, store, group_name=group_name, rank=rank, world_size=world_size,
@@ -154,14 +156,14 @@ class CollectiveWeightTransport(WeightTransport):
         store = dist.TCPStore(host, 0, world_size, True, timeout=timeout, wait_for_workers=False)
         name = f"everstep-weights-{uuid.uuid4().hex[:12]}"
         errors: dict[str, str] = {}
-        channels = [transport.channel(endpoint) for endpoint in endpoints]
+        engine_channels = [channels.channel(endpoint) for endpoint in endpoints]
         joins = {
             endpoint: rollout_pb2_grpc.RolloutStub(channel).JoinWeightGroup.future(
                 rollout_pb2.JoinWeightGroupRequest(
                     group=name, backend=self.backend, store_address=f"{host}:{store.port}", rank=rank,
                     world_size=world_size, timeout_seconds=self.timeout_seconds),
                 timeout=self.timeout_seconds + 10)
-            for rank, (endpoint, channel) in enumerate(zip(endpoints, channels, strict=True), start=1)
+            for rank, (endpoint, channel) in enumerate(zip(endpoints, engine_channels, strict=True), start=1)
         }
         formed: dict[str, Any] = {}
 
@@ -194,7 +196,7 @@ class CollectiveWeightTransport(WeightTransport):
         finally:
             for future in joins.values():
                 future.cancel()
-            for channel in channels:
+            for channel in engine_channels:
                 channel.close()
         if not errors:
             trainer_side.join(self.timeout_seconds + 10)

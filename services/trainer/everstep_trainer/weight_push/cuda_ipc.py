@@ -1,8 +1,8 @@
 """The CUDA IPC transport, for an engine on the trainer's own GPU: handles over gRPC, no copy on the sender.
 
-Each tensor is described by `everstep.cuda_ipc.encode` (torch's `reduce_tensor`: the IPC handle of
+Each tensor is described by `everstep.tensors.cuda_ipc.encode` (torch's `reduce_tensor`: the IPC handle of
 its CUDA allocation, its place in it, torch's producer ref-counter and event), sent as
-`CudaIpcTensor` messages; the engine rebuilds the tensors with `everstep.cuda_ipc.rebuild` on its
+`CudaIpcTensor` messages; the engine rebuilds the tensors with `everstep.tensors.cuda_ipc.rebuild` on its
 own index of the same GPU (matched by UUID, since CUDA_VISIBLE_DEVICES may number it differently)
 and copies them into its parameters, device to device. The trainer holds the tensors until every
 engine has answered, so the memory stays valid while the engines read it.
@@ -24,8 +24,8 @@ from typing import Any
 
 from torch import Tensor
 
-from everstep import cuda_ipc
-from everstep.tensor_codec import tensor_num_bytes
+from everstep.tensors import cuda_ipc
+from everstep.tensors.tensor_codec import tensor_num_bytes
 from everstep.v1 import rollout_pb2
 from everstep_trainer.weight_push.base import (
     PushResult,

@@ -3,7 +3,7 @@
 Tensors are grouped into buckets of about `bucket_bytes`; every bucket carries the version, the
 last one has last=true. No message exceeds `max_message_bytes` (256 MiB, the limit both sides
 set): a tensor too large for one message travels as consecutive `TensorChunk` buckets that the
-engine reassembles. Tensors are encoded by `everstep.tensor_codec` (the engine decodes with the
+engine reassembles. Tensors are encoded by `everstep.tensors.tensor_codec` (the engine decodes with the
 same module) once per push (one GPU->CPU copy and one byte copy per tensor) and fanned out to
 every endpoint concurrently through small bounded queues, so memory stays at a few buckets
 whatever the model size.
@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from torch import Tensor
 
-from everstep import tensor_codec
+from everstep.tensors import tensor_codec
 from everstep.v1 import common_pb2, rollout_pb2
 from everstep_trainer.weight_push.base import (
     DEFAULT_BUCKET_BYTES,

@@ -25,9 +25,9 @@ from enum import StrEnum
 
 import grpc
 
-from everstep import transport
-from everstep.peer_identity import boot_id, shm_domain
-from everstep.proto_enums import enum_from_proto, enum_to_proto
+from everstep.settings.proto_enums import enum_from_proto, enum_to_proto
+from everstep.transport import channels
+from everstep.transport.peer_identity import boot_id, shm_domain
 from everstep.v1 import rollout_pb2, rollout_pb2_grpc, trainer_pb2
 
 __all__ = ["SETTINGS", "TRANSPORTS", "PeerInfo", "Transport", "choose_transport", "local_peer", "probe_peer",
@@ -87,7 +87,7 @@ def local_peer(device: str) -> PeerInfo:
     """This process, holding its weights on `device`."""
     gpu_uuid = ""
     if device.startswith("cuda"):
-        from everstep.cuda_ipc import device_uuid as cuda_device_uuid
+        from everstep.tensors.cuda_ipc import device_uuid as cuda_device_uuid
 
         gpu_uuid = cuda_device_uuid(device)
     return PeerInfo(boot_id=boot_id(), shm_domain=shm_domain(), device=device, gpu_uuid=gpu_uuid)
@@ -97,7 +97,7 @@ def probe_peer(endpoint: str, timeout_seconds: float = 10.0) -> PeerInfo:
     """What the engine at `endpoint` reports; an empty PeerInfo if it does not say (or cannot be asked:
     the push itself then reports the endpoint's error)."""
     try:
-        with transport.channel(endpoint) as channel:
+        with channels.channel(endpoint) as channel:
             status = rollout_pb2_grpc.RolloutStub(channel).GetStatus(rollout_pb2.GetStatusRequest(),
                                                                      timeout=timeout_seconds)
     except grpc.RpcError as e:

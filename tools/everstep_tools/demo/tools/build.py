@@ -11,7 +11,7 @@ Output directory (Hugging Face format plus the task's data)::
 
 Every prompt is rendered as the controller renders it for a job with `tools: {environment: python}`: Qwen2.5's
 template with the built-in `python` tool in the system turn. For a tool trace the teacher calls the tool
-(`print(a * b)`) and then boxes the printed product, the reply rendered by `everstep.tool_turns.tool_reply_text`
+(`print(a * b)`) and then boxes the printed product, the reply rendered by `everstep.tools.turns.tool_reply_text`
 exactly as the rollout engine appends it; otherwise it boxes the product at once, which the model cannot compute.
 
 The warm start has two phases, like the demo model's. The first, on mostly tool traces, teaches the mechanics
@@ -33,9 +33,9 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from everstep.tool_calls import ParsedCall
-from everstep.tool_settings import PYTHON_TOOL
-from everstep.tool_turns import tool_reply_text
+from everstep.settings.tools import PYTHON_TOOL
+from everstep.tools.calls import ParsedCall
+from everstep.tools.turns import tool_reply_text
 from everstep_tools.demo.build import ModelShape
 from everstep_tools.demo.evaluation import boxed_answer, generate_completions
 from everstep_tools.demo.sft import SFTConfig, train_supervised

@@ -1,4 +1,4 @@
-"""Tool-call parsing and tool-reply rendering (everstep.tool_calls, everstep.tool_turns): a whole conversation with
+"""Tool-call parsing and tool-reply rendering (everstep.tools.calls, everstep.tools.turns): a whole conversation with
 tool calls, rendered and tokenized by transformers' apply_chat_template with Qwen2.5's template (Hermes calls) and
 with a template in Llama 3.1's tool format (JSON calls, the ipython role), equals the prompt, the model's turns and
 our tool-reply text, token for token."""
@@ -19,9 +19,9 @@ from tool_fixtures import (
     python_call_text,
 )
 
-from everstep.tool_calls import FORMATS, MalformedCall, ParsedCall, check_arguments, format_for_template
-from everstep.tool_settings import PYTHON_TOOL, ToolSettings, from_proto, to_proto
-from everstep.tool_turns import tool_reply_text
+from everstep.settings.tools import PYTHON_TOOL, ToolSettings, from_proto, to_proto
+from everstep.tools.calls import FORMATS, MalformedCall, ParsedCall, check_arguments, format_for_template
+from everstep.tools.turns import tool_reply_text
 
 transformers = pytest.importorskip("transformers")  # the reference
 

@@ -1,6 +1,6 @@
 """The job spec: what a user submits (YAML for the CLI, JSON over REST).
 
-It composes the algorithm, sampling, scheduler and trainer sections of `everstep.settings`, where those
+It composes the algorithm, sampling, scheduler and trainer sections of `everstep.settings.training`, where those
 settings are declared (field, default, check, description) once for the controller, the trainer and the
 engine; the sections only the controller reads live here. docs/job-spec.md is generated from this
 schema (`python -m everstep_controller.spec.docs`). Paths are taken as given by the REST API;
@@ -13,17 +13,17 @@ from enum import StrEnum
 
 from pydantic import Field, JsonValue, field_validator, model_validator
 
-from everstep.settings import (
+from everstep.rest.tracking_spec import TrackingSpec
+from everstep.settings.tools import ToolSettings
+from everstep.settings.training import (
     AlgorithmSettings,
     SamplingSettings,
     SchedulerMode,
     SchedulerSettings,
     TrainerSettings,
 )
-from everstep.settings import Section as _Section
-from everstep.tool_settings import ToolSettings
+from everstep.settings.training import Section as _Section
 from everstep.verifiers import VERIFIER_PARAMS
-from everstep_controller.spec.tracking_spec import TrackingSpec
 
 
 class DatasetFormat(StrEnum):

@@ -1,7 +1,7 @@
-"""`python -m everstep.health_check HOST:PORT [--service NAME] [--timeout-seconds S]`: exit 0 when SERVING.
+"""`python -m everstep.transport.health_check HOST:PORT [--service NAME] [--timeout-seconds S]`: exit 0 when SERVING.
 
 The kubelet's own gRPC probe speaks plaintext only; with mutual TLS between services the chart
-probes through this command instead, which dials like every service does (`everstep.transport`).
+probes through this command instead, which dials like every service does (`everstep.transport.channels`).
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import sys
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from everstep.transport import channel
+from everstep.transport.channels import channel
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="everstep.health_check", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="everstep.transport.health_check", description=__doc__.splitlines()[0])
     parser.add_argument("address", help="HOST:PORT of the gRPC server")
     parser.add_argument("--service", default="", help="health service name ('' : the whole server)")
     parser.add_argument("--timeout-seconds", type=float, default=4.0)

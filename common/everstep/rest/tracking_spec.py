@@ -12,7 +12,7 @@ from enum import StrEnum
 
 from pydantic import Field
 
-from everstep.settings import Section as _Section
+from everstep.settings.training import Section as _Section
 
 __all__ = ["MlflowTracking", "TensorBoardTracking", "TrackingSpec", "WandbMode", "WandbTracking"]
 

@@ -2,7 +2,7 @@
 
 The trainer (`weight_push.plan.local_peer`) and every engine (`weights.receiver.receiver_info`) report these;
 they must compute them the same way, so they live here, in the one package both share. (The GPU's UUID is
-`everstep.cuda_ipc.device_uuid`.)
+`everstep.tensors.cuda_ipc.device_uuid`.)
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The trainer's gRPC weight push encodes with `to_proto` (and `dtype_name` / `raw_bytes` for the
 chunks of a tensor larger than a message); the rollout engine's receiver decodes with `from_proto`,
 `dtype_from_name` and `num_bytes` (whole tensors, chunks, and the slots of a shared memory segment
-or a broadcast buffer); `everstep.cuda_ipc` names dtypes the same way. This is the one mapping
+or a broadcast buffer); `everstep.tensors.cuda_ipc` names dtypes the same way. This is the one mapping
 between torch dtypes and their names on the wire ("bfloat16", "float32", ...: `str(dtype)` without
 "torch.").
 

@@ -42,14 +42,14 @@ def quantization_to_proto(quantization: Quantization | str) -> int:
     except ValueError:
         raise ValueError(f"quantization: must be one of {[q.value for q in Quantization]}, "
                          f"got {quantization!r}") from None
-    from everstep.proto_enums import enum_to_proto
+    from everstep.settings.proto_enums import enum_to_proto
 
     return enum_to_proto(member, _descriptor())
 
 
 def quantization_from_proto(value: int) -> Quantization | None:
     """The setting a proto enum value names; None for QUANTIZATION_UNSPECIFIED (or a value this build does not know)."""
-    from everstep.proto_enums import enum_from_proto
+    from everstep.settings.proto_enums import enum_from_proto
 
     try:
         return enum_from_proto(Quantization, value, _descriptor(), field="quantization")

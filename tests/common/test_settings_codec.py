@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from everstep.proto_enums import enum_from_proto, enum_to_proto
-from everstep.quantization import Quantization, quantization_from_proto, quantization_to_proto
-from everstep.settings import Aggregation, Correction, LoraSettings, SamplingSettings, TrainerConfig
-from everstep.settings_codec import LORA_CONFIG, SAMPLING_PARAMS, TRAINER_CONFIG, SettingsCodec
+from everstep.settings.codec import LORA_CONFIG, SAMPLING_PARAMS, TRAINER_CONFIG, SettingsCodec
+from everstep.settings.proto_enums import enum_from_proto, enum_to_proto
+from everstep.settings.quantization import Quantization, quantization_from_proto, quantization_to_proto
+from everstep.settings.training import Aggregation, Correction, LoraSettings, SamplingSettings, TrainerConfig
 from everstep.v1 import common_pb2, rollout_pb2, trainer_pb2
 
 CODECS = [TRAINER_CONFIG, SAMPLING_PARAMS, LORA_CONFIG]
@@ -139,7 +139,7 @@ def test_the_settings_module_imports_neither_torch_nor_the_stubs() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, everstep.settings; "
+    code = ("import sys, everstep.settings.training; "
             "print(sorted(m for m in ('torch', 'everstep.v1', 'grpc') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -2,7 +2,7 @@
 
 The trainer's `cuda_ipc` weight transport and the rollout engine's receiver both go through this
 module, and so does `benchmarks/gpu_check.py` on a GPU machine that has torch and nothing else
-(`PYTHONPATH=proto:...` makes `everstep.cuda_ipc` importable from the source tree there).
+(`PYTHONPATH=common:...` makes `everstep.tensors.cuda_ipc` importable from the source tree there).
 
 - `CudaIpcHandle`: the fields of `torch.multiprocessing.reductions.reduce_tensor(t)[1]` that cross
   processes (the same fields as `everstep.v1.CudaIpcTensor`), plus the tensor's name and its GPU UUID.
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from everstep.tensor_codec import dtype_from_name, dtype_name
+from everstep.tensors.tensor_codec import dtype_from_name, dtype_name
 
 __all__ = ["CudaIpcHandle", "device_uuid", "encode", "encode_args", "local_index", "owned", "rebuild",
            "rebuild_args", "received_by_cuda_ipc"]
@@ -35,7 +35,7 @@ class CudaIpcHandle:
 
     name: str
     dtype: str
-    """The dtype's wire name (`everstep.tensor_codec`): "bfloat16", "float32", ..."""
+    """The dtype's wire name (`everstep.tensors.tensor_codec`): "bfloat16", "float32", ..."""
     shape: tuple[int, ...]
     stride: tuple[int, ...]
     storage_offset: int

@@ -2,7 +2,7 @@
 
 The controller's job spec composes these sections (`spec.algorithm.loss` is a `LossSettings`, ...), the
 trainer runs on a `TrainerConfig` built from them, and the rollout engine takes its dtype and quantization
-types from here. A new setting is one field here; `everstep.settings_codec` carries it through the proto
+types from here. A new setting is one field here; `everstep.settings.codec` carries it through the proto
 message of the same field name (a round-trip test fails until the proto has it, or until it is declared
 controller-only).
 
@@ -15,7 +15,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from everstep.quantization import Quantization
+from everstep.settings.quantization import Quantization
 
 __all__ = [
     "Aggregation",

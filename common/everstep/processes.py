@@ -1,4 +1,5 @@
-"""OS processes the controller starts: each in its own process group, recognised by its start time.
+"""OS processes that everstep starts (the CLI's local stack, the controller's local launcher, the tests): each in its
+own process group, recognised by its start time.
 
 A process is recorded as (pid, start ticks); it is signalled only while /proc says that pid
 still has that start time, so a reused PID is never touched. Stopping signals the process
@@ -22,7 +23,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from everstep import transport
+from everstep.transport import channels
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ def wait_grpc_address(address: str, timeout_seconds: float, *, what: str = "serv
                       check: Callable[[], None] | None = None, hint: str = "") -> None:
     """Polls the standard gRPC health service at `address` until SERVING; `check` may raise to give up early."""
     deadline = time.monotonic() + timeout_seconds
-    with transport.channel(address) as channel:
+    with channels.channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             try:

@@ -2,7 +2,7 @@
 
 A proto enum's values are named PREFIX_UNSPECIFIED (0, "unset") and PREFIX_<MEMBER NAME>, so `Correction.tis`
 is `CORRECTION_TIS` and `Quantization.int8_tensor` is `QUANTIZATION_INT8_TENSOR`. No table to keep in step:
-`tests/proto` checks that every member of every mapped enum has its proto value and back.
+`tests/common` checks that every member of every mapped enum has its proto value and back.
 Works on descriptors, so it imports no stubs itself.
 """
 

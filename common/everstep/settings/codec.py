@@ -1,8 +1,8 @@
-"""One codec per proto message that carries settings: `everstep.settings` models <-> proto, field by field.
+"""One codec per proto message that carries settings: `everstep.settings.training` models <-> proto, field by field.
 
 A codec maps the fields of the same name; the fields only one side has are named when the codec is made
 (`message_only`, `settings_only`), and `unmapped()` lists any other, so that a field added to the proto or to
-the settings fails the round-trip tests (`tests/proto/test_settings_codec.py`) until it is mapped.
+the settings fails the round-trip tests (`tests/common/test_settings_codec.py`) until it is mapped.
 
 Decoding: a proto field with presence that is unset, or an enum at UNSPECIFIED, takes the settings default (a
 field set to 0 is 0); fields this build does not know (a newer or an older sender) are an error, never dropped.
@@ -22,8 +22,8 @@ from google.protobuf.message import Message
 from google.protobuf.unknown_fields import UnknownFieldSet
 from pydantic import BaseModel, ValidationError
 
-from everstep.proto_enums import enum_from_proto, enum_to_proto
-from everstep.settings import LoraSettings, SamplingSettings, TrainerConfig, describe_validation_error
+from everstep.settings.proto_enums import enum_from_proto, enum_to_proto
+from everstep.settings.training import LoraSettings, SamplingSettings, TrainerConfig, describe_validation_error
 from everstep.v1 import common_pb2, trainer_pb2
 
 __all__ = ["LORA_CONFIG", "SAMPLING_PARAMS", "TRAINER_CONFIG", "SettingsCodec"]

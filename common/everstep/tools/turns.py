@@ -4,7 +4,7 @@ The model's turn ends with its end-of-turn token (Qwen's `<|im_end|>`); what fol
 transformers' `apply_chat_template` renders is the template's text after that token (Qwen: a newline), the tool
 messages in the template's tool role, and the next assistant turn opened. We render a stand-in conversation once
 without and once with the tool messages (verl's way) and take the difference, so that prompt + model tokens + this
-text tokenize as transformers tokenizes the whole conversation (tests/proto/test_tool_turns.py checks it token for
+text tokenize as transformers tokenizes the whole conversation (tests/common/test_tool_turns.py checks it token for
 token). `render(messages, add_generation_prompt)` is the caller's: the rollout engine's tokenizer renders with the
 job's tools, the controller's Jinja renderer the same.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from everstep.tool_calls import MalformedCall, ParsedCall
+from everstep.tools.calls import MalformedCall, ParsedCall
 
 __all__ = ["Render", "ToolTemplateError", "tool_reply_text"]
 

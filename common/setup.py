@@ -1,8 +1,9 @@
-"""Generates the gRPC stubs for `everstep.v1` at build time (never hand-edited, never committed)."""
+"""Builds the shared `everstep` package; generates its gRPC stubs, `everstep.v1`, at build time (never hand-edited,
+never committed)."""
 
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).parent.resolve()
@@ -25,7 +26,7 @@ class BuildWithStubs(build_py):
 
 
 setup(
-    packages=["everstep", "everstep.v1"],
+    packages=find_packages(include=["everstep", "everstep.*"]),
     package_dir={"": "."},
     package_data={"everstep.v1": ["*.proto"]},
     cmdclass={"build_py": BuildWithStubs},
