@@ -14,7 +14,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from everstep.tool_calls import FORMATS, MalformedCall, ParsedCall, check_arguments
+from everstep.tool_calls import FORMATS, MalformedCall, ParsedCall
+from everstep.tool_schemas import arguments_problem
 from everstep.tool_settings import ToolSettings
 from everstep.tool_turns import ToolTemplateError, tool_reply_text
 from everstep.v1 import common_pb2
@@ -130,7 +131,7 @@ class ToolSession:
         if tool is None:
             return ToolOutcome(reply=f"error: unknown tool {call.name!r}; the tools are {sorted(self._tools)}",
                                error=common_pb2.TOOL_ERROR_KIND_UNKNOWN_TOOL)
-        problem = check_arguments(tool.parameters, call.arguments)
+        problem = arguments_problem(tool.parameters, call.arguments)
         if problem is not None:
             return ToolOutcome(reply=f"error: {call.name}: {problem}", error=common_pb2.TOOL_ERROR_KIND_BAD_ARGUMENTS)
         if self.trajectory.num_tool_calls >= self.settings.max_tool_calls:
