@@ -92,8 +92,8 @@ def check_parameters_schema(parameters: dict[str, Any]) -> None:
         raise ToolSchemaError(("type",), f"the arguments are a JSON object: the top-level type must be 'object', "
                                          f"not {parameters.get('type')!r}")
     schemas: dict[Path, dict[str, Any]] = {}
+    # each schema's subschemas that check the same value (not a part of it), and the schema its $ref points to
     in_place: dict[Path, list[Path]] = {}
-    """Each schema's subschemas that check the same value (not a part of it), and the schema its $ref points to."""
     for path, schema, parent in _subschemas(parameters, (), None):
         schemas[path] = schema
         in_place[path] = []
@@ -102,7 +102,7 @@ def check_parameters_schema(parameters: dict[str, Any]) -> None:
         for keyword, value in schema.items():
             _check_keyword(path, keyword, value)
     by_pointer = {tuple(str(p) for p in path): path for path in schemas}
-    referring = {path for path, schema in schemas.items() if "$ref" in schema}
+    referring = [path for path, schema in schemas.items() if "$ref" in schema]  # in the schema's order
     for path in referring:
         in_place[path].append(_reference_target(path, schemas[path]["$ref"], by_pointer))
     _check_no_reference_loop(in_place, referring)
@@ -160,7 +160,7 @@ def _reference_target(path: Path, ref: str, by_pointer: dict[tuple[str, ...], Pa
     return by_pointer[parts]
 
 
-def _check_no_reference_loop(in_place: dict[Path, list[Path]], referring: set[Path]) -> None:
+def _check_no_reference_loop(in_place: dict[Path, list[Path]], referring: list[Path]) -> None:
     """A $ref that leads back to itself through $refs and in-place subschemas only (no property or item between)
     would recurse forever on any value. Subschemas form a tree, so a loop closes at a $ref."""
     done: set[Path] = set()
