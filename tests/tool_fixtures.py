@@ -144,6 +144,24 @@ def python_call_text(code: str = "print(6*7)") -> str:
     return f'<tool_call>\n{json.dumps({"name": "python", "arguments": {"code": code}})}\n</tool_call>'
 
 
+def make_byte_level_tokenizer(out: Path, corpus: list[str]):  # noqa: ANN201 - a transformers tokenizer
+    """A byte-level BPE tokenizer (any text encodes) trained on `corpus`, with Qwen2.5's control tokens, tool tags
+    and chat template, saved to `out` and loaded back as transformers loads a model's."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=500, special_tokens=CONTROL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    fast.add_special_tokens({"additional_special_tokens": ["<|im_start|>", *TOOL_TAGS]})
+    fast.chat_template = QWEN25_TEMPLATE
+    fast.save_pretrained(str(out))
+    return transformers.AutoTokenizer.from_pretrained(str(out))
+
+
 def _save_tokenizer(out: Path, template: str, vocabulary: Vocabulary = QWEN_VOCABULARY) -> dict[str, int]:
     import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers

@@ -11,16 +11,15 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tool_fixtures import (
-    CONTROL_TOKENS,
     LLAMA3_CONTROL_TOKENS,
     LLAMA31_STYLE_TEMPLATE,
     QWEN25_TEMPLATE,
-    TOOL_TAGS,
+    make_byte_level_tokenizer,
     python_call_text,
 )
 
 from everstep.settings.tools import PYTHON_TOOL, ToolSettings, from_proto, to_proto
-from everstep.tools.calls import FORMATS, MalformedCall, ParsedCall, check_arguments, format_for_template
+from everstep.tools.calls import FORMATS, MalformedCall, ParsedCall, format_for_template
 from everstep.tools.turns import tool_reply_text
 
 transformers = pytest.importorskip("transformers")  # the reference
@@ -34,17 +33,7 @@ TOOLS = [PYTHON_TOOL.model_dump(), {"type": "function", "function": {
 
 @pytest.fixture(scope="module")
 def qwen_tokenizer(tmp_path_factory: pytest.TempPathFactory):
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(
-        vocab_size=500, special_tokens=CONTROL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
-    fast.add_special_tokens({"additional_special_tokens": ["<|im_start|>", *TOOL_TAGS]})
-    fast.chat_template = QWEN25_TEMPLATE
-    out = tmp_path_factory.mktemp("qwen-tools")
-    fast.save_pretrained(str(out))
-    return transformers.AutoTokenizer.from_pretrained(str(out))
+    return make_byte_level_tokenizer(tmp_path_factory.mktemp("qwen-tools"), CORPUS)
 
 
 def _encode(tokenizer, text: str) -> list[int]:
@@ -163,16 +152,6 @@ def test_hermes_parsing_names_what_is_wrong() -> None:
     assert isinstance(unclosed, MalformedCall) and "</tool_call>" in unclosed.reason
     assert format_for_template(QWEN25_TEMPLATE) == "hermes"
     assert format_for_template("{{ messages[0]['content'] }}") is None
-
-
-def test_arguments_are_checked_against_the_schema() -> None:
-    schema = {"type": "object", "properties": {"code": {"type": "string"}, "n": {"type": "integer"}},
-              "required": ["code"], "additionalProperties": False}
-    assert check_arguments(schema, {"code": "x", "n": 3}) is None
-    assert "missing required" in check_arguments(schema, {"n": 3})
-    assert "'n' must be of type integer" in check_arguments(schema, {"code": "x", "n": "3"})
-    assert "'n' must be of type integer" in check_arguments(schema, {"code": "x", "n": True})
-    assert "unknown argument" in check_arguments(schema, {"code": "x", "other": 1})
 
 
 def test_tool_settings_round_trip_through_the_proto() -> None:

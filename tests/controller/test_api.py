@@ -81,6 +81,36 @@ def test_an_unknown_verifier_or_option_is_a_422_naming_it(client: TestClient, ve
     assert client.post("/v1/jobs", json={**SPEC, "reward": {"verifiers": known}}).status_code == 201
 
 
+FINE_TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {
+    "type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]}}}
+
+
+@pytest.mark.parametrize(("parameters", "message"), [
+    ({"type": "object", "properties": {"q": {"type": "strng"}}},
+     "tool 'search': parameters.properties.q.type: 'strng' is not valid under any of the given schemas"),
+    ({"type": "object", "properties": {"q": {"type": "string"}}, "required": "q"},
+     "tool 'search': parameters.required: 'q' is not of type 'array'"),
+    ({"type": "string"}, "tool 'search': parameters.type: the arguments are a JSON object: the top-level type must be "
+                         "'object', not 'string'"),
+    ({"type": "object", "properties": {"q": {"type": "string", "format": "int32"}}},
+     "tool 'search': parameters.properties.q.format: format 'int32' is not one the validator checks"),
+], ids=["misspelt-type", "required-as-string", "top-level-string", "unchecked-format"])
+def test_a_tool_with_a_broken_schema_is_a_422_naming_the_tool_and_the_path(client: TestClient, parameters: dict,
+                                                                           message: str) -> None:
+    """Issue 40's three schemas (accepted before, then checked letter by letter or not at all), and a format the
+    validator would skip: refused at submission, through the REST app."""
+    tools = {"environment": "http", "url": "http://127.0.0.1:9",
+             "functions": [FINE_TOOL, {"type": "function", "function": {"name": "search", "parameters": parameters}}]}
+    response = client.post("/v1/jobs", json={**SPEC, "tools": tools})
+    assert response.status_code == 422, response.text
+    (error,) = response.json()["detail"]
+    assert error["loc"] == ["body", "tools", "functions", 1, "function"] and message in error["msg"], error
+    assert client.get("/v1/jobs").json() == [], "a rejected spec creates no job"
+    tools["functions"][1]["function"]["parameters"] = {"type": "object", "properties": {"q": {"type": "string"}},
+                                                       "required": ["q"]}
+    assert client.post("/v1/jobs", json={**SPEC, "tools": tools}).status_code == 201
+
+
 def test_a_stored_job_with_an_unknown_verifier_fails_at_load_before_any_worker() -> None:
     """A job stored before the submission check (an older controller) fails the same way when it loads its data."""
     spec = JobSpec(**{**SPEC, "reward": {"verifiers": [{"name": "mathh"}]}})

@@ -1,9 +1,11 @@
 """Rollout fixtures: a tied-embedding Qwen2 twin of the tiny model, and tiny GPT-2 / GPT-NeoX models (not
-Llama-compatible: they run on the transformers executor), all with the tiny model's tokenizer."""
+Llama-compatible: they run on the transformers executor), all with the tiny model's tokenizer; a sandbox service
+process for the python tool."""
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -67,3 +69,19 @@ def tiny_qwen2_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactor
                 proj.bias.normal_(0, 0.5)
     model.save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="module")
+def sandbox_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from everstep.processes import free_port, spawn, stop_processes, wait_grpc_serving
+
+    http_port, grpc_port = free_port(), free_port()
+    log = tmp_path_factory.mktemp("sandbox") / "sandbox.log"
+    process = spawn("sandbox", ["-m", "everstep_sandbox", "--host", "127.0.0.1", "--port", str(http_port),
+                                "--grpc-port", str(grpc_port), "--workers", "2"], log,
+                    http_port=http_port, grpc_port=grpc_port)
+    try:
+        wait_grpc_serving(process, 60)
+        yield process.grpc_address
+    finally:
+        stop_processes([process])

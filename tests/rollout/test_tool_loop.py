@@ -22,7 +22,7 @@ from tool_fixtures import (
     make_tool_moe_model,
 )
 
-from everstep.processes import free_port, spawn, stop_processes, wait_grpc_serving
+from everstep.processes import free_port
 from everstep.settings.tools import ToolSettings
 from everstep.v1 import common_pb2
 from everstep_rollout.config import EngineConfig
@@ -40,20 +40,6 @@ def chain(*words: str) -> dict[str, str]:
 
 
 ANSWER = chain("assistant", "done", "<|im_end|>")  # after a tool reply, the model answers "done"
-
-
-@pytest.fixture(scope="module")
-def sandbox_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    http_port, grpc_port = free_port(), free_port()
-    log = tmp_path_factory.mktemp("sandbox") / "sandbox.log"
-    process = spawn("sandbox", ["-m", "everstep_sandbox", "--host", "127.0.0.1", "--port", str(http_port),
-                                "--grpc-port", str(grpc_port), "--workers", "2"], log,
-                    http_port=http_port, grpc_port=grpc_port)
-    try:
-        wait_grpc_serving(process, 60)
-        yield process.grpc_address
-    finally:
-        stop_processes([process])
 
 
 def start_calculator(delay_seconds: float = 0.0) -> tuple[subprocess.Popen, str]:

@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from everstep.tools.schemas import ToolSchemaError, check_parameters_schema
+
 __all__ = ["PYTHON_TOOL", "ToolEnvironment", "ToolFunction", "ToolSettings", "ToolSpec", "from_proto", "to_proto"]
 
 
@@ -31,8 +33,18 @@ class ToolFunction(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$", description="The function's name.")
     description: str = Field(default="", description="What it does, for the model.")
-    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}},
-                                       description="JSON schema of its arguments (an object).")
+    parameters: dict[str, Any] = Field(
+        default_factory=lambda: {"type": "object", "properties": {}},
+        description="JSON schema (Draft 2020-12) of its arguments, of type 'object'; refused when invalid or when it "
+                    "uses what the validator cannot check (docs/tools.md#argument-schemas).")
+
+    @model_validator(mode="after")
+    def _check_parameters(self) -> ToolFunction:
+        try:
+            check_parameters_schema(self.parameters)
+        except ToolSchemaError as e:
+            raise ValueError(f"tool {self.name!r}: {e}") from None
+        return self
 
 
 class ToolSpec(BaseModel):

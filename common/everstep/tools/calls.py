@@ -1,4 +1,5 @@
-"""Tool calls in a model's text, in the format its chat template declares, and their arguments' check.
+"""Tool calls in a model's text, in the format its chat template declares (their arguments' check:
+`everstep.tools.schemas`).
 
 A format is found by what the template writes. Registered: Hermes-style
 `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Qwen2.5, Qwen3, Hermes), and Llama 3.1/3.2's JSON tool
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 __all__ = ["FORMATS", "HermesFormat", "LlamaJsonFormat", "MalformedCall", "ParsedCall", "ToolCallFormat",
-           "check_arguments", "format_for_template"]
+           "format_for_template"]
 
 
 @dataclass(frozen=True)
@@ -130,28 +131,3 @@ def format_for_template(template_source: str) -> str | None:
     """The registered call format the template declares, or None."""
     return next((name for name, f in FORMATS.items() if f.declared_by(template_source)), None)
 
-
-_JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,), "object": (dict,),
-    "array": (list,), "null": (type(None),),
-}
-
-
-def check_arguments(parameters: dict[str, Any], arguments: dict[str, Any]) -> str | None:
-    """Why `arguments` do not fit the JSON schema `parameters` (required keys, property types, extra keys when
-    additionalProperties is false), or None. Not a full JSON-schema validator: the checks a model most often fails."""
-    properties = parameters.get("properties") or {}
-    missing = [k for k in parameters.get("required") or [] if k not in arguments]
-    if missing:
-        return f"missing required argument(s) {missing}"
-    if parameters.get("additionalProperties") is False:
-        extra = sorted(set(arguments) - set(properties))
-        if extra:
-            return f"unknown argument(s) {extra}; the tool takes {sorted(properties)}"
-    for key, value in arguments.items():
-        expected = (properties.get(key) or {}).get("type")
-        names = [expected] if isinstance(expected, str) else list(expected or [])
-        types = tuple(t for n in names for t in _JSON_TYPES.get(n, ()))
-        if types and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
-            return f"argument {key!r} must be of type {expected}, got {type(value).__name__}"
-    return None

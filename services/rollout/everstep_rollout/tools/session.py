@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from everstep.settings.tools import ToolSettings
-from everstep.tools.calls import FORMATS, MalformedCall, ParsedCall, check_arguments
+from everstep.tools.calls import FORMATS, MalformedCall, ParsedCall
+from everstep.tools.schemas import arguments_problem
 from everstep.tools.turns import ToolTemplateError, tool_reply_text
 from everstep.v1 import common_pb2
 from everstep_rollout.tools.environments import ToolEnvironmentClient, ToolOutcome
@@ -130,7 +131,7 @@ class ToolSession:
         if tool is None:
             return ToolOutcome(reply=f"error: unknown tool {call.name!r}; the tools are {sorted(self._tools)}",
                                error=common_pb2.TOOL_ERROR_KIND_UNKNOWN_TOOL)
-        problem = check_arguments(tool.parameters, call.arguments)
+        problem = arguments_problem(tool.parameters, call.arguments)
         if problem is not None:
             return ToolOutcome(reply=f"error: {call.name}: {problem}", error=common_pb2.TOOL_ERROR_KIND_BAD_ARGUMENTS)
         if self.trajectory.num_tool_calls >= self.settings.max_tool_calls:
