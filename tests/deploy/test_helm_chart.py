@@ -104,6 +104,15 @@ def test_services_workloads_and_redis(default_objects: list[dict]) -> None:
     controller_args = controller["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--redis-url=redis://rel-everstep-redis:6379/0" in controller_args
     assert "--rollout=rel-everstep-rollout:50051" in controller_args
+    # the stateless pools are reached pod by pod (round robin over a headless Service), not through one connection
+    assert "--reward=dns:///rel-everstep-reward-pods.rl.svc:50054" in controller_args
+    for component, port in (("reward", 50054), ("sandbox", 50055)):
+        headless = objects[("Service", f"rel-everstep-{component}-pods")]["spec"]
+        assert headless["clusterIP"] == "None" and headless["ports"] == [
+            {"name": "grpc", "port": port, "targetPort": "grpc", "appProtocol": "grpc"}]
+        assert headless["selector"] == objects[("Service", f"rel-everstep-{component}")]["spec"]["selector"]
+    assert not any(name.endswith("-pods") for kind, name in objects if kind == "Service"
+                   and "reward" not in name and "sandbox" not in name), "stateful services keep one address"
     hpas = {name for kind, name in objects if kind == "HorizontalPodAutoscaler"}
     assert hpas == {"rel-everstep-reward", "rel-everstep-sandbox"}
     secret = objects[("Secret", "rel-everstep-api-token")]
@@ -191,10 +200,12 @@ def test_monitoring_objects(nondefault_objects: list[dict]) -> None:
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     assert {e["port"] for e in monitor["spec"]["endpoints"]} == {"metrics", "http"}
     assert not any(e.get("honorLabels") for e in monitor["spec"]["endpoints"]), "job_id never clashes with job"
-    # every scraped Service of the release has a port the ServiceMonitor names
+    # every scraped Service of the release has a port the ServiceMonitor names; the headless ones (the pods one by
+    # one, for round-robin clients) have none, so that no pod is scraped twice
     for (kind, name), o in objects.items():
         if kind == "Service":
-            assert {p["name"] for p in o["spec"]["ports"]} & {"metrics", "http"}, name
+            ports = {p["name"] for p in o["spec"]["ports"]}
+            assert ports == {"grpc"} if o["spec"].get("clusterIP") == "None" else ports & {"metrics", "http"}, name
     rule = objects[("PrometheusRule", "es")]
     assert rule["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"]
 

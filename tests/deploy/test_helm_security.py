@@ -87,10 +87,11 @@ def test_sandbox_is_reachable_only_from_the_reward_pods_and_rollout_engines(defa
     assert admitted == {"rel-everstep-reward", "rel-everstep-rollout", "template/rel-everstep-rollout",
                         "job/rollout"}, admitted
     reward = objects[("Deployment", "rel-everstep-reward")]["spec"]["template"]["spec"]["containers"][0]
-    assert f"--sandbox-endpoint=rel-everstep-sandbox:{GRPC_PORTS['sandbox']}" in reward["args"]
+    sandbox_pods = f"dns:///rel-everstep-sandbox-pods.rl.svc:{GRPC_PORTS['sandbox']}"  # every pod, round robin
+    assert f"--sandbox-endpoint={sandbox_pods}" in reward["args"]
     # the controller gives the engines the sandbox's address for the python tool (ToolConfig.sandbox_address)
     controller = objects[("Deployment", "rel-everstep-controller")]["spec"]["template"]["spec"]["containers"][0]
-    assert f"--sandbox=rel-everstep-sandbox:{GRPC_PORTS['sandbox']}" in controller["args"]
+    assert f"--sandbox={sandbox_pods}" in controller["args"]
 
     for name, pod in pod_specs(default_objects).items():  # TLS is off by default: plaintext and kubelet probes
         for container in pod["containers"]:

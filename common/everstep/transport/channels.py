@@ -12,14 +12,28 @@ and every process it starts (the controller's local workers, the sandbox's worke
   host they dial). One shared name lets one certificate serve pods addressed by IP.
 - ``EVERSTEP_GRPC_MAX_MESSAGE_BYTES``: the largest message a server accepts or sends (a service's own
   default otherwise); larger ones fail with RESOURCE_EXHAUSTED before any handler runs.
+- ``EVERSTEP_GRPC_MAX_CONNECTION_AGE_SECONDS``, ``EVERSTEP_GRPC_MAX_CONNECTION_AGE_GRACE_SECONDS``: the
+  servers of replicated stateless services (reward, sandbox: `new_server(..., balanced=True)`) close each
+  connection after this age (0: never), letting its calls in flight finish within the grace.
 
-Each service's ``--grpc-tls-*`` and ``--grpc-max-message-bytes`` flags set these variables
-(`add_transport_arguments`, `apply_transport_arguments`). Key contents are never logged; paths are.
+Each service's ``--grpc-tls-*``, ``--grpc-max-message-bytes`` (and, for the balanced ones,
+``--grpc-max-connection-age-*``) flags set these variables (`add_transport_arguments`,
+`apply_transport_arguments`). Key contents are never logged; paths are.
+
+**Replicas.** A client of a replicated stateless service opens a `balanced_channel`: gRPC's client-side
+``round_robin`` sends each call to the next ready address of the target, rather than every call down the
+one connection a plain channel keeps (a Kubernetes ClusterIP Service balances connections, not calls, so
+one client would load one pod however many run). Targets that name many addresses:
+``dns:///host:port`` (every address the name resolves to, e.g. a headless Service, resolved again when a
+connection drops) and ``ipv4:a:p,b:p`` (a fixed list); ``host:port`` is ``dns:///host:port``. The server's
+maximum connection age makes long-lived clients drop their connections now and then, so they resolve
+again and reach replicas started since.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from collections.abc import Mapping, Sequence
 from concurrent import futures
@@ -29,17 +43,23 @@ from pathlib import Path
 import grpc
 
 __all__ = [
+    "DEFAULT_MAX_CONNECTION_AGE_GRACE_SECONDS",
+    "DEFAULT_MAX_CONNECTION_AGE_SECONDS",
     "DEFAULT_MAX_MESSAGE_BYTES",
     "ENV_CA",
     "ENV_CERT",
     "ENV_KEY",
+    "ENV_MAX_CONNECTION_AGE_GRACE_SECONDS",
+    "ENV_MAX_CONNECTION_AGE_SECONDS",
     "ENV_MAX_MESSAGE_BYTES",
     "ENV_SERVER_NAME",
     "TlsFiles",
     "add_transport_arguments",
     "apply_transport_arguments",
+    "balanced_channel",
     "bind",
     "channel",
+    "connection_age_options",
     "max_message_bytes",
     "message_size_options",
     "new_server",
@@ -52,9 +72,20 @@ ENV_KEY = "EVERSTEP_GRPC_TLS_KEY"
 ENV_CA = "EVERSTEP_GRPC_TLS_CA"
 ENV_SERVER_NAME = "EVERSTEP_GRPC_TLS_SERVER_NAME"
 ENV_MAX_MESSAGE_BYTES = "EVERSTEP_GRPC_MAX_MESSAGE_BYTES"
+ENV_MAX_CONNECTION_AGE_SECONDS = "EVERSTEP_GRPC_MAX_CONNECTION_AGE_SECONDS"
+ENV_MAX_CONNECTION_AGE_GRACE_SECONDS = "EVERSTEP_GRPC_MAX_CONNECTION_AGE_GRACE_SECONDS"
 
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 """Channels' limit (what the largest server may send: a train step, a weight chunk)."""
+DEFAULT_MAX_CONNECTION_AGE_SECONDS = 60.0
+"""A balanced server's connections last about this long (gRPC adds +-10% jitter), so clients find new replicas
+within about a minute."""
+DEFAULT_MAX_CONNECTION_AGE_GRACE_SECONDS = 300.0
+"""Time an aged connection's calls in flight have to finish. New calls move to a new connection at once, so a
+long grace costs nothing; a short one would cut calls, and a call longer than age + grace (a Score batch may
+take up to the controller's 300 s reward deadline) would be cut on every connection, however often retried."""
+
+_ROUND_ROBIN = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
 
 
 @dataclass(frozen=True)
@@ -116,17 +147,46 @@ def message_size_options(limit: int) -> list[tuple[str, int]]:
     return [("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit)]
 
 
+def _seconds_from_env(name: str, default: float) -> float:
+    value = os.environ.get(name, "")
+    if not value:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"{name} must be a number of seconds, got {value!r}") from None
+    if not 0 <= seconds < float("inf"):
+        raise ValueError(f"{name} must be 0 or more seconds, got {value!r}")
+    return seconds
+
+
+def connection_age_options() -> list[tuple[str, int]]:
+    """A balanced server's connection age options (environment, else the defaults); none when the age is 0."""
+    age = _seconds_from_env(ENV_MAX_CONNECTION_AGE_SECONDS, DEFAULT_MAX_CONNECTION_AGE_SECONDS)
+    grace = _seconds_from_env(ENV_MAX_CONNECTION_AGE_GRACE_SECONDS, DEFAULT_MAX_CONNECTION_AGE_GRACE_SECONDS)
+    if age == 0:
+        return []
+    return [("grpc.max_connection_age_ms", max(1, round(age * 1000))),
+            ("grpc.max_connection_age_grace_ms", round(grace * 1000))]
+
+
 def server_options(default_max_message_bytes: int, extra: Sequence[tuple[str, int | str]] = ()) -> list:
     """Options of a service's gRPC server: explicit send/receive limits (the knob, else the service's default)."""
     return [*message_size_options(max_message_bytes(default_max_message_bytes)), *extra]
 
 
 def new_server(max_workers: int, default_max_message_bytes: int, *, thread_name_prefix: str = "grpc",
-               extra_options: Sequence[tuple[str, int | str]] = ()) -> grpc.Server:
+               balanced: bool = False, extra_options: Sequence[tuple[str, int | str]] = ()) -> grpc.Server:
     """The gRPC server of every service: `server_options`, and never SO_REUSEPORT, which gRPC turns on by
-    default: with it, a second server on a port already served binds too and silently takes half its calls."""
+    default: with it, a second server on a port already served binds too and silently takes half its calls.
+
+    `balanced`: a replicated stateless service that clients reach through `balanced_channel` (reward, sandbox);
+    its connections end at the maximum connection age (`connection_age_options`). Never for a service holding
+    per-client state or long streams (a rollout engine, a trainer)."""
+    age = connection_age_options() if balanced else []
     return grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=thread_name_prefix),
-                       options=server_options(default_max_message_bytes, [("grpc.so_reuseport", 0), *extra_options]))
+                       options=server_options(default_max_message_bytes,
+                                              [("grpc.so_reuseport", 0), *age, *extra_options]))
 
 
 def bind(server: grpc.Server, address: str) -> int:
@@ -153,8 +213,18 @@ def channel(address: str, options: Sequence[tuple[str, int | str]] | None = None
     return grpc.secure_channel(address, tls.channel_credentials(), options=options)
 
 
-def add_transport_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags every service takes for its gRPC transport (each overrides its environment variable)."""
+def balanced_channel(target: str, options: Sequence[tuple[str, int | str]] | None = None) -> grpc.Channel:
+    """A `channel` to a replicated stateless service whose calls go round robin over every ready address of
+    `target` (``dns:///host:port``, ``ipv4:a:p,b:p``, or ``host:port``). A call in flight to a replica that dies
+    fails (UNAVAILABLE) and is the caller's to retry; later calls go to the others. With TLS and a many-address
+    target, set the expected server name (EVERSTEP_GRPC_TLS_SERVER_NAME): no one host is dialed."""
+    options = list(options) if options is not None else message_size_options(DEFAULT_MAX_MESSAGE_BYTES)
+    return channel(target, [*options, ("grpc.service_config", _ROUND_ROBIN)])
+
+
+def add_transport_arguments(parser: argparse.ArgumentParser, *, balanced: bool = False) -> None:
+    """The flags every service takes for its gRPC transport (each overrides its environment variable);
+    `balanced` (a server made with `new_server(..., balanced=True)`) adds the connection age flags."""
     group = parser.add_argument_group("gRPC transport", "mutual TLS between services (all three paths, or "
                                       "none for plaintext) and the message size limit; see docs/security.md")
     group.add_argument("--grpc-tls-cert", default=None, help=f"PEM certificate of this process (env {ENV_CERT})")
@@ -164,14 +234,25 @@ def add_transport_arguments(parser: argparse.ArgumentParser) -> None:
                        help=f"name expected in servers' certificates (env {ENV_SERVER_NAME}; default: the host dialed)")
     group.add_argument("--grpc-max-message-bytes", type=int, default=None,
                        help=f"largest gRPC message served (env {ENV_MAX_MESSAGE_BYTES}; default: the service's)")
+    if balanced:
+        group.add_argument("--grpc-max-connection-age-seconds", type=float, default=None,
+                           help=f"close each client connection after this long, so that clients resolve the "
+                                f"service's addresses again and spread over new replicas; 0: never (env "
+                                f"{ENV_MAX_CONNECTION_AGE_SECONDS}; default {DEFAULT_MAX_CONNECTION_AGE_SECONDS:g})")
+        group.add_argument("--grpc-max-connection-age-grace-seconds", type=float, default=None,
+                           help=f"time the calls in flight on an aged connection have to finish (env "
+                                f"{ENV_MAX_CONNECTION_AGE_GRACE_SECONDS}; default "
+                                f"{DEFAULT_MAX_CONNECTION_AGE_GRACE_SECONDS:g})")
 
 
 def apply_transport_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Exports the given flags to the environment (this process's servers and channels, and the processes
     it starts, read them there) and checks the result; exits with the parser's error naming the flag."""
     for flag, env in (("grpc_tls_cert", ENV_CERT), ("grpc_tls_key", ENV_KEY), ("grpc_tls_ca", ENV_CA),
-                      ("grpc_tls_server_name", ENV_SERVER_NAME), ("grpc_max_message_bytes", ENV_MAX_MESSAGE_BYTES)):
-        value = getattr(args, flag)
+                      ("grpc_tls_server_name", ENV_SERVER_NAME), ("grpc_max_message_bytes", ENV_MAX_MESSAGE_BYTES),
+                      ("grpc_max_connection_age_seconds", ENV_MAX_CONNECTION_AGE_SECONDS),
+                      ("grpc_max_connection_age_grace_seconds", ENV_MAX_CONNECTION_AGE_GRACE_SECONDS)):
+        value = getattr(args, flag, None)  # the connection age flags: balanced services only
         if value is not None:
             os.environ[env] = str(value)
     try:
@@ -179,5 +260,8 @@ def apply_transport_arguments(parser: argparse.ArgumentParser, args: argparse.Na
         if tls is not None:
             tls._read()
         max_message_bytes()
+        if hasattr(args, "grpc_max_connection_age_seconds"):
+            connection_age_options()
     except ValueError as e:
-        parser.error(f"{e} (flags --grpc-tls-cert/--grpc-tls-key/--grpc-tls-ca, --grpc-max-message-bytes)")
+        parser.error(f"{e} (flags --grpc-tls-cert/--grpc-tls-key/--grpc-tls-ca, --grpc-max-message-bytes, "
+                     f"--grpc-max-connection-age-seconds/--grpc-max-connection-age-grace-seconds)")

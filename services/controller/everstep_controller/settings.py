@@ -72,8 +72,11 @@ class ControllerSettings:
     redis_url: str = _option(env="EVERSTEP_REDIS_URL",
                              help="redis://host:port/db holding all job state (a password in it: prefer the "
                                   "environment variable, which no process listing shows)")
-    reward: str = _option(help="reward service gRPC address host:port (a shared pool)")
-    sandbox: str = _option("", help="sandbox gRPC address host:port, where the python tool of jobs with "
+    reward: str = _option(help="reward service gRPC target (a shared pool): host:port or dns:///host:port (every "
+                               "address the name resolves to, e.g. a headless Service) or ipv4:a:p,b:p; calls go "
+                               "round robin over the addresses")
+    sandbox: str = _option("", help="sandbox gRPC target (host:port, dns:///host:port or ipv4:a:p,b:p; calls go round "
+                                    "robin over its addresses), where the python tool of jobs with "
                                     "tools.environment 'python' runs code ('': the rollout engine's "
                                     "--sandbox-endpoint)")
     launcher: str | None = _option(

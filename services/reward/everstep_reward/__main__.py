@@ -19,7 +19,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9105, help="Prometheus /metrics")
     parser.add_argument("--grpc-port", type=int, default=50054)
-    parser.add_argument("--sandbox-endpoint", default=None, help="sandbox gRPC HOST:PORT (code verifier)")
+    parser.add_argument("--sandbox-endpoint", default=None,
+                        help="sandbox gRPC target of the code verifier: HOST:PORT, dns:///HOST:PORT (every address "
+                             "the name resolves to) or ipv4:A:P,B:P; calls go round robin over the addresses")
     parser.add_argument("--math-workers", type=int, default=None, help="math worker processes (default min(4, CPUs))")
     parser.add_argument("--timeout-seconds", type=float, default=None, help="per-item math timeout (default 10)")
     parser.add_argument("--code-timeout-seconds", type=float, default=None,
@@ -47,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--item-log", default=os.environ.get(ITEM_LOG_ENV) or None,
                         help="JSONL file: one line per scored item (prompt, response, reward); {pid} is replaced by "
                              "the process id (default: $EVERSTEP_REWARD_ITEM_LOG, else none)")
-    add_transport_arguments(parser)
+    add_transport_arguments(parser, balanced=True)
     return parser
 
 

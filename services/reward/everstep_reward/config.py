@@ -19,7 +19,8 @@ class RewardConfig(BaseModel):
     host: str = Field("127.0.0.1", description="Address the gRPC server and /metrics bind to.")
     port: int = Field(9105, ge=0, le=65535, description="HTTP port of Prometheus /metrics.")
     grpc_port: int = Field(50054, ge=0, le=65535, description="gRPC port: everstep.v1.Reward and health.")
-    sandbox_endpoint: str | None = Field(None, description="HOST:PORT of the sandbox gRPC API (code verifier).")
+    sandbox_endpoint: str | None = Field(None, description="Sandbox gRPC target of the code verifier: HOST:PORT, "
+                                         "dns:///HOST:PORT or ipv4:A:P,B:P (round robin over its addresses).")
     math_workers: int = Field(default_factory=lambda: min(4, os.cpu_count() or 1), ge=1,
                               description="Worker processes for math verification.")
     worker_start_method: Literal["spawn", "forkserver"] = Field(

@@ -78,7 +78,7 @@ def serve(config: RewardConfig) -> None:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
 
     start_http_server(config.port, addr=config.host)
-    grpc_server = new_server(config.grpc_threads, GRPC_MAX_MESSAGE_BYTES)
+    grpc_server = new_server(config.grpc_threads, GRPC_MAX_MESSAGE_BYTES, balanced=True)
     health_servicer = health.HealthServicer()
     # HealthServicer starts out SERVING for "": hold that back until the math workers are warm.
     health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)

@@ -43,7 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "2048); a job's LoadModel sets its own; above the model's limit: refused")
     p.add_argument("--seed", type=int, default=0, help="engine sampling seed")
     p.add_argument("--sandbox-endpoint", default="",
-                   help="HOST:PORT of the sandbox gRPC API, for jobs whose model calls the python tool")
+                   help="sandbox gRPC target (HOST:PORT, dns:///HOST:PORT or ipv4:A:P,B:P; calls go round robin "
+                        "over its addresses), for jobs whose model calls the python tool")
     p.add_argument("--mem-fraction-static", type=float, default=0.0,
                    help="sglang engine: fraction of GPU memory for weights and KV cache; 0: sglang's default "
                         "(most of the GPU; set it when a trainer shares the GPU)")

@@ -77,8 +77,8 @@ class EngineConfig:
     (sglang's `mem_fraction_static`); 0: sglang's own default, which takes most of the GPU. Set it when a
     trainer shares the GPU."""
     sandbox_endpoint: str = ""
-    """HOST:PORT of the sandbox's gRPC API: where the built-in `python` tool runs code (a job's
-    ToolConfig.sandbox_address, when set, wins)."""
+    """Sandbox gRPC target (HOST:PORT, dns:///HOST:PORT or ipv4:A:P,B:P: round robin over its addresses): where
+    the built-in `python` tool runs code (a job's ToolConfig.sandbox_address, when set, wins)."""
 
     def __post_init__(self) -> None:
         for name in ("max_running", "prefill_max_tokens"):

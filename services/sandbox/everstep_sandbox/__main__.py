@@ -50,7 +50,7 @@ def main() -> None:
     parser.add_argument("--allow-no-seccomp", action="store_true",
                         help="start even when no seccomp filter can be installed (libseccomp missing, or the "
                              "kernel refuses it); by default such a sandbox exits with status 3")
-    add_transport_arguments(parser)
+    add_transport_arguments(parser, balanced=True)
     args = parser.parse_args()
     apply_transport_arguments(parser, args)  # before starting worker processes: they inherit the environment
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

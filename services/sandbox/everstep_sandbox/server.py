@@ -106,7 +106,7 @@ def serve(config: SandboxConfig, argv: list[str] | None = None, http_fd: int | N
     grpc_server = None
     health_servicer = health.HealthServicer()
     if http_fd is None:
-        grpc_server = new_server(config.grpc_threads, GRPC_MAX_MESSAGE_BYTES)
+        grpc_server = new_server(config.grpc_threads, GRPC_MAX_MESSAGE_BYTES, balanced=True)
         # HealthServicer starts out SERVING for "": hold that back until both APIs are up.
         health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, grpc_server)

@@ -328,3 +328,28 @@ spec:
     - {name: {{ .portName | default "metrics" }}, port: {{ .values.port }}, targetPort: {{ .portName | default "metrics" }}}
     - {name: grpc, port: {{ .values.grpcPort }}, targetPort: grpc, appProtocol: grpc}
 {{- end -}}
+
+{{/* Headless Service `<fullname>-<component>-pods` of a replicated service's gRPC port: its DNS name resolves to
+every ready pod, so a round-robin gRPC client (everstep.transport.balanced_channel) spreads calls over all of them,
+where the ClusterIP Service would give its one connection to one pod. No metrics port: Prometheus scrapes the pods
+through the ClusterIP Service once. Call like everstep.grpcService. */}}
+{{- define "everstep.headlessGrpcService" -}}
+apiVersion: v1
+kind: Service
+metadata:
+  name: {{ include "everstep.fullname" .root }}-{{ .component }}-pods
+  labels:
+    {{- include "everstep.labels" . | nindent 4 }}
+spec:
+  clusterIP: None
+  selector:
+    {{- include "everstep.selectorLabels" . | nindent 4 }}
+  ports:
+    - {name: grpc, port: {{ .values.grpcPort }}, targetPort: grpc, appProtocol: grpc}
+{{- end -}}
+
+{{/* gRPC target of every pod of a replicated service (its headless Service), for round-robin clients; call with
+(dict "root" $ "component" "reward" "values" .Values.reward) */}}
+{{- define "everstep.balancedTarget" -}}
+dns:///{{ include "everstep.fullname" .root }}-{{ .component }}-pods.{{ .root.Release.Namespace }}.svc:{{ .values.grpcPort }}
+{{- end -}}

@@ -226,7 +226,7 @@ class RewardClient:
     def __init__(self, address: str, timeout_seconds: float = 300.0) -> None:
         self.address = address
         self.timeout_seconds = timeout_seconds
-        self._channel = channels.channel(address, options=_CHANNEL_OPTIONS)
+        self._channel = channels.balanced_channel(address, options=_CHANNEL_OPTIONS)
         self._stub = reward_pb2_grpc.RewardStub(self._channel)
 
     def score(self, items: list[reward_pb2.RewardItem]) -> dict[str, reward_pb2.ScoreResult]:

@@ -167,7 +167,7 @@ class CodeVerifier:
         with self._lock:
             if self._stub is None:
                 assert self._endpoint
-                self._channel = channels.channel(self._endpoint)
+                self._channel = channels.balanced_channel(self._endpoint)
                 self._stub = sandbox_pb2_grpc.SandboxStub(self._channel)
             return self._stub
 

@@ -65,7 +65,7 @@ class PythonSandbox:
     def _sandbox(self) -> sandbox_pb2_grpc.SandboxStub:
         with self._lock:
             if self._stub is None:
-                self._stub = sandbox_pb2_grpc.SandboxStub(channels.channel(self._endpoint))
+                self._stub = sandbox_pb2_grpc.SandboxStub(channels.balanced_channel(self._endpoint))
             return self._stub
 
     def run(self, call: ParsedCall, trajectory: common_pb2.ToolTrajectory) -> ToolOutcome:
