@@ -26,6 +26,9 @@ from benchmarks.rollout_scaling.fleet_simulation import (
 )
 
 HEADLINE_ENGINES = 256
+# the full run's variants at the headline engine count: everstep's token budget, the scheduler's default retention
+VARIANTS: dict[str, dict[str, Any]] = {"token_budget": {"budget_unit": BudgetUnit.tokens},
+                                       "retention_1": {"retention": 1}}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -60,7 +63,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def fleet_settings(args: argparse.Namespace) -> list[Setting]:
-    """Every engine count under the three policies; the full run adds variants at the headline engine count:
+    """Every engine count under the four policies; the full run adds variants at the headline engine count:
     the other placements, everstep's token budget, and the scheduler's default retention (1)."""
     lengths = LengthModel(median_tokens=args.median_tokens, sigma=args.length_sigma,
                           max_new_tokens=args.max_new_tokens)
@@ -75,15 +78,17 @@ def fleet_settings(args: argparse.Namespace) -> list[Setting]:
     for num_engines in args.engine_counts:
         settings += [Setting(config=config(num_engines), policy=Policy.c3po_global, placement=Placement.residual),
                      Setting(config=config(num_engines), policy=Policy.static_split),
+                     Setting(config=config(num_engines), policy=Policy.static_split_keep_decoding),
                      Setting(config=config(num_engines), policy=Policy.sync_batch)]
     if not args.quick:
         headline = config(HEADLINE_ENGINES)
         settings += [Setting(config=headline, policy=Policy.c3po_global, placement=Placement.oracle),
                      Setting(config=headline, policy=Policy.c3po_global, placement=Placement.round_robin)]
-        for changes in ({"budget_unit": BudgetUnit.tokens}, {"retention": 1}):
+        for changes in VARIANTS.values():
             varied = config(HEADLINE_ENGINES, **changes)
             settings += [Setting(config=varied, policy=Policy.c3po_global, placement=Placement.residual),
-                         Setting(config=varied, policy=Policy.static_split)]
+                         Setting(config=varied, policy=Policy.static_split),
+                         Setting(config=varied, policy=Policy.static_split_keep_decoding)]
     return settings
 
 
@@ -103,12 +108,12 @@ def _ratio(slow: SettingResult, fast: SettingResult) -> float:
 
 
 def print_fleet_table(rows: list[dict[str, Any]]) -> None:
-    header = (f"{'engines':>7} {'policy':<13} {'placement':<11} {'budget':<7} {'sigma':>5} {'median ticks':>12} "
+    header = (f"{'engines':>7} {'policy':<26} {'placement':<11} {'budget':<7} {'sigma':>5} {'median ticks':>12} "
               f"{'tokens/tick':>11} {'util':>6} {'trained/it':>10} {'purged/it':>9}")
     print(header)
     print("-" * len(header))
     for row in rows:
-        print(f"{row['engines']:>7} {row['policy']:<13} {row['placement'] or '-':<11} {row['budget_unit']:<7} "
+        print(f"{row['engines']:>7} {row['policy']:<26} {row['placement'] or '-':<11} {row['budget_unit']:<7} "
               f"{row['retention']:>5} {row['median_ticks']:>12.1f} {row['tokens_per_tick']:>11.1f} "
               f"{row['utilization']:>6.3f} {row['trained_samples_per_iteration']:>10.1f} "
               f"{row['purged_samples_per_iteration']:>9.1f}")
@@ -133,16 +138,21 @@ def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
                 for n in args.engine_counts}
     sync_speedups = {str(n): _ratio(_find(results, n, Policy.sync_batch), _find(results, n, Policy.c3po_global))
                      for n in args.engine_counts}
+    keep_decoding_speedups = {
+        str(n): _ratio(_find(results, n, Policy.static_split_keep_decoding), _find(results, n, Policy.c3po_global))
+        for n in args.engine_counts}
     summary: dict[str, Any] = {
         "fleet_speedup": speedups[str(HEADLINE_ENGINES)],
         "fleet_speedup_by_engines": speedups,
+        "fleet_keep_decoding_speedup_by_engines": keep_decoding_speedups,
         "fleet_sync_speedup_by_engines": sync_speedups,
     }
     if not args.quick:
-        for key, changes in (("fleet_speedup_token_budget", {"budget_unit": BudgetUnit.tokens}),
-                             ("fleet_speedup_retention_1", {"retention": 1})):
-            summary[key] = _ratio(_find(results, HEADLINE_ENGINES, Policy.static_split, **changes),
-                                  _find(results, HEADLINE_ENGINES, Policy.c3po_global, **changes))
+        summary["fleet_variant_speedups"] = {  # each static split against c3po_global, at the headline count
+            name: {str(policy): _ratio(_find(results, HEADLINE_ENGINES, policy, **changes),
+                                       _find(results, HEADLINE_ENGINES, Policy.c3po_global, **changes))
+                   for policy in (Policy.static_split, Policy.static_split_keep_decoding)}
+            for name, changes in VARIANTS.items()}
     print(f"\nfleet_speedup (static_split / c3po_global at {HEADLINE_ENGINES} engines): {summary['fleet_speedup']}")
     summary["fleet_model"] = {
         "slots_per_engine": args.slots_per_engine, "group_size": args.group_size, "retention": args.retention,

@@ -29,6 +29,9 @@ The policies (`Policy`):
 - `static_split`: engine e owns prompts e, e + E, e + 2E, ... and a budget of its own (budget / E). It refills
   its own slots until its budget is met, then pauses (drains, as the scheduler does at an iteration's end)
   until the last engine has met its budget, which ends the iteration.
+- `static_split_keep_decoding`: a kinder static split. An engine that has met its budget starts nothing new but
+  keeps decoding what it holds; a rollout it finishes then counts toward its next iteration (first, before any
+  other), so every iteration still trains the same number of samples.
 - `sync_batch`: the classic synchronous batch. Each engine starts slots / G groups of its own prompts, no refill
   and no carry-over; the iteration ends when every sequence has finished.
 
@@ -55,6 +58,7 @@ from enum import StrEnum
 class Policy(StrEnum):
     c3po_global = "c3po_global"
     static_split = "static_split"
+    static_split_keep_decoding = "static_split_keep_decoding"
     sync_batch = "sync_batch"
 
 
@@ -179,7 +183,9 @@ class Engine:
         self._slowdown = config.slowdown
         self.clock = 0.0
         self.updated_at = 0.0  # fleet time of the last `advance`
-        self.paused = False
+        self.paused = False  # static_split: stopped once its own budget is met, until the iteration ends
+        self.budget_met = False  # static splits: its own budget is met this iteration
+        self.banked: list[Sequence] = []  # static_split_keep_decoding: finished after budget_met, count next time
         self.running: dict[int, Sequence] = {}
         self._heap: list[tuple[float, int]] = []  # (target, sample id)
         self.tokens_generated = 0.0
@@ -265,7 +271,7 @@ class FleetSimulator:
         self._next_prompt = 0  # c3po_global's prompt stream
         self._next_own_prompt = [0] * config.num_engines  # static_split/sync_batch: engine e's k-th prompt
         self._round_robin_next = 0
-        self._finished = 0.0
+        self._finished, self._finished_samples, self._finished_tokens = 0.0, 0, 0
         self._with_room = set(range(config.num_engines))  # engines with room for a group
 
     # -- placement ---------------------------------------------------------------------------
@@ -311,9 +317,12 @@ class FleetSimulator:
     # -- the iteration -----------------------------------------------------------------------
     def run_iteration(self) -> IterationStats:
         start, tokens_before = self.time, self._tokens_generated()
-        self._finished, finished_samples, finished_tokens = 0.0, 0, 0
+        self._finished, self._finished_samples, self._finished_tokens = 0.0, 0, 0
         for engine in self.engines:
-            engine.finished_this_iteration = 0.0
+            engine.finished_this_iteration, engine.budget_met = 0.0, False
+            banked, engine.banked = engine.banked, []
+            for sequence in banked:  # finished after the engine's last budget was met: they count first now
+                self._count_finished(engine, sequence)
         if self.policy == Policy.sync_batch:
             for engine in self.engines:
                 for _ in range(engine.capacity // self.config.group_size):
@@ -328,29 +337,39 @@ class FleetSimulator:
             self.time = when
             engine.advance(when)
             sequence = engine.pop_next()
-            amount = 1.0 if self.config.budget_unit == BudgetUnit.samples else float(sequence.length)
-            self._finished += amount
-            engine.finished_this_iteration += amount
-            finished_samples += 1
-            finished_tokens += sequence.length
             self._update_room(engine)
-            if self.policy == Policy.static_split and engine.finished_this_iteration >= self._engine_budget():
-                engine.paused = True
-                engine.version += 1
+            self._count_finished(engine, sequence)
             self._schedule(engine)
             if self.policy == Policy.c3po_global:
                 self._refill_global()
-            elif self.policy == Policy.static_split:
+            elif self.policy in (Policy.static_split, Policy.static_split_keep_decoding):
                 self._refill_own(engine)
         purged_samples, purged_tokens = self._end_iteration()
-        return IterationStats(self.time - start, self._tokens_generated() - tokens_before, finished_samples,
-                              finished_tokens, purged_samples, purged_tokens)
+        return IterationStats(self.time - start, self._tokens_generated() - tokens_before, self._finished_samples,
+                              self._finished_tokens, purged_samples, purged_tokens)
+
+    def _count_finished(self, engine: Engine, sequence: Sequence) -> None:
+        """Counts a finished rollout toward the budgets, or banks it on an engine whose own budget is met."""
+        if engine.budget_met:  # static_split_keep_decoding only: the others stop decoding or never get here
+            engine.banked.append(sequence)
+            return
+        amount = 1.0 if self.config.budget_unit == BudgetUnit.samples else float(sequence.length)
+        self._finished += amount
+        self._finished_samples += 1
+        self._finished_tokens += sequence.length
+        engine.finished_this_iteration += amount
+        split = self.policy in (Policy.static_split, Policy.static_split_keep_decoding)
+        if split and engine.finished_this_iteration >= self._engine_budget():
+            engine.budget_met = True
+            if self.policy == Policy.static_split:
+                engine.paused = True
+                engine.version += 1
 
     def _iteration_done(self) -> bool:
         if self.policy == Policy.sync_batch:
             return not any(engine.running for engine in self.engines)
-        if self.policy == Policy.static_split:
-            return all(engine.paused for engine in self.engines)
+        if self.policy in (Policy.static_split, Policy.static_split_keep_decoding):
+            return all(engine.budget_met for engine in self.engines)
         return self._finished >= self.budget
 
     def _engine_budget(self) -> float:
@@ -371,7 +390,7 @@ class FleetSimulator:
             loads.pop(engine.index, None)
 
     def _refill_own(self, engine: Engine) -> None:
-        while not engine.paused and engine.free_slots >= self.config.group_size:
+        while not engine.budget_met and engine.free_slots >= self.config.group_size:
             self.start_group(engine, self._own_prompt(engine))
 
     def _own_prompt(self, engine: Engine) -> int:

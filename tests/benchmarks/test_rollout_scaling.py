@@ -59,7 +59,7 @@ def test_the_first_groups_spread_over_an_empty_fleet(fleet: ModuleType) -> None:
     assert engines == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize("policy", ["c3po_global", "static_split", "sync_batch"])
+@pytest.mark.parametrize("policy", ["c3po_global", "static_split", "static_split_keep_decoding", "sync_batch"])
 def test_a_groups_samples_share_one_engine_and_stay_there(fleet: ModuleType, policy: str,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     sim = _simulator(fleet, policy)
@@ -115,12 +115,29 @@ def test_the_token_budget_ends_at_the_first_finish_that_meets_phi(fleet: ModuleT
         assert sum(lengths) >= sim.budget > sum(lengths[:-1])
 
 
-def test_a_static_split_ends_when_the_last_engine_meets_its_own_budget(fleet: ModuleType) -> None:
-    sim = _simulator(fleet, "static_split")
-    for _ in range(3):
+@pytest.mark.parametrize("policy", ["static_split", "static_split_keep_decoding"])
+def test_a_static_split_ends_when_the_last_engine_meets_its_own_budget(fleet: ModuleType, policy: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    sim = _simulator(fleet, policy)
+    met_at: dict[int, float] = {}
+    original_count = fleet.FleetSimulator._count_finished
+
+    def count(simulator, engine, sequence):
+        original_count(simulator, engine, sequence)
+        if engine.budget_met and engine.index not in met_at:
+            met_at[engine.index] = simulator.time
+
+    monkeypatch.setattr(fleet.FleetSimulator, "_count_finished", count)
+    banked = 0
+    for _ in range(4):
+        met_at.clear()
         stats = sim.run_iteration()
-        assert stats.finished_samples == 32
+        assert stats.finished_samples == 32, "every iteration trains the same samples"
         assert [engine.finished_this_iteration for engine in sim.engines] == [8.0] * 4
+        assert sim.time == max(met_at.values()), "the iteration ends when the last engine meets its budget"
+        assert min(met_at.values()) < sim.time
+        banked += sum(len(engine.banked) for engine in sim.engines)
+    assert (banked > 0) == (policy == "static_split_keep_decoding"), "only the kinder split decodes past its budget"
 
 
 def test_the_synchronous_batch_trains_the_whole_pool_and_carries_nothing(fleet: ModuleType) -> None:
@@ -158,7 +175,8 @@ def test_quick_run_prints_the_summary_last(tmp_path: Path) -> None:
     assert set(summary["fleet_speedup_by_engines"]) == {"64", "256"}
     rows = summary["fleet"]
     assert {(r["engines"], r["policy"]) for r in rows} == {(e, p) for e in (64, 256)
-                                                           for p in ("c3po_global", "static_split", "sync_batch")}
+                                                           for p in ("c3po_global", "static_split",
+                                                                     "static_split_keep_decoding", "sync_batch")}
     for row in rows:
         assert row["median_ticks"] > 0 and row["tokens_per_tick"] > 0 and 0 < row["utilization"] <= 1
     for engines in (64, 256):  # the same trained samples per iteration under every policy
