@@ -41,13 +41,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     fleet.add_argument("--engines", default="64,128,256,512", help="Engine counts, comma-separated (must hold "
                        f"{HEADLINE_ENGINES} for fleet_speedup). --quick: 64,256.")
     fleet.add_argument("--seeds", type=int, default=3, help="Seeds 0..N-1 per setting. --quick: 1.")
-    fleet.add_argument("--warmup-iterations", type=int, default=3,
+    fleet.add_argument("--warmup-iterations", type=int, default=5,
                        help="Iterations run before measuring (carry-over starts from an empty fleet). --quick: 2.")
     fleet.add_argument("--iterations", type=int, default=8, help="Measured iterations per seed. --quick: 3.")
     fleet.add_argument("--slots-per-engine", type=int, default=64, help="Omega / E: sequences an engine decodes at "
                        "once.")
     fleet.add_argument("--group-size", type=int, default=8, help="G: samples per prompt, kept on one engine.")
-    fleet.add_argument("--retention", type=int, default=4, help="Sigma: carry-overs allowed before a purge.")
+    fleet.add_argument("--retention", type=int, default=6,
+                       help="Sigma: carry-overs allowed before a purge (6: a max_new_tokens rollout that starts "
+                       "late in an iteration still finishes on a full engine, so nothing is purged).")
     fleet.add_argument("--slowdown", type=float, default=0.25,
                        help="A full engine decodes each sequence at 1 / (1 + slowdown) tokens a tick.")
     fleet.add_argument("--median-tokens", type=int, default=2000, help="Median response length (log-normal).")
@@ -64,7 +66,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def fleet_settings(args: argparse.Namespace) -> list[Setting]:
     """Every engine count under the four policies; the full run adds variants at the headline engine count:
-    the other placements, everstep's token budget, and the scheduler's default retention (1)."""
+    the other placements, and everstep's token budget and the scheduler's default retention (1), each with
+    residual and round-robin placement."""
     lengths = LengthModel(median_tokens=args.median_tokens, sigma=args.length_sigma,
                           max_new_tokens=args.max_new_tokens)
 
@@ -87,6 +90,7 @@ def fleet_settings(args: argparse.Namespace) -> list[Setting]:
         for changes in VARIANTS.values():
             varied = config(HEADLINE_ENGINES, **changes)
             settings += [Setting(config=varied, policy=Policy.c3po_global, placement=Placement.residual),
+                         Setting(config=varied, policy=Policy.c3po_global, placement=Placement.round_robin),
                          Setting(config=varied, policy=Policy.static_split),
                          Setting(config=varied, policy=Policy.static_split_keep_decoding)]
     return settings

@@ -16,7 +16,7 @@ The model:
   (prompt sharing, and the KV cache of a carried-over sequence).
 - **Budget.** Each iteration ends when its budget of *finished* rollouts is met (`budget_unit`): `samples`,
   Omega finished samples (what a synchronous batch that fills the pool trains); or `tokens`, Phi = Omega x the
-  mean response length in output tokens of finished rollouts, as everstep's scheduler counts its budget. With
+  distribution's mean length, counted in the output tokens of finished rollouts as everstep's scheduler does. With
   `samples`, every policy trains exactly the same number of samples per iteration; with `tokens`, the same
   number of tokens (up to the last finish's overshoot). An unfinished rollout carries over on its engine; one
   already carried `retention` (sigma) times and still unfinished at an iteration's end is purged, as in
@@ -39,7 +39,7 @@ Placement (`Placement`) for `c3po_global`; outstanding tokens is what the contro
 - `residual`: the sum, over the engine's running sequences, of the expected remaining length given the tokens
   decoded so far (the mean residual length of the length distribution, estimated from draws). This is what a
   real controller can know: it sees each sequence's progress and past lengths, never a sequence's own length.
-- `oracle`: the true remaining tokens (each sequence's length minus its progress): a bound no engine reaches.
+- `oracle`: the true remaining tokens (each sequence's length minus its progress), which no real controller knows.
 - `round_robin`: the next engine with room, in turn; load-blind, to separate the placement from the budget.
 """
 
@@ -119,7 +119,7 @@ class FleetConfig:
     slots_per_engine: int = 64  # Omega / E: sequences one engine decodes at once
     group_size: int = 8  # G
     budget_unit: BudgetUnit = BudgetUnit.samples
-    retention: int = 4  # sigma: carry-overs allowed
+    retention: int = 6  # sigma: carry-overs allowed (6: a full engine finishes even a max_new_tokens rollout)
     slowdown: float = 0.25  # a full engine decodes each sequence at 1 / (1 + slowdown) tokens a tick
     lengths: LengthModel = field(default_factory=LengthModel)
     seed: int = 0
@@ -249,6 +249,8 @@ class IterationStats:
     finished_tokens: int  # their output tokens, earlier iterations' included
     purged_samples: int
     purged_tokens: float  # tokens decoded for purged rollouts, wasted
+    groups_placed: int = 0  # c3po_global: new groups it placed
+    groups_placed_with_a_choice: int = 0  # of them, those for which two or more engines had room
 
     @property
     def tokens_per_tick(self) -> float:
@@ -272,6 +274,7 @@ class FleetSimulator:
         self._next_own_prompt = [0] * config.num_engines  # static_split/sync_batch: engine e's k-th prompt
         self._round_robin_next = 0
         self._finished, self._finished_samples, self._finished_tokens = 0.0, 0, 0
+        self._groups_placed, self._groups_placed_with_a_choice = 0, 0
         self._with_room = set(range(config.num_engines))  # engines with room for a group
 
     # -- placement ---------------------------------------------------------------------------
@@ -318,6 +321,7 @@ class FleetSimulator:
     def run_iteration(self) -> IterationStats:
         start, tokens_before = self.time, self._tokens_generated()
         self._finished, self._finished_samples, self._finished_tokens = 0.0, 0, 0
+        self._groups_placed, self._groups_placed_with_a_choice = 0, 0
         for engine in self.engines:
             engine.finished_this_iteration, engine.budget_met = 0.0, False
             banked, engine.banked = engine.banked, []
@@ -346,7 +350,8 @@ class FleetSimulator:
                 self._refill_own(engine)
         purged_samples, purged_tokens = self._end_iteration()
         return IterationStats(self.time - start, self._tokens_generated() - tokens_before, self._finished_samples,
-                              self._finished_tokens, purged_samples, purged_tokens)
+                              self._finished_tokens, purged_samples, purged_tokens, self._groups_placed,
+                              self._groups_placed_with_a_choice)
 
     def _count_finished(self, engine: Engine, sequence: Sequence) -> None:
         """Counts a finished rollout toward the budgets, or banks it on an engine whose own budget is met."""
@@ -385,6 +390,8 @@ class FleetSimulator:
     def _refill_global(self) -> None:
         loads: dict[int, float] = {}  # the time stands still while refilling: each load is computed once
         while self._finished < self.budget and (engine := self.choose_engine(loads)) is not None:
+            self._groups_placed += 1
+            self._groups_placed_with_a_choice += len(self._with_room) > 1
             self.start_group(engine, self._next_prompt)
             self._next_prompt += 1
             loads.pop(engine.index, None)
@@ -480,6 +487,8 @@ class SettingResult:
             "ticks_per_trained_sample": round(ticks / trained, 5),
             "purged_samples_per_iteration": round(sum(i.purged_samples for i in iterations) / len(iterations), 1),
             "wasted_token_share": round(sum(i.purged_tokens for i in iterations) / generated, 4),
+            "placement_choice_share": round(sum(i.groups_placed_with_a_choice for i in iterations)
+                                            / max(1, sum(i.groups_placed for i in iterations)), 4),
         }
 
 
