@@ -1,0 +1,187 @@
+"""benchmarks.rollout_scaling: the fleet simulation's placement and budget accounting, and the quick run's summary."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def fleet(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(REPO))
+    return importlib.import_module("benchmarks.rollout_scaling.fleet_simulation")
+
+
+def _simulator(fleet: ModuleType, policy: str, placement: str = "residual", **config: object):
+    fields = {"num_engines": 4, "slots_per_engine": 8, "group_size": 4,
+              "lengths": fleet.LengthModel(median_tokens=50, sigma=1.0, max_new_tokens=400), **config}
+    return fleet.FleetSimulator(fleet.FleetConfig(**fields), fleet.Policy(policy), fleet.Placement(placement))
+
+
+@pytest.mark.parametrize("placement", ["oracle", "residual"])
+def test_a_new_group_goes_to_the_least_loaded_engine_with_room(fleet: ModuleType, placement: str) -> None:
+    sim = _simulator(fleet, "c3po_global", placement, num_engines=3, slots_per_engine=6, group_size=2)
+    lengths = {0: (5, 5), 1: (5, 5), 2: (300, 300), 3: (100, 100), 4: (10, 10), 5: (1, 1)}
+    sim.prompt_lengths = lengths.__getitem__
+    sim.start_group(sim.engines[0], 0)
+    sim.start_group(sim.engines[0], 1)
+    sim.start_group(sim.engines[1], 2)
+    sim.start_group(sim.engines[2], 3)
+    sim.start_group(sim.engines[2], 4)
+    # engine 0: 4 short sequences; engine 1: 2 long ones; engine 2: 4 sequences, 220 tokens in all
+    chosen = sim.choose_engine()
+    if placement == "oracle":  # true remaining tokens: 20, 600, 220
+        assert chosen is sim.engines[0]
+    else:  # nothing decoded yet: the expected remaining length is the mean for each, so the fewest sequences win
+        assert chosen is sim.engines[1]
+    sim.start_group(sim.engines[0], 5)  # engine 0 is full now: never chosen, however light
+    assert sim.engines[0].free_slots == 0
+    assert sim.choose_engine() is sim.engines[2 if placement == "oracle" else 1]
+
+
+def test_the_first_groups_spread_over_an_empty_fleet(fleet: ModuleType) -> None:
+    sim = _simulator(fleet, "c3po_global", "residual")
+    engines = []
+    for prompt in range(4):
+        engine = sim.choose_engine()
+        engines.append(engine.index)
+        sim.start_group(engine, prompt)
+    assert engines == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("policy", ["c3po_global", "static_split", "static_split_keep_decoding", "sync_batch"])
+def test_a_groups_samples_share_one_engine_and_stay_there(fleet: ModuleType, policy: str,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    sim = _simulator(fleet, policy)
+    added: dict[int, set[int]] = defaultdict(set)  # group -> engines its samples were added to
+    original_add = fleet.Engine.add
+
+    def add(engine, sequence_id, group_id, *rest):
+        added[group_id].add(engine.index)
+        return original_add(engine, sequence_id, group_id, *rest)
+
+    monkeypatch.setattr(fleet.Engine, "add", add)
+    for _ in range(4):
+        sim.run_iteration()
+        for engine in sim.engines:  # carried-over samples are still on their group's engine
+            assert all(sim.group_engine[s.group_id] == engine.index for s in engine.running.values())
+    assert added and all(len(engines) == 1 for engines in added.values())
+    if policy != "c3po_global":  # engine e serves prompts e, e + E, ...
+        assert all(engines == {group % 4} for group, engines in added.items())
+
+
+def test_the_iteration_ends_when_the_fleet_wide_sample_budget_is_met(fleet: ModuleType,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    sim = _simulator(fleet, "c3po_global")
+    finish_times: list[float] = []
+    original_pop = fleet.Engine.pop_next
+    monkeypatch.setattr(fleet.Engine, "pop_next", lambda engine: (finish_times.append(sim.time),
+                                                                  original_pop(engine))[1])
+    for _ in range(3):
+        start, finish_times[:] = sim.time, []
+        stats = sim.run_iteration()
+        assert stats.finished_samples == len(finish_times) == sim.budget == 32  # Omega = 4 engines x 8 slots
+        assert sim.time == finish_times[-1], "ends at the finish that meets the budget"
+        assert stats.ticks == pytest.approx(finish_times[-1] - start)
+        assert any(engine.running for engine in sim.engines), "the long tail carries over instead of stalling"
+
+
+def test_the_token_budget_ends_at_the_first_finish_that_meets_phi(fleet: ModuleType,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    sim = _simulator(fleet, "c3po_global", budget_unit="tokens")
+    lengths: list[int] = []
+    original_pop = fleet.Engine.pop_next
+
+    def pop(engine):
+        sequence = original_pop(engine)
+        lengths.append(sequence.length)
+        return sequence
+
+    monkeypatch.setattr(fleet.Engine, "pop_next", pop)
+    for _ in range(3):
+        lengths[:] = []
+        stats = sim.run_iteration()
+        assert stats.finished_tokens == sum(lengths)
+        assert sum(lengths) >= sim.budget > sum(lengths[:-1])
+
+
+@pytest.mark.parametrize("policy", ["static_split", "static_split_keep_decoding"])
+def test_a_static_split_ends_when_the_last_engine_meets_its_own_budget(fleet: ModuleType, policy: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    sim = _simulator(fleet, policy)
+    met_at: dict[int, float] = {}
+    original_count = fleet.FleetSimulator._count_finished
+
+    def count(simulator, engine, sequence):
+        original_count(simulator, engine, sequence)
+        if engine.budget_met and engine.index not in met_at:
+            met_at[engine.index] = simulator.time
+
+    monkeypatch.setattr(fleet.FleetSimulator, "_count_finished", count)
+    banked = 0
+    for _ in range(4):
+        met_at.clear()
+        stats = sim.run_iteration()
+        assert stats.finished_samples == 32, "every iteration trains the same samples"
+        assert [engine.finished_this_iteration for engine in sim.engines] == [8.0] * 4
+        assert sim.time == max(met_at.values()), "the iteration ends when the last engine meets its budget"
+        assert min(met_at.values()) < sim.time
+        banked += sum(len(engine.banked) for engine in sim.engines)
+    assert (banked > 0) == (policy == "static_split_keep_decoding"), "only the kinder split decodes past its budget"
+
+
+def test_the_synchronous_batch_trains_the_whole_pool_and_carries_nothing(fleet: ModuleType) -> None:
+    sim = _simulator(fleet, "sync_batch")
+    stats = sim.run_iteration()
+    assert stats.finished_samples == 32 and stats.purged_samples == 0
+    assert not any(engine.running for engine in sim.engines)
+    assert stats.tokens_generated == pytest.approx(stats.finished_tokens), "every decoded token is accounted for"
+
+
+def test_every_policy_sees_the_same_lengths_and_a_seed_repeats_a_run(fleet: ModuleType) -> None:
+    runs = [_simulator(fleet, "c3po_global"), _simulator(fleet, "static_split"), _simulator(fleet, "c3po_global")]
+    assert [sim.prompt_lengths(7) for sim in runs[:2]] == [runs[0].prompt_lengths(7)] * 2
+    assert [runs[0].run_iteration() for _ in range(3)] == [runs[2].run_iteration() for _ in range(3)]
+
+
+def test_carry_over_purges_after_retention(fleet: ModuleType) -> None:
+    sim = _simulator(fleet, "c3po_global", retention=0, lengths=fleet.LengthModel(median_tokens=50, sigma=2.0,
+                                                                                  max_new_tokens=5000))
+    stats = sim.run_iteration()
+    assert stats.purged_samples > 0 and stats.purged_tokens > 0
+    assert not any(engine.running for engine in sim.engines), "sigma = 0: nothing is carried over"
+
+
+@pytest.mark.slow
+def test_quick_run_prints_the_summary_last(tmp_path: Path) -> None:
+    out = tmp_path / "summary.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    process = subprocess.run([sys.executable, "-m", "benchmarks.rollout_scaling", "--quick", "--json-out", str(out)],
+                             cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert process.returncode == 0, process.stderr[-4000:]
+    summary = json.loads(process.stdout.strip().splitlines()[-1])
+    assert summary == json.loads(out.read_text())
+    assert summary["fleet_speedup"] > 0
+    assert set(summary["fleet_speedup_by_engines"]) == {"64", "256"}
+    rows = summary["fleet"]
+    assert {(r["engines"], r["policy"]) for r in rows} == {(e, p) for e in (64, 256)
+                                                           for p in ("c3po_global", "static_split",
+                                                                     "static_split_keep_decoding", "sync_batch")}
+    for row in rows:
+        assert row["median_ticks"] > 0 and row["tokens_per_tick"] > 0 and 0 < row["utilization"] <= 1
+    for engines in (64, 256):  # the same trained samples per iteration under every policy
+        assert {r["trained_samples_per_iteration"] for r in rows if r["engines"] == engines} == {engines * 64.0}
+    static = next(r for r in rows if (r["engines"], r["policy"]) == (256, "static_split"))
+    c3po = next(r for r in rows if (r["engines"], r["policy"]) == (256, "c3po_global"))
+    assert summary["fleet_speedup"] == round(static["median_ticks"] / c3po["median_ticks"], 3) or \
+        summary["fleet_speedup"] == pytest.approx(static["median_ticks"] / c3po["median_ticks"], rel=1e-3)
