@@ -91,7 +91,6 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -102,12 +101,10 @@ from everstep.quantization import Quantization
 from everstep_rollout.config import EngineConfig, resolve_max_seq_len
 from everstep_rollout.engine.interface import EngineUnavailableError, QueueFullError, StepStats
 from everstep_rollout.engine.throughput import ThroughputWindow
+from everstep_rollout.engine.tool_turns import LiveSequence, ToolTurns
 from everstep_rollout.model_files import read_config, read_eos_token_ids
 from everstep_rollout.routing import RouteBuffer, check_routed_experts
 from everstep_rollout.sequence import FinishReason, GenerationRequest, SequenceResult
-
-if TYPE_CHECKING:
-    from everstep_rollout.tools import ToolRuntime, ToolSession
 
 log = logging.getLogger(__name__)
 
@@ -116,8 +113,6 @@ GPU_EXTRA_HINT = ("sglang runs in an environment of its own on a CUDA machine: `
 _POLL_SECONDS = 0.005
 _ABORT_TIMEOUT_SECONDS = 60.0
 _ABORT_RETRY_SECONDS = 0.05
-_TOOL_POLL_SECONDS = 0.02
-"""How long a step with every sequence waiting for its tools waits for a reply (as the torch engine's)."""
 _FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORTED}
 
 
@@ -131,40 +126,24 @@ def import_sglang():
 
 
 @dataclass(eq=False, kw_only=True)
-class _Request:
-    request: GenerationRequest
+class _Request(LiveSequence):
     rid: str
     version: int
-    output_ids: list[int]
-    output_logprobs: list[float]
-    output_versions: list[int]
     task: asyncio.Task | None = None
     finish: FinishReason | None = None
     error: str = ""
     new_tokens: int = field(default=0)
     """Tokens this sglang request generated (the continuation's own, not the earlier output)."""
-    routes: RouteBuffer | None = None
     routes_start: int = 0
     """The first position the current sglang request returns routes for (its routed_experts_start_len)."""
     input_len: int = 0
     """Tokens the current sglang request was sent (prompt + earlier output)."""
-    tools: ToolSession | None = None
-    tool_mask: list[bool] | None = None
     continues_trajectory: bool = False
     """The current request follows a tool reply (its input extends the previous request's)."""
     cached_tokens: int = 0
     """sglang's `meta_info["cached_tokens"]` of the current request: its input tokens found in the radix cache."""
     history_len: int = 0
     """Tokens before the tool reply the current request continues from (the radix cache holds all but the last)."""
-
-    @property
-    def paused(self) -> bool:
-        """Waiting for its tool calls (no request in sglang meanwhile)."""
-        return self.tools is not None and self.tools.pending is not None
-
-    @property
-    def key(self) -> tuple[int, str]:
-        return (self.request.stream, self.request.id)
 
 
 class SglangEngine:
@@ -214,7 +193,8 @@ class SglangEngine:
         self._rid_counter = 0
         self._throughput = ThroughputWindow(window_seconds=10.0)
         self.last_step: StepStats | None = None
-        self._tool_runtime: ToolRuntime | None = None
+        self._turns = ToolTurns(sandbox_endpoint=self.config.sandbox_endpoint, tokenizer=self.tokenizer,
+                                eos_token_ids=self.eos_token_ids)
         self.tool_continuation_input_tokens = 0
         """Input tokens of the requests that continued a trajectory after a tool reply (finished ones)."""
         self.tool_continuation_cached_tokens = 0
@@ -319,47 +299,16 @@ class SglangEngine:
                                            capacity=len(r.prompt_ids) + (r.sampling.max_new_tokens or 64))
             if r.tools is not None:
                 entry.tool_mask = list(r.output_tool_mask) or [False] * len(r.output_ids)
-                entry.tools = self._tool_session(r, entry.tool_mask)
-            if self._remaining(entry) <= 0:
+                entry.tools = self._turns.session(r, entry.tool_mask)
+            if entry.remaining(self.max_seq_len) <= 0:
                 self._finished_on_add.append(self._result(entry, FinishReason.LENGTH))
-            elif entry.tools is not None and entry.output_ids and entry.output_ids[-1] in self.eos_token_ids and not (
-                    entry.tool_mask and entry.tool_mask[-1]):
-                # a partial drained while its tool ran: the call runs again (docs/tools.md, carry-over)
-                if entry.tools.end_turn(entry.output_ids, self._tools().submit, counted=False):
+            elif self._turns.unanswered(entry):  # a partial drained while its tool ran: the call runs again
+                if self._turns.end_turn(entry, counted=False):
                     self._live[entry.key] = entry
                 else:
                     self._finished_on_add.append(self._result(entry, FinishReason.STOP))
             else:
                 self._submit(entry)
-
-    def _tools(self) -> ToolRuntime:
-        """The tool threads and clients, made at the first request with tools: their modules need grpc and protobuf,
-        which an engine that never sees tools (benchmarks/gpu_check.py's machine has neither) does without."""
-        if self._tool_runtime is None:
-            from everstep_rollout.tools import ToolRuntime
-
-            self._tool_runtime = ToolRuntime(self.config.sandbox_endpoint)
-        return self._tool_runtime
-
-    def _tool_session(self, r: GenerationRequest, tool_mask: list[bool]) -> ToolSession:
-        """The torch engine's tool loop state for this sequence (the same class, runners and limits)."""
-        assert r.tools is not None
-        from everstep.v1 import common_pb2
-        from everstep_rollout.tools import ToolSession
-
-        trajectory = common_pb2.ToolTrajectory()
-        if r.tool_trajectory is not None:
-            trajectory.CopyFrom(r.tool_trajectory)
-        turn_start = max((i + 1 for i, is_tool in enumerate(tool_mask) if is_tool), default=0)
-        return ToolSession(r.tools, self._tools().client(r.tools, r.sandbox_address), self.tokenizer,
-                           trajectory, turn_start=turn_start, call_format=r.tool_call_format)
-
-    def _remaining(self, entry: _Request) -> int:
-        r = entry.request
-        by_length = self.max_seq_len - len(r.prompt_ids) - len(entry.output_ids)
-        if r.sampling.max_new_tokens > 0:
-            return min(by_length, r.sampling.max_new_tokens - len(entry.output_ids))
-        return by_length
 
     def _submit(self, entry: _Request) -> None:
         o = entry.request.sampling
@@ -369,7 +318,7 @@ class SglangEngine:
         entry.cached_tokens = 0
         sampling_params = {
             "temperature": o.temperature, "top_p": o.top_p if 0 < o.top_p < 1 else 1.0,
-            "top_k": o.top_k if o.top_k > 0 else -1, "max_new_tokens": self._remaining(entry),
+            "top_k": o.top_k if o.top_k > 0 else -1, "max_new_tokens": entry.remaining(self.max_seq_len),
         }
         if o.stop:
             sampling_params["stop"] = list(o.stop)
@@ -438,9 +387,7 @@ class SglangEngine:
         entries = [e for e in self._live.values() if stream is None or e.request.stream == stream]
         self._abort(entries)
         for e in entries:
-            if e.tools is not None and e.tools.pending is not None:
-                e.tools.pending.cancel()  # a drained call runs again where the partial is continued
-                e.tools.pending = None
+            if self._turns.cancel(e):  # a drained call runs again where the partial is continued
                 e.finish = FinishReason.ABORTED
             elif e.finish == FinishReason.STOP and self._turn_ended_with_calls(e):
                 e.finish = FinishReason.ABORTED  # the partial ends with its calls; they run where it continues
@@ -504,7 +451,7 @@ class SglangEngine:
                 self._live[e.key] = e
                 continue
             if e.finish == FinishReason.ABORTED or e.finish is None:
-                if self._remaining(e) > 0:
+                if e.remaining(self.max_seq_len) > 0:
                     self._submit(e)  # continues from prompt + output so far, under the new weights
                     continue
                 e.finish = FinishReason.LENGTH
@@ -522,7 +469,7 @@ class SglangEngine:
         if tasks:
             self._run(asyncio.wait(tasks, timeout=_POLL_SECONDS, return_when=asyncio.FIRST_COMPLETED))
         else:
-            self._wait_for_tools()  # nothing in sglang until a tool replies
+            self._turns.wait(self._live.values())  # nothing in sglang until a tool replies
         generated = sum(len(e.output_ids) for e in self._live.values()) - before
         reasons: dict[FinishReason, int] = {}
         for e in [e for e in self._live.values() if e.task is not None and e.task.done()]:
@@ -547,9 +494,7 @@ class SglangEngine:
     def _pause_for_tools(self, e: _Request) -> bool:
         """A request that stopped: when it ended a model turn with tool calls, its calls are submitted and it
         waits for them (True; it has no request in sglang until they reply)."""
-        if e.tools is None or not e.output_ids or e.output_ids[-1] not in self.eos_token_ids:
-            return False
-        if not e.tools.end_turn(e.output_ids, self._tools().submit):
+        if not self._turns.end_turn(e):
             return False
         e.task = None
         return True
@@ -557,8 +502,9 @@ class SglangEngine:
     def _turn_ended_with_calls(self, e: _Request) -> bool:
         """A drained request that stopped at the end of a turn with tool calls (counted as a turn, as the torch
         engine counts a turn paused when drained); its calls are not run here."""
-        if e.tools is None or not e.output_ids or e.output_ids[-1] not in self.eos_token_ids:
+        if not self._turns.at_end_of_turn(e):
             return False
+        assert e.tools is not None
         ended = e.tools.end_turn(e.output_ids, lambda *_: concurrent.futures.Future())
         e.tools.pending = None
         return ended
@@ -568,44 +514,27 @@ class SglangEngine:
         (input = the whole trajectory; sglang's radix cache holds its history). Returns those that finished (the
         environment ended the episode, or the reply would not fit), as the torch engine does."""
         finished = []
-        for e in [e for e in self._live.values() if e.tools is not None and e.tools.pending is not None
-                  and e.tools.pending.done()]:
-            assert e.tools is not None and e.tool_mask is not None
-            end = e.tools.take_reply(e.output_ids)
-            reason = FinishReason.STOP if end.finished else (
-                FinishReason.LENGTH if len(end.reply_ids) >= self._remaining(e) else None)
-            if reason is not None:
+        for reply in self._turns.replies(self._live.values(), self.max_seq_len):
+            e, reply_ids = reply.seq, reply.reply_ids
+            if reply.finish is not None:
                 del self._live[e.key]
-                finished.append(self._result(e, reason))
+                finished.append(self._result(e, reply.finish))
                 continue
+            assert e.tool_mask is not None
             e.history_len = len(e.request.prompt_ids) + len(e.output_ids)
-            e.output_ids.extend(end.reply_ids)
-            e.output_logprobs.extend([0.0] * len(end.reply_ids))
-            e.output_versions.extend([-1] * len(end.reply_ids))
-            e.tool_mask.extend([True] * len(end.reply_ids))
+            e.output_ids.extend(reply_ids)
+            e.output_logprobs.extend([0.0] * len(reply_ids))
+            e.output_versions.extend([-1] * len(reply_ids))
+            e.tool_mask.extend([True] * len(reply_ids))
             e.continues_trajectory = True
             self._submit(e)
         return finished
 
-    def _wait_for_tools(self) -> None:
-        pending = [e.tools.pending for e in self._live.values() if e.tools is not None and e.tools.pending is not None]
-        if pending:
-            concurrent.futures.wait(pending, timeout=_TOOL_POLL_SECONDS, return_when=concurrent.futures.FIRST_COMPLETED)
-
     def _result(self, e: _Request, reason: FinishReason) -> SequenceResult:
-        r = e.request
         if self._trim_to_routes(e):
             reason = FinishReason.ABORTED  # no longer finished: it continues from the kept tokens
-        if e.tools is not None and reason != FinishReason.ABORTED:
-            e.tools.close(self._tools().submit)
-        return SequenceResult(
-            id=r.id, stream=r.stream, prompt_ids=list(r.prompt_ids), output_ids=e.output_ids,
-            output_logprobs=e.output_logprobs, output_versions=e.output_versions, finish_reason=reason,
-            output_text=self.tokenizer.decode(e.output_ids, skip_special_tokens=True),
-            routed_experts=e.routes.to_bytes() if e.routes is not None else b"",
-            output_tool_mask=list(e.tool_mask or []),
-            tool_trajectory=e.tools.snapshot() if e.tools is not None else None,
-        )
+        self._turns.close(e, reason)
+        return e.result(reason, self.tokenizer)
 
     def _trim_to_routes(self, e: _Request) -> bool:
         """Keep output tokens only with the routes of the input each was sampled from (output i: position
@@ -631,8 +560,7 @@ class SglangEngine:
             if self._live:
                 self._abort(list(self._live.values()))
         finally:
-            if self._tool_runtime is not None:
-                self._tool_runtime.shutdown()
+            self._turns.shutdown()
             self._sgl.shutdown()
             self._close_loop()
 

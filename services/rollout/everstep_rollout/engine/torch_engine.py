@@ -42,13 +42,11 @@ continued and recomputed sequences join the decode batch the same way. The engin
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import logging
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -58,14 +56,12 @@ from everstep_rollout.config import EngineConfig
 from everstep_rollout.engine.interface import QueueFullError, StepStats
 from everstep_rollout.engine.sampling import SamplingBatch, sample
 from everstep_rollout.engine.throughput import ThroughputWindow
+from everstep_rollout.engine.tool_turns import LiveSequence, ToolTurns
 from everstep_rollout.executor import ExecutorOptions, ForwardBatch, build_executor
 from everstep_rollout.kv_cache import SlotAllocator
 from everstep_rollout.model_files import read_config, read_eos_token_ids
 from everstep_rollout.routing import RouteBuffer, check_routed_experts
 from everstep_rollout.sequence import FinishReason, GenerationRequest, SequenceResult
-
-if TYPE_CHECKING:
-    from everstep_rollout.tools import ToolRuntime, ToolSession
 
 log = logging.getLogger(__name__)
 
@@ -74,35 +70,17 @@ _THROUGHPUT_WINDOW_SECONDS = 10.0
 # text token decodes to at least one character, so a stop string that the last token completed lies
 # inside that window; decoding the whole output every step would cost O(length) per token.
 _STOP_WINDOW_EXTRA_TOKENS = 8
-# How long a step with every running sequence paused for its tools waits for a reply before it looks again
-# (new requests and drains are handled between steps).
-_TOOL_POLL_SECONDS = 0.02
 
 
 @dataclass(eq=False, kw_only=True)
-class _Sequence:
-    request: GenerationRequest
+class _Sequence(LiveSequence):
     token_ids: list[int]
-    output_ids: list[int]
-    output_logprobs: list[float]
-    output_versions: list[int]
+    """Prompt + output: the tokens its slot holds keys and values for (all but the last) or will."""
     generator: torch.Generator | None
     stop_window: int
-    routes: RouteBuffer | None = None
     slot: int = -1
-    tools: ToolSession | None = None
-    tool_mask: list[bool] | None = None
     forced: collections.deque[int] = field(default_factory=collections.deque)
     """Tool-reply tokens still to feed through the decode row."""
-
-    @property
-    def paused(self) -> bool:
-        """Waiting for its tool calls."""
-        return self.tools is not None and self.tools.pending is not None
-
-    @property
-    def key(self) -> tuple[int, str]:
-        return (self.request.stream, self.request.id)
 
 
 class Engine:
@@ -139,7 +117,8 @@ class Engine:
         self._needs_prefill: list[_Sequence] = []
         self._finished_on_add: list[SequenceResult] = []
         self._throughput = ThroughputWindow(window_seconds=_THROUGHPUT_WINDOW_SECONDS)
-        self._tool_runtime: ToolRuntime | None = None
+        self._turns = ToolTurns(sandbox_endpoint=self.config.sandbox_endpoint, tokenizer=self.tokenizer,
+                                eos_token_ids=self.eos_token_ids)
         self._evicted: list[_Sequence] = []
         """Paused sequences that gave up their slot (memory pressure); prefilled again after their replies."""
         self.num_tool_evictions = 0
@@ -177,8 +156,7 @@ class Engine:
 
     def shutdown(self) -> None:
         """The tool threads stop; the weights and cache are freed with the engine."""
-        if self._tool_runtime is not None:
-            self._tool_runtime.shutdown()
+        self._turns.shutdown()
 
     # -- state ------------------------------------------------------------------------------------------
 
@@ -239,10 +217,8 @@ class Engine:
             seq = self._new_sequence(r)
             if self._length_reached(seq):
                 self._finished_on_add.append(self._result(seq, FinishReason.LENGTH))
-            elif seq.tools is not None and seq.output_ids and seq.output_ids[-1] in self.eos_token_ids and not (
-                    seq.tool_mask and seq.tool_mask[-1]):
-                # a partial drained while its tool ran: the call runs again (docs/tools.md, carry-over)
-                if seq.tools.end_turn(seq.output_ids, self._tools().submit, counted=False):
+            elif self._turns.unanswered(seq):  # a partial drained while its tool ran: the call runs again
+                if self._turns.end_turn(seq, counted=False):
                     self._queue.append(seq)
                     self._live[seq.key] = seq
                 else:
@@ -250,15 +226,6 @@ class Engine:
             else:
                 self._queue.append(seq)
                 self._live[seq.key] = seq
-
-    def _tools(self) -> ToolRuntime:
-        """The tool threads and clients, made at the first request with tools: their modules need grpc and protobuf,
-        which an engine that never sees tools (benchmarks/gpu_check.py's machine has neither) does without."""
-        if self._tool_runtime is None:
-            from everstep_rollout.tools import ToolRuntime
-
-            self._tool_runtime = ToolRuntime(self.config.sandbox_endpoint)
-        return self._tool_runtime
 
     def _new_sequence(self, r: GenerationRequest) -> _Sequence:
         generator = None
@@ -274,15 +241,7 @@ class Engine:
         tools = tool_mask = None
         if r.tools is not None:
             tool_mask = list(r.output_tool_mask) or [False] * len(r.output_ids)
-            from everstep.v1 import common_pb2
-            from everstep_rollout.tools import ToolSession
-
-            trajectory = common_pb2.ToolTrajectory()
-            if r.tool_trajectory is not None:
-                trajectory.CopyFrom(r.tool_trajectory)
-            turn_start = max((i + 1 for i, is_tool in enumerate(tool_mask) if is_tool), default=0)
-            tools = ToolSession(r.tools, self._tools().client(r.tools, r.sandbox_address), self.tokenizer,
-                                trajectory, turn_start=turn_start, call_format=r.tool_call_format)
+            tools = self._turns.session(r, tool_mask)
         return _Sequence(
             request=r, token_ids=[*r.prompt_ids, *r.output_ids], output_ids=list(r.output_ids),
             output_logprobs=list(r.output_logprobs), output_versions=list(r.output_versions),
@@ -298,9 +257,7 @@ class Engine:
 
     def _remove(self, seq: _Sequence) -> None:
         del self._live[seq.key]
-        if seq.tools is not None and seq.tools.pending is not None:
-            seq.tools.pending.cancel()  # a drained call runs again where the partial is continued
-            seq.tools.pending = None
+        self._turns.cancel(seq)
         if seq in self._evicted:
             self._evicted.remove(seq)
         elif seq.slot >= 0:
@@ -355,7 +312,7 @@ class Engine:
         self.num_prefilled_total += len(to_prefill)
         running = [s for s in self._slots if s is not None]
         if not to_prefill and all(s.paused for s in running):
-            self._wait_for_tools()  # nothing to decode until a tool replies
+            self._turns.wait(self._live.values())  # nothing to decode until a tool replies
             running = []
         sharers = self._shared_prompts(admitted) if self.config.share_prompt_prefill else {}
         followers = {f for group in sharers.values() for f in group}
@@ -391,26 +348,18 @@ class Engine:
         the sequence, which queues for a prefill); the finished ones (the environment ended the episode, or the
         reply would not fit) are returned."""
         finished = []
-        for seq in [s for s in self._live.values() if s.tools is not None and s.tools.pending is not None
-                    and s.tools.pending.done()]:
-            assert seq.tools is not None
-            end = seq.tools.take_reply(seq.output_ids)
-            room = self.max_seq_len - len(seq.token_ids)
-            max_new = seq.request.sampling.max_new_tokens
-            if max_new:
-                room = min(room, max_new - len(seq.output_ids))
-            reason = FinishReason.STOP if end.finished else (
-                FinishReason.LENGTH if len(end.reply_ids) >= room else None)
-            if reason is not None:
+        for reply in self._turns.replies(self._live.values(), self.max_seq_len):
+            seq = reply.seq
+            if reply.finish is not None:
                 self._remove(seq)
-                finished.append(self._result(seq, reason))
+                finished.append(self._result(seq, reply.finish))
             elif seq in self._evicted:
-                for token in end.reply_ids:
+                for token in reply.reply_ids:
                     self._append(seq, token, 0.0, -1, tool=True)
                 self._evicted.remove(seq)
                 self._queue.appendleft(seq)
             else:
-                seq.forced.extend(end.reply_ids)
+                seq.forced.extend(reply.reply_ids)
         return finished
 
     def _evict_paused_for_queued(self) -> None:
@@ -425,11 +374,6 @@ class Engine:
                 self._needs_prefill.remove(seq)
             self._evicted.append(seq)
             self.num_tool_evictions += 1
-
-    def _wait_for_tools(self) -> None:
-        pending = [s.tools.pending for s in self._live.values() if s.tools is not None and s.tools.pending is not None]
-        if pending:
-            concurrent.futures.wait(pending, timeout=_TOOL_POLL_SECONDS, return_when=concurrent.futures.FIRST_COMPLETED)
 
     def _append(self, seq: _Sequence, token: int, logprob: float, version: int, *, tool: bool = False) -> None:
         seq.token_ids.append(token)
@@ -561,8 +505,7 @@ class Engine:
             token = sampled_ids[s.slot]
             self._append(s, token, sampled_logprobs[s.slot], version)
             reason = self._finish_reason(s, token)
-            if reason == FinishReason.STOP and s.tools is not None and token in self.eos_token_ids and \
-                    s.tools.end_turn(s.output_ids, self._tools().submit):
+            if reason == FinishReason.STOP and self._turns.end_turn(s):
                 reason = None  # paused until its tools reply
             outcome.append((s, reason))
         return outcome
@@ -578,20 +521,10 @@ class Engine:
         return FinishReason.LENGTH if self._length_reached(seq) else None
 
     def _length_reached(self, seq: _Sequence) -> bool:
-        max_new = seq.request.sampling.max_new_tokens
-        return (max_new > 0 and len(seq.output_ids) >= max_new) or len(seq.token_ids) >= self.max_seq_len
+        return seq.remaining(self.max_seq_len) <= 0
 
     def _result(self, seq: _Sequence, reason: FinishReason) -> SequenceResult:
-        r = seq.request
         while seq.forced:  # a partial returns its whole tool reply: the engine that continues it prefills it
             self._append(seq, seq.forced.popleft(), 0.0, -1, tool=True)
-        if seq.tools is not None and reason != FinishReason.ABORTED:
-            seq.tools.close(self._tools().submit)
-        return SequenceResult(
-            id=r.id, stream=r.stream, prompt_ids=list(r.prompt_ids), output_ids=seq.output_ids,
-            output_logprobs=seq.output_logprobs, output_versions=seq.output_versions, finish_reason=reason,
-            output_text=self.tokenizer.decode(seq.output_ids, skip_special_tokens=True),
-            routed_experts=seq.routes.to_bytes() if seq.routes is not None else b"",
-            output_tool_mask=list(seq.tool_mask or []),
-            tool_trajectory=seq.tools.snapshot() if seq.tools is not None else None,
-        )
+        self._turns.close(seq, reason)
+        return seq.result(reason, self.tokenizer)
