@@ -101,7 +101,6 @@ class Engine:
         self.architecture = self.executor.model_type
         self.vocab_size = self.executor.vocab_size
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        self.eos_token_ids = read_eos_token_ids(self.model_dir, model_config)
         self.version = self.config.version
         self.routing_shape = self.executor.routing_shape
         self._routes_refusal = self._why_no_routes()
@@ -110,7 +109,7 @@ class Engine:
         self._finished_on_add: list[SequenceResult] = []
         self._throughput = ThroughputWindow(window_seconds=_THROUGHPUT_WINDOW_SECONDS)
         self._turns = ToolTurns(sandbox_endpoint=self.config.sandbox_endpoint, tokenizer=self.tokenizer,
-                                eos_token_ids=self.eos_token_ids)
+                                eos_token_ids=read_eos_token_ids(self.model_dir, model_config))
         self._scheduler: Scheduler[_Sequence] = Scheduler(
             num_slots=self.config.max_running, max_seq_len=self.max_seq_len,
             prefill_max_tokens=self.config.prefill_max_tokens, share_prompt_prefill=self.config.share_prompt_prefill,
@@ -129,6 +128,16 @@ class Engine:
             self.config.dtype, self.config.quantization.value, self.weights.num_bytes / 2**20, device,
             self.config.max_running, self.max_seq_len, self.executor.cache_bytes / 2**20,
         )
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """The end-of-turn tokens: a sequence that samples one stops (or, with tools, ends its turn). A benchmark may
+        set none, to run every sequence to its length."""
+        return self._turns.eos_token_ids
+
+    @eos_token_ids.setter
+    def eos_token_ids(self, ids: Iterable[int]) -> None:
+        self._turns.eos_token_ids = frozenset(ids)
 
     @property
     def num_parameters(self) -> int:
