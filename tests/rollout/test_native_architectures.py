@@ -269,8 +269,10 @@ def test_each_registered_architecture_reads_its_config_and_an_unknown_one_is_ref
         with pytest.raises(ValueError, match=rf"architecture '{asked[0]}'.* not one the native executor runs; it runs "
                                              rf"{known}$"):
             spec_from_config({**config, "architectures": asked})
-    with pytest.raises(ValueError, match="has no `architectures`"):
-        spec_from_config({k: v for k, v in config.items() if k != "architectures"})
+    unnamed = {k: v for k, v in config.items() if k != "architectures"}  # a hand-written config: its model_type
+    assert spec_from_config(unnamed) == spec
+    with pytest.raises(ValueError, match="has no `architectures`, and model_type 'gpt2'"):
+        spec_from_config({**unnamed, "model_type": "gpt2"})
     # the first registered one of several is taken
     assert spec_from_config({**config, "architectures": ["Foo", "Qwen3MoeForCausalLM"]}) == spec
 

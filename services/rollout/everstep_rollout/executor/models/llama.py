@@ -10,6 +10,8 @@ from everstep_rollout.executor.models.spec import LlamaSpec, read_decoder_spec
 
 
 class LlamaForCausalLM:
+    model_type = "llama"
+
     @classmethod
     def spec_from_config(cls, config: Mapping) -> LlamaSpec:
         attention_bias = bool(config.get("attention_bias", False))

@@ -9,6 +9,8 @@ from everstep_rollout.executor.models.spec import LlamaSpec, MoESpec, read_decod
 
 
 class Qwen3ForCausalLM:
+    model_type = "qwen3"
+
     @classmethod
     def spec_from_config(cls, config: Mapping) -> LlamaSpec:
         return qwen3_spec(config, moe=None)

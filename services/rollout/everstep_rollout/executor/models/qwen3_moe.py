@@ -12,6 +12,8 @@ from everstep_rollout.executor.models.spec import LlamaSpec, MoESpec
 
 
 class Qwen3MoeForCausalLM:
+    model_type = "qwen3_moe"
+
     @classmethod
     def spec_from_config(cls, config: Mapping) -> LlamaSpec:
         return qwen3_spec(config, moe=_moe_spec(config, int(config["num_hidden_layers"])))

@@ -25,13 +25,17 @@ class UnknownArchitectureError(ValueError):
 
 
 def architecture_for(config: Mapping) -> type[Architecture]:
-    """The class of the first of the config's `architectures` that is registered; UnknownArchitectureError naming
-    the ones asked for and the ones that exist otherwise."""
+    """The class of the first of the config's `architectures` that is registered (a config without `architectures`:
+    the one of its `model_type`); UnknownArchitectureError naming the ones asked for and the ones that exist
+    otherwise."""
     asked = list(config.get("architectures") or ())
+    if not asked:
+        asked = [name for name, cls in ARCHITECTURES.items() if cls.model_type == config.get("model_type")]
     for name in asked:
         if name in ARCHITECTURES:
             return ARCHITECTURES[name]
-    named = ", ".join(repr(a) for a in asked) if asked else "none (config.json has no `architectures`)"
+    named = (", ".join(repr(a) for a in asked) if asked else
+             f"none (config.json has no `architectures`, and model_type {config.get('model_type')!r})")
     raise UnknownArchitectureError(f"architecture {named} is not one the native executor runs; it runs "
                                    f"{', '.join(ARCHITECTURES)}")
 

@@ -63,6 +63,9 @@ class LlamaSpec:
 class Architecture(Protocol):
     """One model architecture the native executor runs (a `config.architectures` name in `registry.ARCHITECTURES`)."""
 
+    model_type: str
+    """config.json's `model_type` of this architecture (for a config that names no `architectures`)."""
+
     @classmethod
     def spec_from_config(cls, config: Mapping) -> LlamaSpec:
         """The spec of this config; NotImplementedError naming what the native executor does not run."""
