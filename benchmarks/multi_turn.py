@@ -220,7 +220,7 @@ def run_loop(engine: Any, prompts: list[list[int]], tools: Any, *, mode: str, ma
              tag: str) -> tuple[LoopRun, dict[int, list[int]]]:
     from everstep_rollout.sequence import GenerationRequest, SamplingOptions
 
-    runtime = engine._tool_runtime  # noqa: SLF001 - the baselines hold the engine's own tool calls back
+    runtime = engine._turns.runtime  # noqa: SLF001 - the baselines hold the engine's own tool calls back
     deferred = _DeferredCalls(mode, runtime._pool) if mode != "concurrent" else None  # noqa: SLF001
     if deferred is not None:
         runtime.submit = deferred.submit

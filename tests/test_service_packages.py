@@ -68,7 +68,7 @@ def test_no_service_imports_another_service(package: str) -> None:
 
 @pytest.mark.parametrize(("package", "interface", "implementations"), [
     ("everstep_rollout", "engine.interface", ("engine.torch_engine", "engine.sglang_engine", "engine.loop")),
-    ("everstep_rollout", "executor.interface", ("executor.native", "executor.transformers_executor")),
+    ("everstep_rollout", "executor.interface", ("executor.models.decoder", "executor.transformers_executor")),
 ])
 def test_interfaces_import_no_implementation(package: str, interface: str, implementations: tuple[str, ...]) -> None:
     graph = import_graph(PACKAGES[package], package)

@@ -46,7 +46,7 @@ def test_the_moe_demo_spec_runs_on_the_shipped_model_and_its_data() -> None:
 def test_transformers_loads_a_qwen3_moe_and_the_native_engine_runs_it_alike() -> None:
     from everstep_rollout.config import EngineConfig
     from everstep_rollout.engine import Engine
-    from everstep_rollout.executor.native import LlamaExecutor
+    from everstep_rollout.executor.models import LlamaExecutor
     from everstep_rollout.sequence import GenerationRequest, SamplingOptions
 
     model = AutoModelForCausalLM.from_pretrained(SHIPPED, dtype=torch.float32)

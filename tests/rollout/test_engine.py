@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from everstep_rollout.config import EngineConfig
 from everstep_rollout.engine import Engine, QueueFullError
-from everstep_rollout.executor.native import LlamaExecutor
+from everstep_rollout.executor.models import LlamaExecutor
 from everstep_rollout.executor.transformers_executor import TransformersExecutor
 from everstep_rollout.sequence import FinishReason, GenerationRequest, SamplingOptions, SequenceResult
 
@@ -190,15 +190,17 @@ def test_queue_is_bounded(tiny_model_dir):
 
 
 def test_native_executor_names_what_it_does_not_support(tiny_model_dir, tmp_path):
-    for name, patch, message in [
-        ("gpt2", {"model_type": "gpt2"}, "model_type 'gpt2'"),
-        ("yarn", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}, "rope_parameters": None}, "yarn"),
+    for name, patch, error, message in [
+        ("gpt2", {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}, ValueError,
+         "architecture 'GPT2LMHeadModel' is not one the native executor runs; it runs LlamaForCausalLM"),
+        ("yarn", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}, "rope_parameters": None}, NotImplementedError,
+         "yarn"),
     ]:
         model_dir = tmp_path / name
         shutil.copytree(tiny_model_dir, model_dir)
         config = json.loads((model_dir / "config.json").read_text())
         (model_dir / "config.json").write_text(json.dumps({**config, **patch}))
-        with pytest.raises(NotImplementedError, match=message):
+        with pytest.raises(error, match=message):
             Engine(model_dir, EngineConfig(executor="native"))
 
 

@@ -19,7 +19,8 @@ from test_quantization import reference_fake_quant
 from everstep_rollout.config import EngineConfig
 from everstep_rollout.engine import Engine
 from everstep_rollout.executor import ExecutorOptions, ForwardBatch, build_executor
-from everstep_rollout.executor.native import LlamaExecutor, LlamaSpec
+from everstep_rollout.executor.models import ARCHITECTURES as ARCHITECTURE_CLASSES
+from everstep_rollout.executor.models import LlamaExecutor, spec_from_config
 from everstep_rollout.executor.transformers_executor import TransformersExecutor
 from everstep_rollout.model_files import read_config
 from everstep_rollout.sequence import FinishReason, GenerationRequest, SamplingOptions, SequenceResult
@@ -79,7 +80,7 @@ def test_llama3_rope_scaling_is_used(tiny_model_dirs, tmp_path):
     """The llama3 tiny model's scaling changes its outputs (original_max_position_embeddings 64 < the 512
     positions): a native executor ignoring it would compute the default-RoPE model."""
     model_dir = tiny_model_dirs("llama3")
-    spec = LlamaSpec.from_config(read_config(model_dir))
+    spec = spec_from_config(read_config(model_dir))
     assert spec.rope_llama3 is not None and spec.rope_llama3.factor == 8.0
     plain = tmp_path / "default-rope"
     shutil.copytree(model_dir, plain)
@@ -193,7 +194,7 @@ def test_moe_dense_layers_of_mlp_only_layers_and_sparse_step(tiny_model_dirs, tm
     config.num_hidden_layers, config.mlp_only_layers, config.decoder_sparse_step = 4, [1], 1  # sparse: 0, 2, 3
     torch.manual_seed(6)
     Qwen3MoeForCausalLM(config).save_pretrained(out)
-    spec = LlamaSpec.from_config(read_config(out))
+    spec = spec_from_config(read_config(out))
     assert spec.moe is not None and spec.moe.layers == (0, 2, 3)
     engine = Engine(out, EngineConfig(max_running=3))
     assert isinstance(engine.executor, LlamaExecutor)
@@ -253,7 +254,27 @@ def test_quantized_moe_weight_push_is_requantized(tiny_model_dirs, tmp_path):
 def test_native_refuses_what_it_does_not_cover_naming_it(patch, message, tiny_model_dirs):
     config = {**read_config(tiny_model_dirs("qwen3_moe")), **patch}
     with pytest.raises(NotImplementedError, match=message):
-        LlamaSpec.from_config(config)
+        spec_from_config(config)
+
+
+def test_each_registered_architecture_reads_its_config_and_an_unknown_one_is_refused_naming_both(tiny_model_dirs):
+    assert set(ARCHITECTURE_CLASSES) == {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                                         "Qwen3MoeForCausalLM"}
+    config = read_config(tiny_model_dirs("qwen3_moe"))
+    assert config["architectures"] == ["Qwen3MoeForCausalLM"]
+    spec = spec_from_config(config)
+    assert spec.qk_norm and spec.moe is not None and spec.tie_word_embeddings == config["tie_word_embeddings"]
+    for asked in (["MistralForCausalLM"], ["GPT2LMHeadModel", "MistralForCausalLM"]):
+        known = "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM"
+        with pytest.raises(ValueError, match=rf"architecture '{asked[0]}'.* not one the native executor runs; it runs "
+                                             rf"{known}$"):
+            spec_from_config({**config, "architectures": asked})
+    unnamed = {k: v for k, v in config.items() if k != "architectures"}  # a hand-written config: its model_type
+    assert spec_from_config(unnamed) == spec
+    with pytest.raises(ValueError, match="has no `architectures`, and model_type 'gpt2'"):
+        spec_from_config({**unnamed, "model_type": "gpt2"})
+    # the first registered one of several is taken
+    assert spec_from_config({**config, "architectures": ["Foo", "Qwen3MoeForCausalLM"]}) == spec
 
 
 def test_auto_falls_back_to_transformers_for_other_rope_types(tiny_model_dirs, tmp_path):

@@ -371,7 +371,7 @@ def test_sglang_signal_registration_is_skipped_off_the_main_thread():
     engine on a gRPC thread. `launch_stand_in` plays that one call of sglang's `_set_envs_and_config`."""
     import signal
 
-    from everstep_rollout.engine.sglang_engine import signal_handlers_skipped_off_main_thread
+    from everstep_rollout.engine.sglang_api import signal_handlers_skipped_off_main_thread
 
     def launch_stand_in() -> None:
         signal.signal(signal.SIGQUIT, lambda *_: None)

@@ -23,7 +23,8 @@ import torch
 from test_sglang_engine import GenerateReqInputStandIn, SglangStandIn, next_token, run
 
 from everstep_rollout.config import EngineConfig
-from everstep_rollout.engine.sglang_engine import SglangEngine, sglang_routes
+from everstep_rollout.engine.sglang_api import sglang_routes
+from everstep_rollout.engine.sglang_engine import SglangEngine
 from everstep_rollout.sequence import FinishReason, GenerationRequest, SamplingOptions
 
 NUM_LAYERS, TOP_K, NUM_EXPERTS = 3, 2, 8

@@ -119,7 +119,7 @@ def test_quick_moe_build_is_a_qwen3_moe_the_native_engine_runs(tmp_path):
     saved in bfloat16, recorded in build.json, loaded by transformers and run by the native rollout engine."""
     from everstep_rollout.config import EngineConfig
     from everstep_rollout.engine import Engine
-    from everstep_rollout.executor.native import LlamaExecutor
+    from everstep_rollout.executor.models import LlamaExecutor
     from everstep_rollout.sequence import GenerationRequest, SamplingOptions
 
     out = tmp_path / "demo-moe"

@@ -1,8 +1,9 @@
-"""KV cache slots: which sequence holds which slot, and the preallocated storage of the native executor.
+"""The preallocated KV cache storage of the native executor, one slot per running sequence.
 
-`SlotAllocator` hands out slot numbers lowest first, so that the running set stays a dense prefix of the
-slots and a decode step works on `slots[:hi]` views without gathers; when sequences leave and no queued one
-takes their slots, the engine moves the highest ones down (`move`) to keep it dense.
+Which sequence holds which slot is the scheduler's (`engine/scheduler.py`: `SlotAllocator` hands out slot numbers
+lowest first, so that the running set stays a dense prefix of the slots and a decode step works on `slots[:hi]`
+views without gathers; when sequences leave and no queued one takes their slots, the highest ones move down
+(`move`) to keep it dense).
 
 `KVCache` stores keys and values of every layer in one tensor `[layers, 2, slots + 1, kv_heads, max_seq_len,
 head_dim]` (index 0 of the second dimension is keys, 1 is values). kv_heads comes before max_seq_len so that
@@ -15,7 +16,6 @@ overwrite a position a real token writes in the same step.
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 
 import torch
@@ -28,30 +28,6 @@ class CacheShape:
     max_seq_len: int
     num_kv_heads: int
     head_dim: int
-
-
-class SlotAllocator:
-    """Free KV cache slot numbers, lowest first."""
-
-    def __init__(self, num_slots: int) -> None:
-        self.num_slots = num_slots
-        self._free = list(range(num_slots))
-        heapq.heapify(self._free)
-
-    @property
-    def num_free(self) -> int:
-        return len(self._free)
-
-    def lowest_free(self) -> int | None:
-        return self._free[0] if self._free else None
-
-    def allocate(self) -> int:
-        if not self._free:
-            raise RuntimeError("no free KV cache slot")
-        return heapq.heappop(self._free)
-
-    def release(self, slot: int) -> None:
-        heapq.heappush(self._free, slot)
 
 
 class KVCache:

@@ -11,12 +11,8 @@ bookkeeping and its event-loop discipline are tested on CPU against a stand-in
 sglang runs in an environment of its own (its exact torch and transformers pins conflict with ours):
 see docs/rollout.md, "The sglang environment".
 
-Event loops: sglang's `Engine` has no loop of its own. Its sync methods run
-`asyncio.get_event_loop().run_until_complete(...)` on the calling thread's loop, and
-`TokenizerManager.abort_request` sends on a `zmq.asyncio` socket, whose `send` makes an
-`asyncio.Future` and so needs a current loop. The engine-loop thread that drives this engine has none,
-so `SglangEngine` owns one loop (`_loop`), makes it the calling thread's current loop before every sync
-sglang call (`_sync`), and sends aborts from a coroutine running on it (`_abort`).
+Event loops: sglang's `Engine` has no loop of its own; `SglangEngine` owns one (`sglang_api.SglangLoop`), on which
+every sglang call and every request's stream runs.
 
 How it maps the engine interface (the same one `Engine` has, driven by `EngineLoop`):
 
@@ -24,14 +20,10 @@ How it maps the engine interface (the same one `Engine` has, driven by `EngineLo
   `return_logprob=True`) whose chunks a task consumes on the engine's event loop. It is a
   `GenerateReqInput` with our own `rid` given to `tokenizer_manager.generate_request` (what
   `Engine.async_generate` does, except that 0.5.3's `async_generate` takes no `rid`, and aborting a
-  request needs its rid from the start). That loop runs only inside
-  `step()` and the other methods, all called from the engine-loop thread (sglang's sync methods run
-  `loop.run_until_complete` on the same loop, so nothing else may drive it).
-- Tokens and log-probs come from `meta_info["output_token_logprobs"]` ((logprob, token_id, text) triples).
-  sglang's default log-prob is log_softmax(logits / T) of the sampled token before top-k/top-p filtering
-  (T = 1 when greedy), the same quantity the torch engine records; do not set
-  SGLANG_RETURN_ORIGINAL_LOGPROB, which switches it to the untempered distribution.
-- `drain` aborts the requests (`abort_request(rid)`, sent from a coroutine on `_loop` and repeated every
+  request needs its rid from the start). That loop runs only inside `step()` and the other methods, all called
+  from the engine-loop thread.
+- Tokens and log-probs: `sglang_api.read_chunk` (the same log-prob the torch engine records).
+- `drain` aborts the requests (`abort_request(rid)`, sent from a coroutine on the loop and repeated every
   50 ms until the request ends: sglang ignores an abort for a rid it has not registered yet), waits for their
   last chunks and returns what they generated as ABORTED partials (or as finished, when a request ended
   before the abort reached it).
@@ -43,29 +35,20 @@ How it maps the engine interface (the same one `Engine` has, driven by `EngineLo
   IPC, so those are cloned first (`everstep.tensors.cuda_ipc.owned`: one device copy, the CUDA IPC push's only one).
 - Memory: `EngineConfig.mem_fraction_static` goes to sglang (0: sglang's default, most of the GPU).
 - Threads: a `Load` builds the engine on a gRPC thread, where sglang's `signal.signal(SIGQUIT, ...)`
-  would raise; see `signal_handlers_skipped_off_main_thread`.
+  would raise; see `sglang_api.signal_handlers_skipped_off_main_thread`.
 - Backpressure: at most max_running + max_queued sequences live at once (sglang queues internally), more
   are refused with QueueFullError. `num_queued` is 0: sglang's own queue is not visible here.
 - Per-request seeds are not passed on (sglang's seeding differs by version); the engine seed is sglang's
   random_seed.
-- Routing replay (`return_routed_experts`), written against sglang's source after 0.5.3 (its PR #12162,
-  "Enable return routed experts", and the later `routed_experts_start_len`): 0.5.3, the pinned version, has no
-  such API, so this engine refuses the option there (ValueError naming return_routed_experts and why), as it
-  does for a dense model. Where sglang has it (`ServerArgs.enable_return_routed_experts`,
-  `GenerateReqInput.return_routed_experts`), the engine is started with the capture on (for an MoE model) and
-  each request that asks sets `return_routed_experts=True` and `routed_experts_start_len` = the positions it
-  already has routes for. sglang answers once, when the request ends, with `meta_info["routed_experts"]`:
-  base64 of little-endian int32 ids [positions start..seqlen-2][every decoder layer][top_k]
-  (`routed_experts_capturer.extract_routed_experts_from_meta_info`); `sglang_routes` keeps the MoE layers and
-  converts them to uint8 [position][moe layer][k]. A request ended without routes (sglang collects them for a
-  finished request; an abort that does not reach the scheduler's finish path has none) loses its output tokens
-  beyond the positions it has routes for: a token is kept only with the routes of the input it was sampled from.
+- Routing replay (`return_routed_experts`): only where sglang has it (after 0.5.3, the pinned version; refused
+  with the reason otherwise, as for a dense model); see `sglang_api`, "Routed experts". A request ended without
+  routes loses its output tokens beyond the positions it has routes for: a token is kept only with the routes of
+  the input it was sampled from.
 - Multi-turn tool use (`GenerationRequest.tools`, docs/tools.md), as verl's sglang agent loop does it (token in,
   token out; the trajectory so far is the next request's input_ids): each model turn is one sglang request whose
   input_ids are the whole trajectory so far (prompt + model tokens + tool-reply tokens), with `stop_token_ids` =
   the engine's EOS set (the torch engine's end-of-turn tokens). When a request stops at an end-of-turn token, the
-  turn goes to the same `ToolSession` the torch engine uses (`everstep.tools.calls` parses the calls, the calls run
-  on `ToolRuntime`'s threads, `everstep.tools.turns` renders the replies, same limits and error kinds); the sequence
+  turn goes to `engine/tool_turns.py`, as on the torch engine (same session, threads, limits); the sequence
   has no request in sglang meanwhile, and every other request goes on decoding in sglang's batches. The replies'
   tokens are appended (`output_tool_mask` True, log-prob 0, version -1) and the next turn is submitted.
   sglang's radix cache (on unless --disable-radix-cache) keeps the finished request's KV (`cache_finished_req`
@@ -80,91 +63,49 @@ How it maps the engine interface (the same one `Engine` has, driven by `EngineLo
 from __future__ import annotations
 
 import asyncio
-import base64
 import concurrent.futures
-import contextlib
-import dataclasses
 import logging
-import signal
-import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
 from everstep.model_config import MAX_ROUTED_EXPERTS, moe_shape, position_limit
 from everstep.settings.quantization import Quantization
 from everstep.tensors import cuda_ipc
 from everstep_rollout.config import EngineConfig, resolve_max_seq_len
-from everstep_rollout.engine.interface import EngineUnavailableError, QueueFullError, StepStats
+from everstep_rollout.engine import sglang_api
+from everstep_rollout.engine.interface import QueueFullError, StepStats
 from everstep_rollout.engine.throughput import ThroughputWindow
+from everstep_rollout.engine.tool_turns import LiveSequence, ToolTurns
 from everstep_rollout.model_files import read_config, read_eos_token_ids
 from everstep_rollout.routing import RouteBuffer, check_routed_experts
 from everstep_rollout.sequence import FinishReason, GenerationRequest, SequenceResult
 
-if TYPE_CHECKING:
-    from everstep_rollout.tools import ToolRuntime, ToolSession
-
 log = logging.getLogger(__name__)
 
-GPU_EXTRA_HINT = ("sglang runs in an environment of its own on a CUDA machine: `make sglang-venv` (then run the "
-                  "rollout server with .venv-sglang/bin/python), or the image deploy/docker/rollout-sglang.Dockerfile")
 _POLL_SECONDS = 0.005
-_ABORT_TIMEOUT_SECONDS = 60.0
-_ABORT_RETRY_SECONDS = 0.05
-_TOOL_POLL_SECONDS = 0.02
-"""How long a step with every sequence waiting for its tools waits for a reply (as the torch engine's)."""
-_FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORTED}
-
-
-def import_sglang():
-    """The sglang module, or EngineUnavailableError naming the extra that provides it."""
-    try:
-        import sglang
-    except ImportError as e:
-        raise EngineUnavailableError(f"engine 'sglang' needs the sglang package ({e}); {GPU_EXTRA_HINT}") from e
-    return sglang
-
-
 @dataclass(eq=False, kw_only=True)
-class _Request:
-    request: GenerationRequest
+class _Request(LiveSequence):
     rid: str
     version: int
-    output_ids: list[int]
-    output_logprobs: list[float]
-    output_versions: list[int]
     task: asyncio.Task | None = None
     finish: FinishReason | None = None
     error: str = ""
     new_tokens: int = field(default=0)
     """Tokens this sglang request generated (the continuation's own, not the earlier output)."""
-    routes: RouteBuffer | None = None
     routes_start: int = 0
     """The first position the current sglang request returns routes for (its routed_experts_start_len)."""
     input_len: int = 0
     """Tokens the current sglang request was sent (prompt + earlier output)."""
-    tools: ToolSession | None = None
-    tool_mask: list[bool] | None = None
     continues_trajectory: bool = False
     """The current request follows a tool reply (its input extends the previous request's)."""
     cached_tokens: int = 0
     """sglang's `meta_info["cached_tokens"]` of the current request: its input tokens found in the radix cache."""
     history_len: int = 0
     """Tokens before the tool reply the current request continues from (the radix cache holds all but the last)."""
-
-    @property
-    def paused(self) -> bool:
-        """Waiting for its tool calls (no request in sglang meanwhile)."""
-        return self.tools is not None and self.tools.pending is not None
-
-    @property
-    def key(self) -> tuple[int, str]:
-        return (self.request.stream, self.request.id)
 
 
 class SglangEngine:
@@ -192,29 +133,30 @@ class SglangEngine:
             raise ValueError(f"quantization: {self.config.quantization.value!r} is a torch-engine setting; the sglang "
                              "engine takes quantization 'none'")
         if sglang_engine is None:
-            sglang = import_sglang()
+            sglang = sglang_api.import_sglang()
             if self.config.device == "cpu":
                 raise ValueError("engine 'sglang' runs on a GPU: set device to 'cuda' (or use engine 'torch')")
             self._request_type = request_type
-            self.sglang_routes = _sglang_has_routed_experts(self._new_request_type())
-            with signal_handlers_skipped_off_main_thread():
+            self.sglang_routes = sglang_api.has_routed_experts(self._new_request_type())
+            with sglang_api.signal_handlers_skipped_off_main_thread():
                 sglang_engine = sglang.Engine(**self.sglang_arguments())
         else:
             self._request_type = request_type
-            self.sglang_routes = _sglang_has_routed_experts(self._new_request_type())
+            self.sglang_routes = sglang_api.has_routed_experts(self._new_request_type())
         self._routes_refusal = self._why_no_routes()
         self._sgl = sglang_engine
-        self._loop: asyncio.AbstractEventLoop = asyncio.new_event_loop()
+        self._loop = sglang_api.SglangLoop()
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.eos_token_ids = read_eos_token_ids(self.model_dir, model_config)
         self.version = self.config.version
-        self.num_parameters = _count_parameters(self.model_dir)
+        self.num_parameters = sglang_api.count_parameters(self.model_dir)
         self._live: dict[tuple[int, str], _Request] = {}
         self._finished_on_add: list[SequenceResult] = []
         self._rid_counter = 0
         self._throughput = ThroughputWindow(window_seconds=10.0)
         self.last_step: StepStats | None = None
-        self._tool_runtime: ToolRuntime | None = None
+        self._turns = ToolTurns(sandbox_endpoint=self.config.sandbox_endpoint, tokenizer=self.tokenizer,
+                                eos_token_ids=self.eos_token_ids)
         self.tool_continuation_input_tokens = 0
         """Input tokens of the requests that continued a trajectory after a tool reply (finished ones)."""
         self.tool_continuation_cached_tokens = 0
@@ -260,15 +202,6 @@ class SglangEngine:
                     "--enable-return-routed-experts came after sglang 0.5.3, the version "
                     "deploy/sglang/requirements.txt pins); use the torch engine, or an sglang that has it")
         return None
-
-    def _sync(self, call):
-        """Run a sync sglang method: they all use `asyncio.get_event_loop()` of the calling thread."""
-        asyncio.set_event_loop(self._loop)
-        return call()
-
-    def _run(self, awaitable):
-        asyncio.set_event_loop(self._loop)
-        return self._loop.run_until_complete(awaitable)
 
     # -- state ------------------------------------------------------------------------------------------
 
@@ -319,47 +252,16 @@ class SglangEngine:
                                            capacity=len(r.prompt_ids) + (r.sampling.max_new_tokens or 64))
             if r.tools is not None:
                 entry.tool_mask = list(r.output_tool_mask) or [False] * len(r.output_ids)
-                entry.tools = self._tool_session(r, entry.tool_mask)
-            if self._remaining(entry) <= 0:
+                entry.tools = self._turns.session(r, entry.tool_mask)
+            if entry.remaining(self.max_seq_len) <= 0:
                 self._finished_on_add.append(self._result(entry, FinishReason.LENGTH))
-            elif entry.tools is not None and entry.output_ids and entry.output_ids[-1] in self.eos_token_ids and not (
-                    entry.tool_mask and entry.tool_mask[-1]):
-                # a partial drained while its tool ran: the call runs again (docs/tools.md, carry-over)
-                if entry.tools.end_turn(entry.output_ids, self._tools().submit, counted=False):
+            elif self._turns.unanswered(entry):  # a partial drained while its tool ran: the call runs again
+                if self._turns.end_turn(entry, counted=False):
                     self._live[entry.key] = entry
                 else:
                     self._finished_on_add.append(self._result(entry, FinishReason.STOP))
             else:
                 self._submit(entry)
-
-    def _tools(self) -> ToolRuntime:
-        """The tool threads and clients, made at the first request with tools: their modules need grpc and protobuf,
-        which an engine that never sees tools (benchmarks/gpu_check.py's machine has neither) does without."""
-        if self._tool_runtime is None:
-            from everstep_rollout.tools import ToolRuntime
-
-            self._tool_runtime = ToolRuntime(self.config.sandbox_endpoint)
-        return self._tool_runtime
-
-    def _tool_session(self, r: GenerationRequest, tool_mask: list[bool]) -> ToolSession:
-        """The torch engine's tool loop state for this sequence (the same class, runners and limits)."""
-        assert r.tools is not None
-        from everstep.v1 import common_pb2
-        from everstep_rollout.tools import ToolSession
-
-        trajectory = common_pb2.ToolTrajectory()
-        if r.tool_trajectory is not None:
-            trajectory.CopyFrom(r.tool_trajectory)
-        turn_start = max((i + 1 for i, is_tool in enumerate(tool_mask) if is_tool), default=0)
-        return ToolSession(r.tools, self._tools().client(r.tools, r.sandbox_address), self.tokenizer,
-                           trajectory, turn_start=turn_start, call_format=r.tool_call_format)
-
-    def _remaining(self, entry: _Request) -> int:
-        r = entry.request
-        by_length = self.max_seq_len - len(r.prompt_ids) - len(entry.output_ids)
-        if r.sampling.max_new_tokens > 0:
-            return min(by_length, r.sampling.max_new_tokens - len(entry.output_ids))
-        return by_length
 
     def _submit(self, entry: _Request) -> None:
         o = entry.request.sampling
@@ -369,7 +271,7 @@ class SglangEngine:
         entry.cached_tokens = 0
         sampling_params = {
             "temperature": o.temperature, "top_p": o.top_p if 0 < o.top_p < 1 else 1.0,
-            "top_k": o.top_k if o.top_k > 0 else -1, "max_new_tokens": self._remaining(entry),
+            "top_k": o.top_k if o.top_k > 0 else -1, "max_new_tokens": entry.remaining(self.max_seq_len),
         }
         if o.stop:
             sampling_params["stop"] = list(o.stop)
@@ -387,7 +289,7 @@ class SglangEngine:
             if entry.routes is not None:
                 routing["return_routed_experts"] = True
                 # Positions it has routes for are not sent back (those it has are kept anyway).
-                if "routed_experts_start_len" in _field_names(self._new_request_type()):
+                if "routed_experts_start_len" in sglang_api.request_fields(self._new_request_type()):
                     routing["routed_experts_start_len"] = entry.routes_start = entry.routes.length
                 else:
                     entry.routes_start = 0
@@ -401,32 +303,26 @@ class SglangEngine:
             entry.finish = FinishReason.ABORTED
 
     def _absorb(self, entry: _Request, chunk: Mapping) -> None:
-        """Append the chunk's new tokens; chunks may be cumulative or incremental (a server setting)."""
-        meta = chunk["meta_info"]
-        triples = meta.get("output_token_logprobs") or []
-        total = meta.get("completion_tokens")
-        new = max(0, (total if total is not None else len(triples)) - entry.new_tokens)
-        for logprob, token_id, *_ in (triples[len(triples) - new :] if new else ()):
-            entry.output_ids.append(int(token_id))
-            entry.output_logprobs.append(float(logprob))
+        """Append the chunk's new tokens, record its routes and its end."""
+        read = sglang_api.read_chunk(chunk, entry.new_tokens)
+        for token_id, logprob in read.tokens:
+            entry.output_ids.append(token_id)
+            entry.output_logprobs.append(logprob)
             entry.output_versions.append(entry.version)
             if entry.tool_mask is not None:
                 entry.tool_mask.append(False)
-        if meta.get("cached_tokens") is not None:
-            entry.cached_tokens = int(meta["cached_tokens"])
-        entry.new_tokens += new
-        self._throughput.record(time.monotonic(), new)
-        routed = meta.get("routed_experts")
-        if entry.routes is not None and routed is not None and len(routed):
+        if read.cached_tokens is not None:
+            entry.cached_tokens = read.cached_tokens
+        entry.new_tokens += len(read.tokens)
+        self._throughput.record(time.monotonic(), len(read.tokens))
+        if entry.routes is not None and read.routed_experts is not None and len(read.routed_experts):
             assert self.moe is not None
             rows = entry.input_len + entry.new_tokens - 1 - entry.routes_start
-            entry.routes.record(entry.routes_start, sglang_routes(
-                routed, positions=rows, num_hidden_layers=self.num_hidden_layers, moe_layers=self.moe.moe_layers,
-                top_k=self.moe.top_k))
-        reason = meta.get("finish_reason")
-        if reason is not None:
-            kind = reason.get("type") if isinstance(reason, Mapping) else str(reason)
-            entry.finish = _FINISH_REASONS.get(kind, FinishReason.STOP)
+            entry.routes.record(entry.routes_start, sglang_api.sglang_routes(
+                read.routed_experts, positions=rows, num_hidden_layers=self.num_hidden_layers,
+                moe_layers=self.moe.moe_layers, top_k=self.moe.top_k))
+        if read.finish is not None:
+            entry.finish = read.finish
             if entry.continues_trajectory:
                 self.tool_continuation_input_tokens += entry.input_len
                 self.tool_continuation_cached_tokens += entry.cached_tokens
@@ -438,31 +334,14 @@ class SglangEngine:
         entries = [e for e in self._live.values() if stream is None or e.request.stream == stream]
         self._abort(entries)
         for e in entries:
-            if e.tools is not None and e.tools.pending is not None:
-                e.tools.pending.cancel()  # a drained call runs again where the partial is continued
-                e.tools.pending = None
+            if self._turns.cancel(e):  # a drained call runs again where the partial is continued
                 e.finish = FinishReason.ABORTED
             elif e.finish == FinishReason.STOP and self._turn_ended_with_calls(e):
                 e.finish = FinishReason.ABORTED  # the partial ends with its calls; they run where it continues
         return [self._result(e, e.finish or FinishReason.ABORTED) for e in entries]
 
     def _abort(self, entries: list[_Request]) -> None:
-        running = {e.task: e.rid for e in entries if e.task is not None}
-
-        async def abort_and_wait() -> None:
-            # On the loop, in a coroutine: abort_request sends on a zmq.asyncio socket (see the module docstring).
-            # sglang ignores an abort for a rid it has not registered yet (a request added just before, whose
-            # task has not reached the scheduler), so the abort is repeated until every task has ended.
-            pending = set(running)
-            deadline = time.monotonic() + _ABORT_TIMEOUT_SECONDS
-            while pending and time.monotonic() < deadline:
-                for task in pending:
-                    self._sgl.tokenizer_manager.abort_request(rid=running[task])
-                _, pending = await asyncio.wait(pending, timeout=_ABORT_RETRY_SECONDS)
-            for task in pending:
-                task.cancel()
-
-        self._run(abort_and_wait())
+        self._loop.abort(self._sgl.tokenizer_manager, {e.task: e.rid for e in entries if e.task is not None})
         for e in entries:
             del self._live[e.key]
 
@@ -474,14 +353,14 @@ class SglangEngine:
         requests continue under the new ones."""
         num_bytes = sum(t.numel() * t.element_size() for t in named_tensors.values())
         owned = [(name, cuda_ipc.owned(t)) for name, t in named_tensors.items()]  # sglang re-shares them
-        self._swap(lambda: self._sync(lambda: self._sgl.update_weights_from_tensor(named_tensors=owned,
+        self._swap(lambda: self._loop.sync(lambda: self._sgl.update_weights_from_tensor(named_tensors=owned,
                                                                                     flush_cache=True)), version)
         return num_bytes
 
     def init_weights_update_group(self, *, master_address: str, master_port: int, rank_offset: int,
                                   world_size: int, group_name: str = "everstep", backend: str = "nccl") -> None:
         """Join a torch.distributed group with the trainer (which is rank 0) for broadcast weight updates."""
-        _check(self._sync(lambda: self._sgl.init_weights_update_group(
+        sglang_api.check_result(self._loop.sync(lambda: self._sgl.init_weights_update_group(
             master_address=master_address, master_port=master_port, rank_offset=rank_offset,
             world_size=world_size, group_name=group_name, backend=backend,
         )), "init_weights_update_group")
@@ -489,13 +368,13 @@ class SglangEngine:
     def update_weights_from_distributed(self, *, names: list[str], dtypes: list[str], shapes: list[list[int]],
                                         version: int, group_name: str = "everstep") -> None:
         """Receive the named tensors the trainer broadcasts on the group (it must broadcast them meanwhile)."""
-        self._swap(lambda: self._sync(lambda: self._sgl.update_weights_from_distributed(
+        self._swap(lambda: self._loop.sync(lambda: self._sgl.update_weights_from_distributed(
             names=names, dtypes=dtypes, shapes=shapes, group_name=group_name, flush_cache=True)), version)
 
     def _swap(self, update, version: int) -> None:
         entries = [e for e in self._live.values() if not e.paused]  # paused ones have no request in sglang
         self._abort(entries)
-        _check(update(), "weight update")
+        sglang_api.check_result(update(), "weight update")
         self.version = version
         for e in entries:
             if self._trim_to_routes(e):
@@ -504,7 +383,7 @@ class SglangEngine:
                 self._live[e.key] = e
                 continue
             if e.finish == FinishReason.ABORTED or e.finish is None:
-                if self._remaining(e) > 0:
+                if e.remaining(self.max_seq_len) > 0:
                     self._submit(e)  # continues from prompt + output so far, under the new weights
                     continue
                 e.finish = FinishReason.LENGTH
@@ -520,9 +399,9 @@ class SglangEngine:
         before = sum(len(e.output_ids) for e in self._live.values())
         tasks = [e.task for e in self._live.values() if e.task is not None]
         if tasks:
-            self._run(asyncio.wait(tasks, timeout=_POLL_SECONDS, return_when=asyncio.FIRST_COMPLETED))
+            self._loop.run(asyncio.wait(tasks, timeout=_POLL_SECONDS, return_when=asyncio.FIRST_COMPLETED))
         else:
-            self._wait_for_tools()  # nothing in sglang until a tool replies
+            self._turns.wait(self._live.values())  # nothing in sglang until a tool replies
         generated = sum(len(e.output_ids) for e in self._live.values()) - before
         reasons: dict[FinishReason, int] = {}
         for e in [e for e in self._live.values() if e.task is not None and e.task.done()]:
@@ -547,9 +426,7 @@ class SglangEngine:
     def _pause_for_tools(self, e: _Request) -> bool:
         """A request that stopped: when it ended a model turn with tool calls, its calls are submitted and it
         waits for them (True; it has no request in sglang until they reply)."""
-        if e.tools is None or not e.output_ids or e.output_ids[-1] not in self.eos_token_ids:
-            return False
-        if not e.tools.end_turn(e.output_ids, self._tools().submit):
+        if not self._turns.end_turn(e):
             return False
         e.task = None
         return True
@@ -557,8 +434,9 @@ class SglangEngine:
     def _turn_ended_with_calls(self, e: _Request) -> bool:
         """A drained request that stopped at the end of a turn with tool calls (counted as a turn, as the torch
         engine counts a turn paused when drained); its calls are not run here."""
-        if e.tools is None or not e.output_ids or e.output_ids[-1] not in self.eos_token_ids:
+        if not self._turns.at_end_of_turn(e):
             return False
+        assert e.tools is not None
         ended = e.tools.end_turn(e.output_ids, lambda *_: concurrent.futures.Future())
         e.tools.pending = None
         return ended
@@ -568,44 +446,27 @@ class SglangEngine:
         (input = the whole trajectory; sglang's radix cache holds its history). Returns those that finished (the
         environment ended the episode, or the reply would not fit), as the torch engine does."""
         finished = []
-        for e in [e for e in self._live.values() if e.tools is not None and e.tools.pending is not None
-                  and e.tools.pending.done()]:
-            assert e.tools is not None and e.tool_mask is not None
-            end = e.tools.take_reply(e.output_ids)
-            reason = FinishReason.STOP if end.finished else (
-                FinishReason.LENGTH if len(end.reply_ids) >= self._remaining(e) else None)
-            if reason is not None:
+        for reply in self._turns.replies(self._live.values(), self.max_seq_len):
+            e, reply_ids = reply.seq, reply.reply_ids
+            if reply.finish is not None:
                 del self._live[e.key]
-                finished.append(self._result(e, reason))
+                finished.append(self._result(e, reply.finish))
                 continue
+            assert e.tool_mask is not None
             e.history_len = len(e.request.prompt_ids) + len(e.output_ids)
-            e.output_ids.extend(end.reply_ids)
-            e.output_logprobs.extend([0.0] * len(end.reply_ids))
-            e.output_versions.extend([-1] * len(end.reply_ids))
-            e.tool_mask.extend([True] * len(end.reply_ids))
+            e.output_ids.extend(reply_ids)
+            e.output_logprobs.extend([0.0] * len(reply_ids))
+            e.output_versions.extend([-1] * len(reply_ids))
+            e.tool_mask.extend([True] * len(reply_ids))
             e.continues_trajectory = True
             self._submit(e)
         return finished
 
-    def _wait_for_tools(self) -> None:
-        pending = [e.tools.pending for e in self._live.values() if e.tools is not None and e.tools.pending is not None]
-        if pending:
-            concurrent.futures.wait(pending, timeout=_TOOL_POLL_SECONDS, return_when=concurrent.futures.FIRST_COMPLETED)
-
     def _result(self, e: _Request, reason: FinishReason) -> SequenceResult:
-        r = e.request
         if self._trim_to_routes(e):
             reason = FinishReason.ABORTED  # no longer finished: it continues from the kept tokens
-        if e.tools is not None and reason != FinishReason.ABORTED:
-            e.tools.close(self._tools().submit)
-        return SequenceResult(
-            id=r.id, stream=r.stream, prompt_ids=list(r.prompt_ids), output_ids=e.output_ids,
-            output_logprobs=e.output_logprobs, output_versions=e.output_versions, finish_reason=reason,
-            output_text=self.tokenizer.decode(e.output_ids, skip_special_tokens=True),
-            routed_experts=e.routes.to_bytes() if e.routes is not None else b"",
-            output_tool_mask=list(e.tool_mask or []),
-            tool_trajectory=e.tools.snapshot() if e.tools is not None else None,
-        )
+        self._turns.close(e, reason)
+        return e.result(reason, self.tokenizer)
 
     def _trim_to_routes(self, e: _Request) -> bool:
         """Keep output tokens only with the routes of the input each was sampled from (output i: position
@@ -631,110 +492,6 @@ class SglangEngine:
             if self._live:
                 self._abort(list(self._live.values()))
         finally:
-            if self._tool_runtime is not None:
-                self._tool_runtime.shutdown()
+            self._turns.shutdown()
             self._sgl.shutdown()
-            self._close_loop()
-
-    def _close_loop(self) -> None:
-        """Cancel what is left on the loop (sglang's output handler among it), then close it."""
-        try:
-            leftover = asyncio.all_tasks(self._loop)
-            for task in leftover:
-                task.cancel()
-            if leftover:
-                self._run(asyncio.wait(leftover, timeout=5.0))
-        except Exception as e:  # noqa: BLE001 - best effort at shutdown
-            log.debug("sglang engine loop: %s while cancelling its tasks", e)
-        finally:
             self._loop.close()
-
-
-def sglang_routes(value, *, positions: int, num_hidden_layers: int, moe_layers: tuple[int, ...],
-                  top_k: int) -> np.ndarray:
-    """sglang's `meta_info["routed_experts"]` as our layout: uint8 [positions, len(moe_layers), top_k].
-
-    sglang sends base64 of little-endian int32 [positions][num_hidden_layers][top_k] (every decoder layer; a
-    dense layer's rows hold nothing routed); a tensor or array (skip_tokenizer_init) of the same ids is taken
-    too, as is one that holds the MoE layers only. ValueError when the size fits neither."""
-    if isinstance(value, str):
-        value = base64.b64decode(value)
-    if isinstance(value, bytes | bytearray | memoryview):
-        ids = np.frombuffer(value, dtype="<i4")
-    elif isinstance(value, torch.Tensor):
-        ids = value.cpu().numpy().reshape(-1)
-    else:
-        ids = np.asarray(value).reshape(-1)
-    per_layer = positions * top_k
-    if per_layer and ids.size == per_layer * num_hidden_layers:
-        ids = ids.reshape(positions, num_hidden_layers, top_k)[:, list(moe_layers)]
-    elif ids.size == per_layer * len(moe_layers):
-        ids = ids.reshape(positions, len(moe_layers), top_k)
-    else:
-        raise ValueError(f"sglang routed_experts has {ids.size} ids; {positions} positions x top-{top_k} x "
-                         f"{num_hidden_layers} layers ({len(moe_layers)} MoE) expected")
-    if ids.size and (ids.min() < 0 or ids.max() >= MAX_ROUTED_EXPERTS):
-        raise ValueError(f"sglang routed_experts holds expert ids outside [0, {MAX_ROUTED_EXPERTS})")
-    return ids.astype(np.uint8)
-
-
-def _field_names(request_type) -> set[str]:
-    if dataclasses.is_dataclass(request_type):
-        return {f.name for f in dataclasses.fields(request_type)}
-    return set(getattr(request_type, "__annotations__", {}))
-
-
-def _sglang_has_routed_experts(request_type) -> bool:
-    """Whether sglang's generate request takes return_routed_experts (sglang after 0.5.3)."""
-    return "return_routed_experts" in _field_names(request_type)
-
-
-_SIGNAL_PATCH = threading.Lock()
-
-
-@contextlib.contextmanager
-def signal_handlers_skipped_off_main_thread():
-    """Let sglang.Engine be built on a gRPC thread (a `Load` call), not only on the main thread.
-
-    sglang 0.5.3's launch registers a SIGQUIT handler with `signal.signal`, which raises ValueError
-    ("signal only works in main thread") anywhere else. Off the main thread, `signal.signal` is replaced
-    for the duration of the build by one that skips the registration (with a warning) and returns the
-    current handler; a failing sglang child then ends this process by SIGQUIT's default action instead of
-    sglang's handler killing the process tree. On the main thread nothing changes.
-    """
-    if threading.current_thread() is threading.main_thread():
-        yield
-        return
-    original = signal.signal
-
-    def skip(signum, handler):
-        log.warning("sglang's handler for %s not installed: the engine is built off the main thread",
-                    signal.Signals(signum).name)
-        return signal.getsignal(signum)
-
-    with _SIGNAL_PATCH:
-        signal.signal = skip
-        try:
-            yield
-        finally:
-            signal.signal = original
-
-
-def _check(result, what: str) -> None:
-    """sglang's update calls answer (success, message) (older versions: a dict or None)."""
-    if isinstance(result, tuple) and result and result[0] is False:
-        raise RuntimeError(f"sglang {what} failed: {result[1] if len(result) > 1 else ''}")
-    if isinstance(result, Mapping) and result.get("success") is False:
-        raise RuntimeError(f"sglang {what} failed: {result.get('message', '')}")
-
-
-def _count_parameters(model_dir: Path) -> int:
-    """Parameters in the checkpoint's safetensors headers (no tensor is loaded)."""
-    from safetensors import safe_open
-
-    total = 0
-    for f in sorted(model_dir.glob("*.safetensors")):
-        with safe_open(str(f), framework="pt") as st:
-            for name in st.keys():  # noqa: SIM118 - safe_open is not iterable
-                total += int(torch.Size(st.get_slice(name).get_shape()).numel())
-    return total

@@ -1,10 +1,12 @@
 """The torch generation engine: a KV cache, continuous batching and in-place weight updates.
 
-`Engine.step()` is one iteration of schedule -> execute -> update: queued sequences are admitted into
-free KV cache slots, and one forward pass prefills them and decodes one token for every running sequence
-(the joining ones included); sequences that hit EOS, a stop string or their length limit leave (their slot
-is reused at the next step). The model runs in an executor (`everstep_rollout.executor`): our native one
-for Llama, Qwen2, Qwen3 and Qwen3-MoE models, or transformers' own modeling code for any other causal LM.
+`Engine.step()` is one iteration of schedule -> execute -> update, as vLLM v1's `EngineCore.step`: the scheduler
+(`engine/scheduler.py`, plain Python) admits queued sequences into free KV cache slots and says what to prefill
+and decode; the engine runs it, one forward pass that prefills the joining sequences and decodes one token for
+every running one, and samples; the scheduler then appends the tokens and decides who continues, pauses for its
+tools or leaves (EOS, a stop string, its length limit; its slot is reused at the next step). The model runs in an
+executor (`everstep_rollout.executor`): our native one for Llama, Qwen2, Qwen3 and Qwen3-MoE models, or
+transformers' own modeling code for any other causal LM.
 
 Per-token log-probabilities (`output_logprobs`): log_softmax(logits / T) of the sampled token, in
 float32, over the full vocabulary BEFORE top-k/top-p filtering, with T the sequence's temperature
@@ -21,7 +23,7 @@ Multi-turn tool use (`GenerationRequest.tools`, docs/tools.md): when a sequence 
 (`everstep_rollout.tools.ToolSession`), it is paused in its slot with its KV cache kept while the calls run on tool
 threads; the other sequences go on decoding. A paused sequence's decode row recomputes its last token's keys (the
 same values) and its sampled token is dropped. When the replies come, their tokens are fed through its decode row,
-one per step (`_Sequence.forced`): the history is never prefilled again. Only when sequences wait for a slot and
+one per step (`ScheduledSequence.forced`): the history is never prefilled again. Only when sequences wait for a slot and
 every slot is taken are paused sequences evicted (`num_tool_evictions`); they are prefilled again once their
 replies came. Tool tokens are marked in `output_tool_mask`, with log-prob 0 and version -1.
 
@@ -42,13 +44,11 @@ continued and recomputed sequences join the decode batch the same way. The engin
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import logging
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -57,15 +57,13 @@ from everstep.model_config import MAX_ROUTED_EXPERTS, position_limit
 from everstep_rollout.config import EngineConfig
 from everstep_rollout.engine.interface import QueueFullError, StepStats
 from everstep_rollout.engine.sampling import SamplingBatch, sample
+from everstep_rollout.engine.scheduler import ScheduledSequence, Scheduler
 from everstep_rollout.engine.throughput import ThroughputWindow
+from everstep_rollout.engine.tool_turns import ToolTurns
 from everstep_rollout.executor import ExecutorOptions, ForwardBatch, build_executor
-from everstep_rollout.kv_cache import SlotAllocator
 from everstep_rollout.model_files import read_config, read_eos_token_ids
 from everstep_rollout.routing import RouteBuffer, check_routed_experts
 from everstep_rollout.sequence import FinishReason, GenerationRequest, SequenceResult
-
-if TYPE_CHECKING:
-    from everstep_rollout.tools import ToolRuntime, ToolSession
 
 log = logging.getLogger(__name__)
 
@@ -74,35 +72,12 @@ _THROUGHPUT_WINDOW_SECONDS = 10.0
 # text token decodes to at least one character, so a stop string that the last token completed lies
 # inside that window; decoding the whole output every step would cost O(length) per token.
 _STOP_WINDOW_EXTRA_TOKENS = 8
-# How long a step with every running sequence paused for its tools waits for a reply before it looks again
-# (new requests and drains are handled between steps).
-_TOOL_POLL_SECONDS = 0.02
 
 
 @dataclass(eq=False, kw_only=True)
-class _Sequence:
-    request: GenerationRequest
-    token_ids: list[int]
-    output_ids: list[int]
-    output_logprobs: list[float]
-    output_versions: list[int]
+class _Sequence(ScheduledSequence):
     generator: torch.Generator | None
-    stop_window: int
-    routes: RouteBuffer | None = None
-    slot: int = -1
-    tools: ToolSession | None = None
-    tool_mask: list[bool] | None = None
-    forced: collections.deque[int] = field(default_factory=collections.deque)
-    """Tool-reply tokens still to feed through the decode row."""
-
-    @property
-    def paused(self) -> bool:
-        """Waiting for its tool calls."""
-        return self.tools is not None and self.tools.pending is not None
-
-    @property
-    def key(self) -> tuple[int, str]:
-        return (self.request.stream, self.request.id)
+    """Its own sampling generator (a seeded request); None: the engine's."""
 
 
 class Engine:
@@ -126,23 +101,19 @@ class Engine:
         self.architecture = self.executor.model_type
         self.vocab_size = self.executor.vocab_size
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        self.eos_token_ids = read_eos_token_ids(self.model_dir, model_config)
         self.version = self.config.version
         self.routing_shape = self.executor.routing_shape
         self._routes_refusal = self._why_no_routes()
         self._device = device
         self._generator = torch.Generator(device=device).manual_seed(self.config.seed)
-        self._free_slots = SlotAllocator(self.config.max_running)
-        self._queue: collections.deque[_Sequence] = collections.deque()
-        self._slots: list[_Sequence | None] = [None] * self.config.max_running
-        self._live: dict[tuple[int, str], _Sequence] = {}
-        self._needs_prefill: list[_Sequence] = []
         self._finished_on_add: list[SequenceResult] = []
         self._throughput = ThroughputWindow(window_seconds=_THROUGHPUT_WINDOW_SECONDS)
-        self._tool_runtime: ToolRuntime | None = None
-        self._evicted: list[_Sequence] = []
-        """Paused sequences that gave up their slot (memory pressure); prefilled again after their replies."""
-        self.num_tool_evictions = 0
+        self._turns = ToolTurns(sandbox_endpoint=self.config.sandbox_endpoint, tokenizer=self.tokenizer,
+                                eos_token_ids=read_eos_token_ids(self.model_dir, model_config))
+        self._scheduler: Scheduler[_Sequence] = Scheduler(
+            num_slots=self.config.max_running, max_seq_len=self.max_seq_len,
+            prefill_max_tokens=self.config.prefill_max_tokens, share_prompt_prefill=self.config.share_prompt_prefill,
+            turns=self._turns, decode_text=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True))
         self.num_prefilled_total = 0
         """Sequences prefilled since the start (admitted, re-admitted after an eviction, or recomputed)."""
         self.num_prefill_tokens_total = 0
@@ -157,6 +128,16 @@ class Engine:
             self.config.dtype, self.config.quantization.value, self.weights.num_bytes / 2**20, device,
             self.config.max_running, self.max_seq_len, self.executor.cache_bytes / 2**20,
         )
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """The end-of-turn tokens: a sequence that samples one stops (or, with tools, ends its turn). A benchmark may
+        set none, to run every sequence to its length."""
+        return self._turns.eos_token_ids
+
+    @eos_token_ids.setter
+    def eos_token_ids(self, ids: Iterable[int]) -> None:
+        self._turns.eos_token_ids = frozenset(ids)
 
     @property
     def num_parameters(self) -> int:
@@ -177,22 +158,25 @@ class Engine:
 
     def shutdown(self) -> None:
         """The tool threads stop; the weights and cache are freed with the engine."""
-        if self._tool_runtime is not None:
-            self._tool_runtime.shutdown()
+        self._turns.shutdown()
 
     # -- state ------------------------------------------------------------------------------------------
 
     @property
     def num_running(self) -> int:
-        return len(self._live) - len(self._queue) - len(self._evicted)
+        return self._scheduler.num_running
 
     @property
     def num_queued(self) -> int:
-        return len(self._queue)
+        return self._scheduler.num_queued
+
+    @property
+    def num_tool_evictions(self) -> int:
+        return self._scheduler.num_tool_evictions
 
     @property
     def has_work(self) -> bool:
-        return bool(self._live or self._finished_on_add)
+        return bool(self._scheduler.live or self._finished_on_add)
 
     def tokens_per_second(self) -> float:
         """Tokens generated per second over the last 10 seconds."""
@@ -210,7 +194,7 @@ class Engine:
         """
         requests = list(requests)
         keys = [(r.stream, r.id) for r in requests]
-        duplicates = {k for k in keys if k in self._live} | {k for k in keys if keys.count(k) > 1}
+        duplicates = {k for k in keys if k in self._scheduler.live} | {k for k in keys if keys.count(k) > 1}
         if duplicates:
             raise ValueError(f"sequence ids already in flight: {sorted(k[1] for k in duplicates)[:5]}")
         vocab = self.vocab_size
@@ -229,36 +213,18 @@ class Engine:
                     f"sequence {r.id!r}: prompt ({len(r.prompt_ids)} tokens) + max_new_tokens "
                     f"({r.sampling.max_new_tokens}) exceeds the engine's max_seq_len ({self.max_seq_len})")
         # The next step moves the head of the queue into the free slots; the rest waits.
-        would_wait = max(0, len(self._queue) + len(requests) - self._free_slots.num_free)
+        scheduler = self._scheduler
+        would_wait = max(0, scheduler.num_queued + len(requests) - scheduler.num_free_slots)
         if would_wait > self.config.max_queued:
             raise QueueFullError(
-                f"rollout queue full: {len(self._queue)} sequences queued, {len(requests)} more requested, "
-                f"max_queued={self.config.max_queued}, {self._free_slots.num_free} free slots"
+                f"rollout queue full: {scheduler.num_queued} sequences queued, {len(requests)} more requested, "
+                f"max_queued={self.config.max_queued}, {scheduler.num_free_slots} free slots"
             )
         for r in requests:
             seq = self._new_sequence(r)
-            if self._length_reached(seq):
-                self._finished_on_add.append(self._result(seq, FinishReason.LENGTH))
-            elif seq.tools is not None and seq.output_ids and seq.output_ids[-1] in self.eos_token_ids and not (
-                    seq.tool_mask and seq.tool_mask[-1]):
-                # a partial drained while its tool ran: the call runs again (docs/tools.md, carry-over)
-                if seq.tools.end_turn(seq.output_ids, self._tools().submit, counted=False):
-                    self._queue.append(seq)
-                    self._live[seq.key] = seq
-                else:
-                    self._finished_on_add.append(self._result(seq, FinishReason.STOP))
-            else:
-                self._queue.append(seq)
-                self._live[seq.key] = seq
-
-    def _tools(self) -> ToolRuntime:
-        """The tool threads and clients, made at the first request with tools: their modules need grpc and protobuf,
-        which an engine that never sees tools (benchmarks/gpu_check.py's machine has neither) does without."""
-        if self._tool_runtime is None:
-            from everstep_rollout.tools import ToolRuntime
-
-            self._tool_runtime = ToolRuntime(self.config.sandbox_endpoint)
-        return self._tool_runtime
+            finished = scheduler.add(seq)
+            if finished is not None:
+                self._finished_on_add.append(self._result(seq, finished))
 
     def _new_sequence(self, r: GenerationRequest) -> _Sequence:
         generator = None
@@ -274,15 +240,7 @@ class Engine:
         tools = tool_mask = None
         if r.tools is not None:
             tool_mask = list(r.output_tool_mask) or [False] * len(r.output_ids)
-            from everstep.v1 import common_pb2
-            from everstep_rollout.tools import ToolSession
-
-            trajectory = common_pb2.ToolTrajectory()
-            if r.tool_trajectory is not None:
-                trajectory.CopyFrom(r.tool_trajectory)
-            turn_start = max((i + 1 for i, is_tool in enumerate(tool_mask) if is_tool), default=0)
-            tools = ToolSession(r.tools, self._tools().client(r.tools, r.sandbox_address), self.tokenizer,
-                                trajectory, turn_start=turn_start, call_format=r.tool_call_format)
+            tools = self._turns.session(r, tool_mask)
         return _Sequence(
             request=r, token_ids=[*r.prompt_ids, *r.output_ids], output_ids=list(r.output_ids),
             output_logprobs=list(r.output_logprobs), output_versions=list(r.output_versions),
@@ -291,26 +249,7 @@ class Engine:
 
     def drain(self, stream: int | None = None) -> list[SequenceResult]:
         """Remove every unfinished sequence (of `stream`, or of all streams) and return it as ABORTED."""
-        drained = [s for s in self._live.values() if stream is None or s.request.stream == stream]
-        for seq in drained:
-            self._remove(seq)
-        return [self._result(s, FinishReason.ABORTED) for s in drained]
-
-    def _remove(self, seq: _Sequence) -> None:
-        del self._live[seq.key]
-        if seq.tools is not None and seq.tools.pending is not None:
-            seq.tools.pending.cancel()  # a drained call runs again where the partial is continued
-            seq.tools.pending = None
-        if seq in self._evicted:
-            self._evicted.remove(seq)
-        elif seq.slot >= 0:
-            self._slots[seq.slot] = None
-            self._free_slots.release(seq.slot)
-            seq.slot = -1
-            if seq in self._needs_prefill:
-                self._needs_prefill.remove(seq)
-        else:
-            self._queue.remove(seq)
+        return [self._result(s, FinishReason.ABORTED) for s in self._scheduler.drain(stream)]
 
     # -- weights ----------------------------------------------------------------------------------------
 
@@ -331,7 +270,7 @@ class Engine:
                 num_bytes = self.weights.copy_in(named_tensors, require_all=False)
         self.version = version
         if self.config.recompute_kv_on_update:
-            self._needs_prefill = [s for s in self._slots if s is not None]
+            self._scheduler.recompute_all()
         return num_bytes
 
     # -- the step ---------------------------------------------------------------------------------------
@@ -341,131 +280,39 @@ class Engine:
         """Admit, prefill, decode one token for every running sequence; return the sequences that finished."""
         start = time.perf_counter()
         finished, self._finished_on_add = self._finished_on_add, []
-        finished += self._take_tool_replies()
-        self._evict_paused_for_queued()
-        to_prefill, self._needs_prefill = self._needs_prefill, []
-        admitted = []
-        while self._queue and self._free_slots.num_free:
-            seq = self._queue.popleft()
-            seq.slot = self._free_slots.allocate()
-            self._slots[seq.slot] = seq
-            admitted.append(seq)
-        to_prefill += admitted
-        self._compact_slots()
-        self.num_prefilled_total += len(to_prefill)
-        running = [s for s in self._slots if s is not None]
-        if not to_prefill and all(s.paused for s in running):
-            self._wait_for_tools()  # nothing to decode until a tool replies
-            running = []
-        sharers = self._shared_prompts(admitted) if self.config.share_prompt_prefill else {}
-        followers = {f for group in sharers.values() for f in group}
-        to_prefill = [s for s in to_prefill if s not in followers]
-        num_prefill_tokens = sum(max(0, len(s.token_ids) - 1) for s in to_prefill)
-        num_shared_tokens = sum(len(f.token_ids) - 1 for f in followers)
+        scheduler = self._scheduler
+        finished += [self._result(seq, reason) for seq, reason in scheduler.take_tool_replies()]
+        plan = scheduler.schedule()
+        for move in plan.moves:
+            self.executor.move_slot(move.src, move.dst, move.length)
+        self.num_prefilled_total += plan.num_prefilled
+        if plan.waiting_for_tools:
+            self._turns.wait(scheduler.live.values())  # nothing to decode until a tool replies
+        num_prefill_tokens = sum(max(0, len(s.token_ids) - 1) for s in plan.prefill)
+        num_shared_tokens = sum(len(f.token_ids) - 1 for group in plan.sharers.values() for f in group)
         self.num_prefill_tokens_total += num_prefill_tokens
         self.num_prefill_tokens_shared_total += num_shared_tokens
-        fused = self._prefill_all_but_last_chunk(to_prefill, sharers)
+        for chunk in plan.prefill_chunks[:-1]:  # the last chunk is prefilled by the decode pass
+            self.executor.forward(self._forward_batch(chunk, plan.sharers))
+            self._record_routes(chunk, [], plan.sharers)
         decode_start = time.perf_counter()
         reasons: collections.Counter[FinishReason] = collections.Counter(r.finish_reason for r in finished)
-        if running:
-            for seq, reason in self._decode(running, fused, sharers):
-                if reason is not None:
-                    self._remove(seq)
-                    finished.append(self._result(seq, reason))
-                    reasons[reason] += 1
+        if plan.decode:
+            fused = plan.prefill_chunks[-1] if plan.prefill_chunks else []
+            sampled_ids, sampled_logprobs = self._decode(plan.decode, fused, plan.sharers)
+            for seq, reason in scheduler.update_from_output(plan.decode, sampled_ids, sampled_logprobs, self.version):
+                finished.append(self._result(seq, reason))
+                reasons[reason] += 1
         end = time.perf_counter()
-        num_decoded = sum(not s.paused for s in running)
+        num_decoded = sum(not s.paused for s in plan.decode)
         self._throughput.record(time.monotonic(), num_decoded)
         self.last_step = StepStats(
-            num_decoded=num_decoded, num_prefilled=len(to_prefill), decode_seconds=end - decode_start,
-            step_seconds=end - start, finished=dict(reasons),
-            num_paused=sum(1 for s in self._live.values() if s.paused), num_tool_evictions=self.num_tool_evictions,
-            num_prefill_tokens=num_prefill_tokens, num_prefill_tokens_shared=num_shared_tokens,
+            num_decoded=num_decoded, num_prefilled=len(plan.prefill), decode_seconds=end - decode_start,
+            step_seconds=end - start, finished=dict(reasons), num_paused=scheduler.num_paused,
+            num_tool_evictions=scheduler.num_tool_evictions, num_prefill_tokens=num_prefill_tokens,
+            num_prefill_tokens_shared=num_shared_tokens,
         )
         return finished
-
-    # -- tools ------------------------------------------------------------------------------------------
-
-    def _take_tool_replies(self) -> list[SequenceResult]:
-        """Sequences whose tool calls replied: their reply tokens go to the decode row (or, evicted, straight into
-        the sequence, which queues for a prefill); the finished ones (the environment ended the episode, or the
-        reply would not fit) are returned."""
-        finished = []
-        for seq in [s for s in self._live.values() if s.tools is not None and s.tools.pending is not None
-                    and s.tools.pending.done()]:
-            assert seq.tools is not None
-            end = seq.tools.take_reply(seq.output_ids)
-            room = self.max_seq_len - len(seq.token_ids)
-            max_new = seq.request.sampling.max_new_tokens
-            if max_new:
-                room = min(room, max_new - len(seq.output_ids))
-            reason = FinishReason.STOP if end.finished else (
-                FinishReason.LENGTH if len(end.reply_ids) >= room else None)
-            if reason is not None:
-                self._remove(seq)
-                finished.append(self._result(seq, reason))
-            elif seq in self._evicted:
-                for token in end.reply_ids:
-                    self._append(seq, token, 0.0, -1, tool=True)
-                self._evicted.remove(seq)
-                self._queue.appendleft(seq)
-            else:
-                seq.forced.extend(end.reply_ids)
-        return finished
-
-    def _evict_paused_for_queued(self) -> None:
-        """Memory pressure: sequences wait for a slot and every slot is taken; paused ones give theirs up."""
-        if not self._queue or self._free_slots.num_free:
-            return
-        for seq in [s for s in self._slots if s is not None and s.paused][: len(self._queue)]:
-            self._slots[seq.slot] = None
-            self._free_slots.release(seq.slot)
-            seq.slot = -1
-            if seq in self._needs_prefill:
-                self._needs_prefill.remove(seq)
-            self._evicted.append(seq)
-            self.num_tool_evictions += 1
-
-    def _wait_for_tools(self) -> None:
-        pending = [s.tools.pending for s in self._live.values() if s.tools is not None and s.tools.pending is not None]
-        if pending:
-            concurrent.futures.wait(pending, timeout=_TOOL_POLL_SECONDS, return_when=concurrent.futures.FIRST_COMPLETED)
-
-    def _append(self, seq: _Sequence, token: int, logprob: float, version: int, *, tool: bool = False) -> None:
-        seq.token_ids.append(token)
-        seq.output_ids.append(token)
-        seq.output_logprobs.append(logprob)
-        seq.output_versions.append(version)
-        if seq.tool_mask is not None:
-            seq.tool_mask.append(tool)
-
-    def _compact_slots(self) -> None:
-        """Move the sequences of the highest slots into free lower ones: a decode step computes every row up
-        to the highest occupied slot, so holes left by finished sequences (when no queued sequence fills
-        them) would cost as much as running sequences."""
-        high = len(self._slots) - 1
-        while True:
-            while high >= 0 and self._slots[high] is None:
-                high -= 1
-            low = self._free_slots.lowest_free()
-            if low is None or low > high:
-                return
-            seq = self._slots[high]
-            self._free_slots.allocate()  # takes `low`
-            self.executor.move_slot(high, low, len(seq.token_ids) - 1)
-            self._slots[low], self._slots[high] = seq, None
-            self._free_slots.release(high)
-            seq.slot = low
-
-    @staticmethod
-    def _shared_prompts(admitted: list[_Sequence]) -> dict[_Sequence, list[_Sequence]]:
-        """Fresh sequences (no output) with equal prompts, admitted together: leader -> the other copies. Prompts of
-        one token have nothing to prefill."""
-        groups: dict[tuple[int, ...], list[_Sequence]] = {}
-        for s in admitted:
-            if not s.output_ids and len(s.token_ids) > 1:
-                groups.setdefault(tuple(s.token_ids), []).append(s)
-        return {g[0]: g[1:] for g in groups.values() if len(g) > 1}
 
     @staticmethod
     def _forward_batch(prefill: list[_Sequence], sharers: Mapping[_Sequence, list[_Sequence]], *,
@@ -477,32 +324,6 @@ class Engine:
         return ForwardBatch(decode_tokens=decode_tokens or [], decode_positions=decode_positions or [],
                             prefill_rows=[s.token_ids[:-1] for s in prefill], prefill_slots=[s.slot for s in prefill],
                             prefill_copies=copies)
-
-    def _prefill_all_but_last_chunk(self, sequences: list[_Sequence],
-                                    sharers: Mapping[_Sequence, list[_Sequence]]) -> list[_Sequence]:
-        """Prefill in chunks of at most prefill_max_tokens padded tokens; returns the last chunk, which the
-        decode pass prefills itself (a sequence's last token is its decode input, so a one-token sequence
-        needs no prefill). `sharers`: leader -> the copies of its prompt, whose slots get its keys and values."""
-        chunks = self._chunks(sequences)
-        for chunk in chunks[:-1]:
-            self.executor.forward(self._forward_batch(chunk, sharers))
-            self._record_routes(chunk, [], sharers)
-        return chunks[-1] if chunks else []
-
-    def _chunks(self, sequences: list[_Sequence]) -> list[list[_Sequence]]:
-        """The sequences to prefill (all but one-token ones) in chunks of at most prefill_max_tokens padded
-        tokens, shortest first."""
-        rows = sorted((s for s in sequences if len(s.token_ids) > 1), key=lambda s: len(s.token_ids))
-        budget = self.config.prefill_max_tokens
-        chunks = []
-        while rows:
-            # Rows are sorted by length, so the chunk's last row is its longest.
-            n = 1
-            while n < len(rows) and (n + 1) * (len(rows[n].token_ids) - 1) <= budget:
-                n += 1
-            chunks.append(rows[:n])
-            rows = rows[n:]
-        return chunks
 
     def _record_routes(self, prefill: list[_Sequence], decode: list[_Sequence],
                        sharers: Mapping[_Sequence, list[_Sequence]] | None = None) -> None:
@@ -528,9 +349,9 @@ class Engine:
             s.routes.record(len(s.token_ids) - 1, ids[s.slot : s.slot + 1])
 
     def _decode(self, running: list[_Sequence], prefill: list[_Sequence],
-                sharers: Mapping[_Sequence, list[_Sequence]]) -> list[
-        tuple[_Sequence, FinishReason | None]
-    ]:
+                sharers: Mapping[_Sequence, list[_Sequence]]) -> tuple[list[int], list[float]]:
+        """One forward pass: `prefill`'s rows, then a decode row per slot up to the highest running one; the token
+        sampled for every row and its log-prob (indexed by slot)."""
         num_rows = max(s.slot for s in running) + 1
         tokens, positions = [0] * num_rows, [0] * num_rows
         temperature, top_p, top_k = [0.0] * num_rows, [1.0] * num_rows, [0] * num_rows
@@ -548,50 +369,10 @@ class Engine:
         self._record_routes(prefill, running, sharers)
         params = SamplingBatch(temperature=temperature, top_p=top_p, top_k=top_k, generators=generators)
         sampled, logprobs = sample(logits, params, self._generator)
-        sampled_ids, sampled_logprobs = sampled.tolist(), logprobs.tolist()
-        version = self.version
-        outcome = []
-        for s in running:
-            if s.paused:
-                continue  # its row recomputed its last token's keys; the token sampled is dropped
-            if s.forced:
-                self._append(s, s.forced.popleft(), 0.0, -1, tool=True)
-                outcome.append((s, FinishReason.LENGTH if self._length_reached(s) else None))
-                continue
-            token = sampled_ids[s.slot]
-            self._append(s, token, sampled_logprobs[s.slot], version)
-            reason = self._finish_reason(s, token)
-            if reason == FinishReason.STOP and s.tools is not None and token in self.eos_token_ids and \
-                    s.tools.end_turn(s.output_ids, self._tools().submit):
-                reason = None  # paused until its tools reply
-            outcome.append((s, reason))
-        return outcome
-
-    def _finish_reason(self, seq: _Sequence, token: int) -> FinishReason | None:
-        if token in self.eos_token_ids:
-            return FinishReason.STOP
-        stop = seq.request.sampling.stop
-        if stop:
-            tail = self.tokenizer.decode(seq.output_ids[-seq.stop_window:], skip_special_tokens=True)
-            if any(s in tail for s in stop):
-                return FinishReason.STOP
-        return FinishReason.LENGTH if self._length_reached(seq) else None
-
-    def _length_reached(self, seq: _Sequence) -> bool:
-        max_new = seq.request.sampling.max_new_tokens
-        return (max_new > 0 and len(seq.output_ids) >= max_new) or len(seq.token_ids) >= self.max_seq_len
+        return sampled.tolist(), logprobs.tolist()
 
     def _result(self, seq: _Sequence, reason: FinishReason) -> SequenceResult:
-        r = seq.request
         while seq.forced:  # a partial returns its whole tool reply: the engine that continues it prefills it
-            self._append(seq, seq.forced.popleft(), 0.0, -1, tool=True)
-        if seq.tools is not None and reason != FinishReason.ABORTED:
-            seq.tools.close(self._tools().submit)
-        return SequenceResult(
-            id=r.id, stream=r.stream, prompt_ids=list(r.prompt_ids), output_ids=seq.output_ids,
-            output_logprobs=seq.output_logprobs, output_versions=seq.output_versions, finish_reason=reason,
-            output_text=self.tokenizer.decode(seq.output_ids, skip_special_tokens=True),
-            routed_experts=seq.routes.to_bytes() if seq.routes is not None else b"",
-            output_tool_mask=list(seq.tool_mask or []),
-            tool_trajectory=seq.tools.snapshot() if seq.tools is not None else None,
-        )
+            seq.append(seq.forced.popleft(), 0.0, -1, tool=True)
+        self._turns.close(seq, reason)
+        return seq.result(reason, self.tokenizer)

@@ -3,9 +3,8 @@
 - `interface`: `Executor` and `WeightStore` (protocols), `ForwardBatch` (what one forward pass computes),
   `ExecutorOptions`, `ExpertRouting` (the experts an MoE forward pass routed each token to).
 - `factory`: `build_executor`, which picks the executor for a model ("auto", "native" or "transformers").
-- `native`: `LlamaExecutor`, our own forward pass for Llama-architecture models (Llama incl. Llama 3.1 RoPE
-  scaling, Qwen2, Qwen3, Qwen3-MoE); `quantization`: its
-  weight-only quantized matrices.
+- `models`: `LlamaExecutor`, our own forward pass, with one module per architecture it runs (Llama incl. Llama 3.1
+  RoPE scaling, Qwen2, Qwen3, Qwen3-MoE) and their registry; `quantization`: its weight-only quantized matrices.
 - `transformers_executor`: `TransformersExecutor`, any causal LM through transformers' modeling code.
 """
 
