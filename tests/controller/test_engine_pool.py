@@ -1,7 +1,7 @@
 """Placement over a job's pool of engines (`engine_pool.PoolStream`): a group goes whole to the engine with the
 fewest outstanding tokens, a carried sequence back to its engine (or, when that engine left the pool, to the
 least-loaded one), and results of every engine come back on one iterator. The engines here are recording
-stand-ins of `RolloutClient`; tests/e2e/test_engine_pool.py runs a job on two real engines."""
+stand-ins of `RolloutClient`; tests/e2e/test_engine_pool_job.py runs a job on two real engines."""
 
 from __future__ import annotations
 

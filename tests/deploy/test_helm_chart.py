@@ -103,16 +103,17 @@ def test_services_workloads_and_redis(default_objects: list[dict]) -> None:
     controller = objects[("Deployment", "rel-everstep-controller")]
     controller_args = controller["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--redis-url=redis://rel-everstep-redis:6379/0" in controller_args
-    assert "--rollout=rel-everstep-rollout:50051" in controller_args
+    assert "--rollout=dns:///rel-everstep-rollout-pods.rl.svc:50051" in controller_args  # every standing engine
     # the stateless pools are reached pod by pod (round robin over a headless Service), not through one connection
     assert "--reward=dns:///rel-everstep-reward-pods.rl.svc:50054" in controller_args
-    for component, port in (("reward", 50054), ("sandbox", 50055)):
+    # (the shared rollout engines too: the shared launcher resolves them one by one and addresses each)
+    for component, port in (("reward", 50054), ("sandbox", 50055), ("rollout", 50051)):
         headless = objects[("Service", f"rel-everstep-{component}-pods")]["spec"]
         assert headless["clusterIP"] == "None" and headless["ports"] == [
             {"name": "grpc", "port": port, "targetPort": "grpc", "appProtocol": "grpc"}]
         assert headless["selector"] == objects[("Service", f"rel-everstep-{component}")]["spec"]["selector"]
     assert not any(name.endswith("-pods") for kind, name in objects if kind == "Service"
-                   and "reward" not in name and "sandbox" not in name), "stateful services keep one address"
+                   and not any(c in name for c in ("reward", "sandbox", "rollout"))), "the trainer keeps one address"
     hpas = {name for kind, name in objects if kind == "HorizontalPodAutoscaler"}
     assert hpas == {"rel-everstep-reward", "rel-everstep-sandbox"}
     secret = objects[("Secret", "rel-everstep-api-token")]

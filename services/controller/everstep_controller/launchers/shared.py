@@ -2,9 +2,12 @@
 
 This is what `everstep up` and the chart's standing Deployments provide. A job whose pool
 (`resources.rollout.replicas`) is no larger than the standing engines (`--rollout a,b,...`) gets that many of
-them, and nothing is started or stopped. A job that asks for more engines than stand gets the rest started for it
-as local processes (`engines_on_demand`, which `everstep up` sets; they are stopped with the job), or, without it,
-fails at launch with the reason: never a silent smaller pool.
+them, and nothing is started or stopped. An entry `dns:///name:port` stands for every address the name resolves
+to (IPv4), resolved again at each launch and check: the chart passes its headless Service
+`<release>-rollout-pods`, so the pool follows the shared Deployment's pods as they come and go. A job that asks
+for more engines than stand gets the rest started for it as local processes (`engines_on_demand`, which
+`everstep up` sets; they are stopped with the job), or, without it, fails at launch with the reason: never a
+silent smaller pool.
 
 Another job may have loaded other weights into the workers since a job last ran, so a job resumed on shared
 workers always reloads its latest checkpoint (`dedicated` is False).
@@ -13,12 +16,33 @@ workers always reloads its latest checkpoint (`dedicated` is False).
 from __future__ import annotations
 
 import logging
+import socket
 
 from everstep.processes import ManagedProcess, is_alive, wait_grpc_address
 from everstep_controller.launchers.base import Launcher, ProcessHandle, WorkerRequest, Workers
 from everstep_controller.launchers.local import LocalLauncher
 
 log = logging.getLogger(__name__)
+
+
+def resolve(targets: list[str]) -> list[str]:
+    """`host:port` of every engine the targets name now: a `dns:///name:port` entry gives each IPv4 address the
+    name resolves to (in sorted order), any other entry stands for itself. OSError naming the target when a name
+    does not resolve."""
+    addresses: list[str] = []
+    for target in targets:
+        if not target.startswith("dns:///"):
+            addresses.append(target)
+            continue
+        host, _, port = target.removeprefix("dns:///").rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"--rollout: {target!r} is not dns:///name:port")
+        try:
+            infos = socket.getaddrinfo(host, int(port), socket.AF_INET, socket.SOCK_STREAM)
+        except socket.gaierror as e:
+            raise OSError(f"--rollout: {target!r} does not resolve: {e}") from e
+        addresses += [f"{ip}:{port}" for ip in sorted({info[4][0] for info in infos})]
+    return list(dict.fromkeys(addresses))
 
 
 def parse_addresses(value: str | list[str]) -> list[str]:
@@ -41,19 +65,25 @@ class SharedLauncher(Launcher):
         the standing ones (None: such a job is refused at launch)."""
         if not rollout or not trainer:
             raise ValueError("the shared launcher needs the rollout and trainer addresses (--rollout, --trainer)")
-        self.rollouts, self.trainer = parse_addresses(rollout), trainer
+        self.targets, self.trainer = parse_addresses(rollout), trainer
         self.ready_timeout_seconds = ready_timeout_seconds
         self.engines_on_demand = engines_on_demand
 
+    @property
+    def rollouts(self) -> list[str]:
+        """The standing engines' addresses now (`resolve`)."""
+        return resolve(self.targets)
+
     def launch(self, request: WorkerRequest) -> Workers:
         wanted = request.resources.rollout.replicas
-        standing = self.rollouts[:wanted]
+        available = self.rollouts
+        standing = available[:wanted]
         extra: list[ManagedProcess] = []
         if wanted > len(standing):
             if self.engines_on_demand is None:
                 raise ValueError(
                     f"resources.rollout.replicas: the job asks for {wanted} rollout engines and the shared launcher "
-                    f"has {len(self.rollouts)} (--rollout); give the controller more --rollout addresses, or "
+                    f"has {len(available)} (--rollout); give the controller more --rollout addresses, or "
                     "--engines-on-demand to start the rest for the job")
             extra = self.engines_on_demand.start_engines(request, range(len(standing), wanted))
             log.info("job %s: %d standing engine(s) and %d started for it", request.job_id, len(standing), len(extra))
@@ -62,7 +92,7 @@ class SharedLauncher(Launcher):
 
     def alive(self, workers: Workers) -> bool:
         standing = workers.rollouts[:len(workers.rollouts) - len(workers.processes)]
-        return (standing == self.rollouts[:len(standing)] and workers.trainer == self.trainer
+        return (set(standing) <= set(self.rollouts) and workers.trainer == self.trainer
                 and all(is_alive(ManagedProcess(**p.model_dump())) for p in workers.processes))
 
     def stop(self, workers: Workers) -> None:
