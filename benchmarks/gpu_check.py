@@ -22,20 +22,24 @@ Parts, in order (each wrapped: a failure is recorded as "error" in its entry and
                 run, torch's shared memory carries them. The receiver copies into its engine with
                 update_weights; checksums of every tensor (as the engine's dtype) are compared on both
                 sides. One cold push, then warm ones, GB/s of bytes sent.
-6. lora_push    adapter-only pushes, as a LoRA trainer sends them (rank 16, alpha 32, on every linear layer of the
+6. broadcast    the weight-broadcast group across hosts, as the trainer's nccl/gloo push forms it
+                (`everstep.tensors.process_group`, sglang's store keys): this process as rank 0 and a second
+                process as the engine's rank 1, every trained tensor broadcast, checksums compared, GB/s. NCCL
+                on CUDA (one GPU per rank: with one GPU it is reported as skipped, with the reason); gloo on CPU.
+7. lora_push    adapter-only pushes, as a LoRA trainer sends them (rank 16, alpha 32, on every linear layer of the
                 decoder), to the same kind of engine process over the same transport (CUDA IPC on CUDA, shared
                 memory on CPU): the receiver rebuilds each version from its kept base with the rollout engine's
                 `AdapterMerger` (W = W_base + alpha/rank * B @ A, in float32 on the engine's device) and copies the
                 result in with update_weights; checksums of the merged weights (as the engine's dtype) against the
                 sender's own merge, over several versions; adapter bytes and seconds against the full push's.
                 (The adapters are random here: peft is not on the GPU machine; tests/trainer checks the trainer's.)
-7. rl           a short supervised warm start (own loop: bf16 autocast, label smoothing) on easy chains, then
+8. rl           a short supervised warm start (own loop: bf16 autocast, label smoothing) on easy chains, then
                 a few GRPO steps: engine rollouts (T=1, EOS on), reward = the demo task's boxed-answer check,
                 group-normalised advantages, train_step, update_weights into the engine. Reward per step.
 
 Optional, only when asked for with --parts (it runs in the sglang environment, not in the main check's):
 
-8. sglang_tools the sglang engine's multi-turn tool loop on sglang's offline Engine (radix cache on) against the
+9. sglang_tools the sglang engine's multi-turn tool loop on sglang's offline Engine (radix cache on) against the
                 example calculator environment in its own process, compared with our torch engine on the same
                 requests: same trajectories, tool masks and versions, log-prob gap, the share of each continuation
                 request's input that sglang's prefix cache held (benchmarks/gpu_check_sglang_tools.py)::
@@ -219,6 +223,35 @@ def weight_checksums(named: Mapping[str, Any], dtype) -> dict[str, float]:
         position_weight = torch.arange(flat.numel(), device=flat.device, dtype=torch.float64) % 251 + 1
         sums[name] = float((flat * position_weight).sum())
     return sums
+
+
+def _broadcast_receiver(backend: str, device: str, port: int, layout: list, replies: Any) -> None:
+    """Rank 1 of a weight-broadcast group (an engine's side): joins, takes every tensor of `layout` (name, shape,
+    dtype) from rank 0, and replies with their checksums."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from everstep.tensors import process_group
+
+    try:
+        timeout = datetime.timedelta(seconds=120)
+        store = dist.TCPStore("127.0.0.1", port, 2, False, timeout=timeout)
+        group = process_group.new_group(backend, store, group_name="gpu-check-broadcast", rank=1, world_size=2,
+                                        timeout=timeout)
+        process_group.warm_up(group, device=torch.device(device), timeout=timeout)
+        received = {}
+        for name, shape, dtype in layout:
+            tensor = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
+            group.broadcast(tensor, 0).wait()
+            received[name] = tensor
+        if device.startswith("cuda"):
+            torch.cuda.synchronize(device)
+        replies.put(("checksums", weight_checksums(received, getattr(torch, layout[0][2]))))
+        process_group.shutdown_group(group)
+    except Exception:  # noqa: BLE001 - reported to the parent, which fails the part with it
+        replies.put(("error", traceback.format_exc()))
 
 
 def _engine_process(model_dir: str, engine_config, num_threads: int, requests: Any, replies: Any) -> None:
@@ -600,6 +633,58 @@ class GpuCheck:
             "sent_dtype": str(next(iter(trainer.model.parameters())).dtype).removeprefix("torch."),
         }
 
+    def part_broadcast(self) -> dict:
+        """The weight-broadcast group across hosts (the trainer's `nccl`/`gloo` push): this process as rank 0 and a
+        second one as the engine's rank 1, formed with `everstep.tensors.process_group` (the keys sglang uses),
+        every trained tensor broadcast, checksums compared. NCCL on CUDA needs two GPUs (one device per rank);
+        with one it is reported as skipped, with the reason. On CPU the same path runs over gloo."""
+        import datetime
+
+        import torch
+        import torch.distributed as dist
+        import torch.multiprocessing as mp
+
+        from everstep.tensors import process_group
+
+        on_cuda = self.device.startswith("cuda")
+        backend = "nccl" if on_cuda else "gloo"
+        if on_cuda and torch.cuda.device_count() < 2:
+            return {"backend": backend, "skipped": f"NCCL puts each rank on its own GPU; this machine has "
+                                                   f"{torch.cuda.device_count()}"}
+        sender_device, receiver_device = ("cuda:0", "cuda:1") if on_cuda else ("cpu", "cpu")
+        held = {name: t.detach().to(sender_device) for name, t in self.trainer().named_weights()}
+        layout = [(name, list(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in held.items()]
+        timeout = datetime.timedelta(seconds=max(10.0, self.deadline.part(0.1)))
+        store = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=timeout, wait_for_workers=False)
+        context = mp.get_context("spawn")
+        replies = context.Queue()
+        receiver = context.Process(target=_broadcast_receiver, daemon=True,
+                                   args=(backend, receiver_device, store.port, layout, replies))
+        receiver.start()
+        try:
+            group = process_group.new_group(backend, store, group_name="gpu-check-broadcast", rank=0, world_size=2,
+                                            timeout=timeout)
+            process_group.warm_up(group, device=torch.device(sender_device), timeout=timeout)
+            start = time.perf_counter()
+            for tensor in held.values():
+                group.broadcast(tensor.contiguous(), 0).wait()
+            self._synchronize()
+            seconds = time.perf_counter() - start
+            kind, payload = replies.get(timeout=timeout.total_seconds())
+            process_group.shutdown_group(group)
+        finally:
+            receiver.join(timeout=30)
+            if receiver.is_alive():
+                receiver.kill()
+        if kind != "checksums":
+            raise RuntimeError(f"the receiving rank failed: {payload[-2000:]}")
+        sent = weight_checksums(held, getattr(torch, layout[0][2]))
+        mismatched = sorted(n for n in sent if not math.isclose(sent[n], payload[n], rel_tol=1e-9, abs_tol=1e-9))
+        num_bytes = sum(t.numel() * t.element_size() for t in held.values())
+        return {"backend": backend, "verified": not mismatched and len(payload) == len(sent) > 0,
+                "mismatched_tensors": mismatched[:5], "num_tensors": len(sent), "num_bytes": num_bytes,
+                "seconds": round(seconds, 4), "gb_per_s": round(num_bytes / seconds / 1e9, 3)}
+
     def part_lora_push(self) -> dict:
         import torch
         import torch.multiprocessing as mp
@@ -754,7 +839,8 @@ class GpuCheck:
                 "group_size": size.rl_group_size, "prompts_per_step": size.rl_prompts, "max_ops": task.max_ops}
 
 
-PARTS: tuple[str, ...] = ("model", "throughput", "mismatch", "train_step", "weight_push", "lora_push", "rl")
+PARTS: tuple[str, ...] = ("model", "throughput", "mismatch", "train_step", "weight_push", "broadcast", "lora_push",
+                          "rl")
 OPTIONAL_PARTS: tuple[str, ...] = ("sglang_tools",)
 """Run only when named in --parts."""
 

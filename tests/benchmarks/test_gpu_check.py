@@ -58,7 +58,8 @@ def test_tiny_cpu_run_reports_every_part(tmp_path: Path) -> None:
     failed = {name: part.get("error") for name, part in parts.items() if not part.get("ok")}
     assert not failed, f"{failed}\n{process.stderr[-4000:]}"
     assert process.returncode == 0 and report["ok"] is True
-    assert list(parts) == ["model", "throughput", "mismatch", "train_step", "weight_push", "lora_push", "rl"]
+    assert list(parts) == ["model", "throughput", "mismatch", "train_step", "weight_push", "broadcast", "lora_push",
+                           "rl"]
     assert json.loads((out / "gpu_check.json").read_text()) == report
     assert report["transformers"] and report["torch"] and report["time_budget_seconds"] == 450
 
@@ -91,6 +92,10 @@ def test_tiny_cpu_run_reports_every_part(tmp_path: Path) -> None:
     assert push["changed_tensors"] > 0  # the engine process really received the trained weights
     assert push["num_bytes"] >= 4 * model["num_parameters"]
     assert push["gb_per_s"] >= 0 and push["seconds"] > 0 and push["num_pushes"] == 3
+
+    broadcast = parts["broadcast"]  # the gloo group on CPU (nccl on two GPUs)
+    assert broadcast["backend"] == "gloo" and broadcast["verified"] is True and broadcast["mismatched_tensors"] == []
+    assert broadcast["num_tensors"] == push["num_tensors"] and broadcast["num_bytes"] > 0
 
     lora = parts["lora_push"]
     assert lora["verified"] is True and lora["mismatched_tensors"] == [] and lora["num_pushes"] == 4
