@@ -67,10 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _relaunch_under_torchrun(args: argparse.Namespace) -> None:
-    """Replace this process by torchrun running `--nproc-per-node` copies of this command (same process group, so
-    stopping this pid's group stops every rank of this node). One node: a standalone rendezvous; several: the
-    static one at --master-addr:--master-port, node `--node-rank` of `--nnodes`."""
+def torchrun_command(args: argparse.Namespace) -> list[str]:
+    """torchrun running `--nproc-per-node` copies of this command. One node: a standalone rendezvous; several: the
+    static one at --master-addr:--master-port, as node `--node-rank` of `--nnodes`."""
     rendezvous = (["--standalone"] if args.nnodes == 1 else
                   [f"--nnodes={args.nnodes}", f"--node-rank={args.node_rank}", f"--master-addr={args.master_addr}",
                    f"--master-port={args.master_port}"])
@@ -79,7 +78,13 @@ def _relaunch_under_torchrun(args: argparse.Namespace) -> None:
                "--grpc-port", str(args.grpc_port), "--log-level", args.log_level,
                "--weight-transport", args.weight_transport, "--weight-group-host", args.weight_group_host,
                "--sample-log", args.sample_log, "--shm-copies", str(args.shm_copies)]
-    os.execv(sys.executable, command)
+    return command
+
+
+def _relaunch_under_torchrun(args: argparse.Namespace) -> None:
+    """Replace this process by torchrun (same process group, so stopping this pid's group stops every rank of this
+    node)."""
+    os.execv(sys.executable, torchrun_command(args))
 
 
 def main(argv: list[str] | None = None) -> None:
