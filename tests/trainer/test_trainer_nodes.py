@@ -9,6 +9,7 @@ that the rendezvous and every gloo message cross a real interface.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -112,6 +113,8 @@ def test_local_launcher_trainer_of_two_nodes_matches_one_rank(tiny_model_dir: Pa
 def _netns_unavailable() -> str:
     if os.geteuid() != 0:
         return "not root: network namespaces and veth pairs need CAP_NET_ADMIN"
+    if shutil.which("ip") is None:
+        return "no `ip` command (iproute2)"
     probe = f"everstep-probe-{os.getpid()}"
     added = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if added.returncode != 0:
