@@ -27,6 +27,8 @@ from everstep_controller.launchers.kubernetes import (
     build_worker_objects,
     object_name,
     pod_template_from_dict,
+    role_of,
+    worker_names,
 )
 
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "everstep"
@@ -63,11 +65,15 @@ def _as_dict(obj: Any) -> dict:
 
 
 @pytest.mark.parametrize("resources", [{}, {"rollout": {"gpus": 0, "cpu": "8", "memory": "32Gi"},
-                                           "trainer": {"gpus": 4, "memory": "200Gi"}}], ids=["template", "custom"])
+                                           "trainer": {"gpus": 4, "memory": "200Gi"}},
+                                       {"rollout": {"replicas": 2}, "trainer": {"replicas": 3, "gpus": 8}}],
+                         ids=["template", "custom", "trainer-nodes"])
 def test_objects_are_valid_for_kubernetes_1_30(templates: dict[str, Any], resources: dict) -> None:
-    for component in ("rollout", "trainer"):
-        for obj in build_worker_objects(templates[f"rel-everstep-{component}"], _request(**resources), component,
-                                        NAMESPACE):
+    request = _request(**resources)
+    for worker in worker_names(request):
+        for obj in build_worker_objects(templates[f"rel-everstep-{role_of(worker)}"], request, worker, NAMESPACE):
+            if obj is None:
+                continue
             try:
                 kubernetes_validate.validate(_as_dict(obj), KUBERNETES_VERSION, strict=True)
             except kubernetes_validate.ValidationError as e:
@@ -205,3 +211,50 @@ def test_a_pool_of_engines_is_one_deployment_and_service_per_engine(templates: d
     assert not launcher.alive(workers)  # one engine of the pool replaced: it lost the job's weights
     launcher.stop(workers)
     assert cluster.objects == {}
+
+
+def test_a_trainer_of_several_nodes_is_one_deployment_per_node_meeting_at_node_0(templates: dict[str, Any]) -> None:
+    """resources.trainer.replicas 3: node 0 ('trainer') serves gRPC and hosts the rendezvous through its Service,
+    published before it is ready (it is ready only once every node joined); nodes 1 and 2 have no Service and no
+    gRPC probes; each runs a rank per GPU."""
+    cluster = RecordingCluster(templates)
+    launcher = KubernetesLauncher(namespace=NAMESPACE, template_prefix="rel-everstep", api=cluster)
+    objects = launcher.build(_request(trainer={"replicas": 3, "gpus": 4}))
+    assert list(objects) == ["rollout", "trainer", "trainer-node-1", "trainer-node-2"]
+    node_zero = object_name("0a1b2c3d4e5f", "trainer")
+    for rank, worker in enumerate(["trainer", "trainer-node-1", "trainer-node-2"]):
+        deployment, service = objects[worker]
+        container = _as_dict(deployment)["spec"]["template"]["spec"]["containers"][0]
+        assert {"--nproc-per-node=4", "--nnodes=3", f"--node-rank={rank}", "--master-port=29500",
+                f"--master-addr={node_zero}.{NAMESPACE}.svc"} <= set(container["args"])
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
+        if rank == 0:
+            spec = _as_dict(service)["spec"]
+            assert spec["publishNotReadyAddresses"] is True
+            assert {p["name"]: p["port"] for p in spec["ports"]} == {"metrics": 9102, "grpc": 50052,
+                                                                     "rendezvous": 29500}
+            assert "readinessProbe" in container and "livenessProbe" in container
+        else:
+            assert service is None
+            assert not {"startupProbe", "readinessProbe", "livenessProbe"} & container.keys()
+    one = _as_dict(launcher.build(_request())["trainer"][1])["spec"]
+    assert "publishNotReadyAddresses" not in one  # one node: the Service as before
+    single = _as_dict(launcher.build(_request())["trainer"][0])["spec"]["template"]["spec"]["containers"][0]
+    assert "--nproc-per-node=1" in single["args"] and not any(a.startswith("--nnodes") for a in single["args"])
+
+
+def test_launch_alive_and_stop_a_trainer_of_two_nodes(templates: dict[str, Any], health_address: str) -> None:
+    cluster = RecordingCluster(templates)
+    launcher = KubernetesLauncher(namespace=NAMESPACE, template_prefix="rel-everstep", api=cluster,
+                                  address_format=health_address, ready_timeout_seconds=10)
+    workers = launcher.launch(_request(trainer={"replicas": 2}))
+    assert workers.trainer == health_address  # node 0's Service
+    assert set(cluster.objects) == {("Deployment", object_name("0a1b2c3d4e5f", w))
+                                    for w in ("rollout", "trainer", "trainer-node-1")} | {
+        ("Service", object_name("0a1b2c3d4e5f", w)) for w in ("rollout", "trainer")}
+    assert len([h for h in workers.objects if h.kind == "Pod"]) == 3
+    assert launcher.alive(workers)
+    cluster.start_pod(cluster.objects[("Deployment", object_name("0a1b2c3d4e5f", "trainer-node-1"))])
+    assert not launcher.alive(workers)  # a node replaced: the process group lost a member
+    launcher.stop(workers)
+    assert cluster.objects == {} and cluster.pods == {}

@@ -177,6 +177,9 @@ def test_gpu_workloads_and_per_job_templates(helm: str, default_objects: list[di
         assert any(v["name"] == "shm" and v["emptyDir"]["medium"] == "Memory" for v in spec["volumes"])
         # the shared Deployment runs the very same pod
         assert default[("Deployment", f"rel-everstep-{component}")]["spec"]["template"]["spec"] == spec
+    # node 0 of a per-job trainer of several nodes hosts the rendezvous on this port (the launcher reads it by name)
+    trainer_ports = default[("PodTemplate", "rel-everstep-trainer")]["template"]["spec"]["containers"][0]["ports"]
+    assert {"name": "rendezvous", "containerPort": 29500} in trainer_ports
     rollout_template = default[("PodTemplate", "rel-everstep-rollout")]["template"]
     assert "--device=cuda" in rollout_template["spec"]["containers"][0]["args"]
 

@@ -207,7 +207,8 @@ class WorkerResources(_Section):
     gpus: int | None = Field(default=None, ge=0, description="GPUs (limit of the chart's GPU resource name).")
     replicas: int = Field(default=1, ge=1, le=256, description=(
         "rollout: engines in the job's pool (one token budget and capacity for all of them; docs/controller.md). "
-        "trainer: trainer nodes (only 1 today)."))
+        "trainer: trainer nodes, one process group (each node runs a rank per GPU, one on CPU; FSDP2 over all; "
+        "docs/trainer.md, Several nodes)."))
 
 
 class ResourcesSpec(_Section):
@@ -219,13 +220,6 @@ class ResourcesSpec(_Section):
 
     rollout: WorkerResources = Field(default_factory=WorkerResources)
     trainer: WorkerResources = Field(default_factory=WorkerResources)
-
-    @model_validator(mode="after")
-    def _one_trainer_node(self) -> ResourcesSpec:
-        if self.trainer.replicas != 1:
-            raise ValueError(f"resources.trainer.replicas: {self.trainer.replicas} trainer nodes asked; a job runs "
-                             "one trainer node today (several ranks on it: the trainer's --nproc-per-node)")
-        return self
 
 
 class JobSpec(_Section):

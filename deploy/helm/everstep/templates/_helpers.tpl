@@ -274,6 +274,7 @@ containers:
     ports:
       - {name: metrics, containerPort: {{ $v.port }}}
       - {name: grpc, containerPort: {{ $v.grpcPort }}}
+      - {name: rendezvous, containerPort: {{ $v.rendezvousPort }}}
     {{- include "everstep.grpcProbes" (dict "root" . "port" $v.grpcPort) | nindent 4 }}
     resources:
       {{- include "everstep.gpuResources" (dict "root" . "values" $v) | nindent 6 }}

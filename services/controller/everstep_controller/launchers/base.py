@@ -45,6 +45,17 @@ def engine_names(replicas: int) -> list[str]:
     return ["rollout"] if replicas == 1 else [f"rollout-{i}" for i in range(replicas)]
 
 
+def trainer_names(replicas: int) -> list[str]:
+    """The worker names of a trainer of `replicas` nodes: 'trainer' (node 0, which serves gRPC), then
+    'trainer-node-1', 'trainer-node-2', ... (they follow node 0 and serve nothing)."""
+    return ["trainer", *(f"trainer-node-{k}" for k in range(1, replicas))]
+
+
+def node_rank_of(worker: str) -> int:
+    """The node index of a trainer worker name (`trainer_names`)."""
+    return 0 if worker == "trainer" else int(worker.removeprefix("trainer-node-"))
+
+
 class Workers(BaseModel):
     """A job's workers: their gRPC addresses and how to find them again."""
 

@@ -11,6 +11,15 @@ replica (strategy Recreate) brings a lost pod back; the pod it brings is a new p
 the job's weights, so `alive` checks the very pods the launch saw (uid, no restarts), and a job
 whose pods changed reloads its latest checkpoint.
 
+A trainer of N nodes (`resources.trainer.replicas`) is N workers `trainer` (node 0) and `trainer-node-1` ...
+`trainer-node-<N-1>`, each a Deployment of one pod running `--nproc-per-node` ranks (its GPUs, one on CPU),
+all of them torchrun nodes of one process group that meet at node 0 (torchrun's static rendezvous). Node 0's
+Service carries the rendezvous port and publishes its pod before it is ready (node 0 serves gRPC only once every
+node has joined); the controller addresses node 0's gRPC through it. The other nodes serve nothing: they have no
+Service and no gRPC probes, and `alive` checks their pods as it does node 0's, so a node lost takes the job's
+workers down together (the process group cannot take a new member). Every node must reach the model and
+checkpoint paths: the chart's shared volume.
+
 The per-job pods keep every label of the template except `app.kubernetes.io/component`, which
 becomes `job-rollout`/`job-trainer`: otherwise the chart's shared Services, which select on
 name, instance and component, would also send traffic to them.
@@ -29,7 +38,15 @@ import time
 from typing import Any, Protocol
 
 from everstep.processes import wait_grpc_address
-from everstep_controller.launchers.base import Launcher, ObjectHandle, WorkerRequest, Workers, engine_names
+from everstep_controller.launchers.base import (
+    Launcher,
+    ObjectHandle,
+    WorkerRequest,
+    Workers,
+    engine_names,
+    node_rank_of,
+    trainer_names,
+)
 
 log = logging.getLogger(__name__)
 
@@ -38,15 +55,17 @@ COMPONENTS = ("rollout", "trainer")
 
 
 def worker_names(request: WorkerRequest) -> list[str]:
-    """The job's workers: its engines (`engine_names`), then 'trainer'."""
-    return [*engine_names(request.resources.rollout.replicas), "trainer"]
+    """The job's workers: its engines (`engine_names`), then the trainer's nodes (`trainer_names`)."""
+    return [*engine_names(request.resources.rollout.replicas), *trainer_names(request.resources.trainer.replicas)]
 
 
 def role_of(worker: str) -> str:
-    return "rollout" if worker.startswith("rollout") else worker
+    return "rollout" if worker.startswith("rollout") else "trainer" if worker.startswith("trainer") else worker
 JOB_LABEL = "everstep.io/job-id"
 WORKER_LABEL = "everstep.io/worker"
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
+DEFAULT_RENDEZVOUS_PORT = 29500
+"""Node 0's rendezvous port when the trainer's PodTemplate names no container port 'rendezvous'."""
 
 
 class ClusterApi(Protocol):
@@ -80,9 +99,10 @@ def pod_template_from_dict(raw: dict[str, Any]) -> Any:
     return client.V1PodTemplate.from_dict(raw)
 
 
-def build_worker_objects(template: Any, request: WorkerRequest, worker: str, namespace: str) -> tuple[Any, Any]:
-    """The Deployment and Service of one per-job worker ('rollout', 'rollout-<i>' or 'trainer'), from the chart's
-    PodTemplate of its role."""
+def build_worker_objects(template: Any, request: WorkerRequest, worker: str,
+                         namespace: str) -> tuple[Any, Any | None]:
+    """The Deployment and Service of one per-job worker ('rollout', 'rollout-<i>', 'trainer' or 'trainer-node-<k>'),
+    from the chart's PodTemplate of its role. A trainer node other than node 0 has no Service (None)."""
     from kubernetes import client
 
     component = role_of(worker)
@@ -102,6 +122,11 @@ def build_worker_objects(template: Any, request: WorkerRequest, worker: str, nam
         })
     container.resources = _resources(container.resources, cpu=wanted.cpu, memory=wanted.memory, gpus=wanted.gpus,
                                      gpu_resource=gpu_resource)
+    num_nodes = wanted.replicas if component == "trainer" else 1
+    if component == "trainer":
+        container.args = _trainer_args(container, request, worker, namespace, gpu_resource)
+    if num_nodes > 1 and node_rank_of(worker) > 0:  # a follower serves no gRPC to probe
+        container.startup_probe = container.readiness_probe = container.liveness_probe = None
     ports = [client.V1ServicePort(name=p.name, port=p.container_port, target_port=p.name,
                                   app_protocol="grpc" if p.name == "grpc" else None)
              for p in container.ports or [] if p.name]
@@ -116,11 +141,36 @@ def build_worker_objects(template: Any, request: WorkerRequest, worker: str, nam
             template=client.V1PodTemplateSpec(metadata=client.V1ObjectMeta(labels=labels), spec=pod_spec),
         ),
     )
+    if num_nodes > 1 and node_rank_of(worker) > 0:
+        return deployment, None
+    if num_nodes > 1 and not any(p.name == "rendezvous" for p in ports):
+        ports.append(client.V1ServicePort(name="rendezvous", port=DEFAULT_RENDEZVOUS_PORT,
+                                          target_port=DEFAULT_RENDEZVOUS_PORT))
     service = client.V1Service(
         api_version="v1", kind="Service", metadata=client.V1ObjectMeta(name=name, namespace=namespace, labels=labels),
-        spec=client.V1ServiceSpec(type="ClusterIP", selector=selector, ports=ports),
+        # node 0 serves gRPC (is ready) only once every node has joined it through this Service
+        spec=client.V1ServiceSpec(type="ClusterIP", selector=selector, ports=ports,
+                                  publish_not_ready_addresses=True if num_nodes > 1 else None),
     )
     return deployment, service
+
+
+def _trainer_args(container: Any, request: WorkerRequest, worker: str, namespace: str, gpu_resource: str) -> list[str]:
+    """The trainer's arguments: a rank per GPU of the pod (one on CPU) unless the template sets
+    --nproc-per-node, and with several nodes, where this node sits and where node 0 is."""
+    args = list(container.args or [])
+    flags: dict[str, str] = {}
+    if not any(a.split("=", 1)[0] == "--nproc-per-node" for a in args):
+        limits = (container.resources.limits if container.resources else None) or {}
+        flags["--nproc-per-node"] = str(max(1, int(limits.get(gpu_resource, 0))))
+    num_nodes = request.resources.trainer.replicas
+    if num_nodes > 1:
+        port = next((p.container_port for p in container.ports or [] if p.name == "rendezvous"),
+                    DEFAULT_RENDEZVOUS_PORT)
+        flags.update({"--nnodes": str(num_nodes), "--node-rank": str(node_rank_of(worker)),
+                      "--master-addr": f"{object_name(request.job_id, 'trainer')}.{namespace}.svc",
+                      "--master-port": str(port)})
+    return _with_flags(args, flags)
 
 
 def grpc_port_of(service: Any) -> int:
@@ -179,8 +229,8 @@ class KubernetesLauncher(Launcher):
         self.api = api or OfficialClusterApi()
         self.address_format, self.ready_timeout_seconds = address_format, ready_timeout_seconds
 
-    def build(self, request: WorkerRequest) -> dict[str, tuple[Any, Any]]:
-        """The Deployment and Service of each worker, from the PodTemplates in the cluster."""
+    def build(self, request: WorkerRequest) -> dict[str, tuple[Any, Any | None]]:
+        """The Deployment and Service of each worker (`build_worker_objects`), from the PodTemplates in the cluster."""
         templates = {c: self.api.read_pod_template(f"{self.template_prefix}-{c}", self.namespace) for c in COMPONENTS}
         return {w: build_worker_objects(templates[role_of(w)], request, w, self.namespace)
                 for w in worker_names(request)}
@@ -192,15 +242,18 @@ class KubernetesLauncher(Launcher):
         try:
             for component, (deployment, service) in objects.items():
                 for obj in (service, deployment):
+                    if obj is None:
+                        continue
                     self.api.apply(obj, self.namespace)
                     handles.append(ObjectHandle(kind=obj.kind, name=obj.metadata.name, namespace=self.namespace))
-                addresses[component] = self.address_format.format(
-                    service=service.metadata.name, namespace=self.namespace, port=grpc_port_of(service))
+                if service is not None:  # trainer nodes other than node 0 serve nothing
+                    addresses[component] = self.address_format.format(
+                        service=service.metadata.name, namespace=self.namespace, port=grpc_port_of(service))
             deadline = time.monotonic() + self.ready_timeout_seconds
             for worker, address in addresses.items():
                 wait_grpc_address(address, max(1.0, deadline - time.monotonic()),
                                   what=f"job {request.job_id} {worker}")
-            handles += self._pods(request.job_id, list(addresses))
+            handles += self._pods(request.job_id, list(objects))
         except BaseException:
             self.stop(Workers(launcher=self.kind, rollouts=["-"], trainer="", dedicated=True, objects=handles))
             raise
@@ -221,7 +274,7 @@ class KubernetesLauncher(Launcher):
 
     def alive(self, workers: Workers) -> bool:
         pods = [h for h in workers.objects if h.kind == "Pod"]
-        if len(pods) != len(workers.rollouts) + 1:
+        if len(pods) != len([h for h in workers.objects if h.kind == "Deployment"]):
             return False
         for handle in pods:
             pod = self.api.read_pod(handle.name, handle.namespace)

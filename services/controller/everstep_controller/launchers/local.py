@@ -1,5 +1,8 @@
 """The local launcher: a job's rollout engines (`resources.rollout.replicas`) and trainer as processes on this machine.
 
+A trainer of N nodes (`resources.trainer.replicas`) is N trainer processes, each a torchrun node of one rank
+joined over gloo on loopback through node 0's rendezvous port: the path of a trainer across machines, run on one.
+
 Each runs in its own process group on free loopback ports, with its log under
 `<work_dir>/<job id>/`. They outlive a controller killed with SIGKILL, so the controller that
 takes the job over re-attaches to them (checked by PID and process start time); a controller
@@ -25,13 +28,22 @@ from everstep.processes import (
     stop_processes,
     wait_grpc_serving,
 )
-from everstep_controller.launchers.base import Launcher, ProcessHandle, WorkerRequest, Workers, engine_names
+from everstep_controller.launchers.base import (
+    Launcher,
+    ProcessHandle,
+    WorkerRequest,
+    Workers,
+    engine_names,
+    node_rank_of,
+    trainer_names,
+)
 
 log = logging.getLogger(__name__)
 
+
 def _role(name: str) -> str:
-    """'rollout' for every engine of the pool ('rollout', 'rollout-0', ...), else the name."""
-    return "rollout" if name.startswith("rollout") else name
+    """'rollout' for every engine of the pool ('rollout', 'rollout-0', ...), 'trainer' for every trainer node."""
+    return "rollout" if name.startswith("rollout") else "trainer" if name.startswith("trainer") else name
 
 
 class LocalLauncher(Launcher):
@@ -69,6 +81,8 @@ class LocalLauncher(Launcher):
         handles = {p.name: _managed(p) for p in workers.processes}
         names = self._names(request)
         renew = [n for n in names if _role(n) in roles or n not in handles or not is_alive(handles[n])]
+        if any(_role(n) == "trainer" for n in renew):  # the nodes of a trainer share one process group
+            renew = [n for n in names if n in renew or _role(n) == "trainer"]
         killed = kill_processes(doomed := [handles[n] for n in renew if n in handles])
         self._forget(doomed)
         if killed:
@@ -78,7 +92,7 @@ class LocalLauncher(Launcher):
 
     @staticmethod
     def _names(request: WorkerRequest) -> list[str]:
-        return [*engine_names(request.resources.rollout.replicas), "trainer"]
+        return [*engine_names(request.resources.rollout.replicas), *trainer_names(request.resources.trainer.replicas)]
 
     def engine_threads(self, replicas: int) -> int:
         """Torch threads of each engine of a pool of `replicas` (0: the process's own default)."""
@@ -92,15 +106,22 @@ class LocalLauncher(Launcher):
         """The processes of `names`, each serving gRPC, in that order."""
         engine_threads = self.engine_threads(request.resources.rollout.replicas)
         logs = self.work_dir / request.job_id
+        num_nodes = request.resources.trainer.replicas
+        master_port = free_port() if num_nodes > 1 and any(_role(n) == "trainer" for n in names) else 0
         started: list[ManagedProcess] = []
         try:
             for name in names:
                 role = _role(name)
                 threads = engine_threads if role == "rollout" else self.threads_per_worker
                 env = {"OMP_NUM_THREADS": str(threads)} if threads else {}
-                extra_args = (["--max-running", str(request.max_running), "--max-seq-len", str(request.max_seq_len),
-                               "--seed", str(request.seed), *(["--num-threads", str(threads)] if threads else [])]
-                              if role == "rollout" else [])
+                if role == "rollout":
+                    extra_args = ["--max-running", str(request.max_running), "--max-seq-len", str(request.max_seq_len),
+                                  "--seed", str(request.seed), *(["--num-threads", str(threads)] if threads else [])]
+                elif master_port:
+                    extra_args = ["--nnodes", str(num_nodes), "--node-rank", str(node_rank_of(name)),
+                                  "--master-addr", "127.0.0.1", "--master-port", str(master_port)]
+                else:
+                    extra_args = []
                 http_port, grpc_port = free_port(), free_port()
                 with self._lock:
                     if self._closed:
@@ -113,6 +134,8 @@ class LocalLauncher(Launcher):
                     self._started[process.pid] = process
                 started.append(process)
             for process in started:
+                if process.name.startswith("trainer-node-"):
+                    continue  # followers serve nothing: node 0 serves once every node has joined
                 wait_grpc_serving(process, self.ready_timeout_seconds)
         except BaseException:
             self._stop_processes(started)
@@ -127,7 +150,8 @@ class LocalLauncher(Launcher):
         return self._start(request, [f"rollout-{i}" for i in indices])
 
     def _workers(self, processes: list[ManagedProcess]) -> Workers:
-        *engines, trainer = processes
+        trainer = next(p for p in processes if p.name == "trainer")
+        engines = [p for p in processes if _role(p.name) == "rollout"]
         return Workers(launcher=self.kind, rollouts=[e.grpc_address for e in engines], trainer=trainer.grpc_address,
                        dedicated=True, processes=[ProcessHandle(**vars(p)) for p in processes])
 

@@ -8,6 +8,8 @@ to (IPv4), resolved again at each launch and check: the chart passes its headles
 for more engines than stand gets the rest started for it as local processes (`engines_on_demand`, which
 `everstep up` sets; they are stopped with the job), or, without it, fails at launch with the reason: never a
 silent smaller pool.
+The standing trainer is one trainer, however many nodes it runs on itself: a job that asks for trainer nodes of
+its own (`resources.trainer.replicas` > 1) fails at launch with the reason too.
 
 Another job may have loaded other weights into the workers since a job last ran, so a job resumed on shared
 workers always reloads its latest checkpoint (`dedicated` is False).
@@ -75,6 +77,12 @@ class SharedLauncher(Launcher):
         return resolve(self.targets)
 
     def launch(self, request: WorkerRequest) -> Workers:
+        if request.resources.trainer.replicas > 1:
+            raise ValueError(
+                f"resources.trainer.replicas: the job asks for {request.resources.trainer.replicas} trainer nodes and "
+                "the shared launcher has one standing trainer (--trainer); run the job with the local or kubernetes "
+                "launcher, or drop resources.trainer.replicas (the standing trainer's own ranks: its --nnodes and "
+                "--nproc-per-node)")
         wanted = request.resources.rollout.replicas
         available = self.rollouts
         standing = available[:wanted]
