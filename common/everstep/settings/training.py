@@ -137,6 +137,13 @@ class AlgorithmSettings(_RoutingReplaySetting):
         description="Rounds of sampling a step may take to reach min_signal_groups; after the last it trains "
                     "what it has (per step: num_sampling_rounds, num_groups_trained).",
     )
+    mask_truncated_completions: bool = Field(
+        default=False,
+        description="Leave out of the loss the samples cut at sampling.max_new_tokens (finish reason 'length'): they "
+                    "still count in their group's advantage baseline, but are not sent to the trainer (TRL's "
+                    "mask_truncated_completions, DAPO's overlong filtering; per step: "
+                    "num_samples_truncated_masked).",
+    )
     loss: LossSettings = Field(default_factory=LossSettings)
 
 
