@@ -51,7 +51,8 @@ def test_truncated_members_count_in_the_advantages_but_are_not_trained_on(schedu
     whole = build_batch(["g0"], scheduler, scored, drop_zero_signal=True, normalize_std=False)
     masked = build_batch(["g0"], scheduler, scored, drop_zero_signal=True, normalize_std=False, mask_truncated=True)
     assert len(whole.samples) == 3 and whole.num_truncated_masked == 0
-    assert masked.num_truncated_masked == 1
+    assert masked.num_truncated_masked == 1 and list(masked.trained_advantages) == ["a", "c"]
+    assert masked.trained_advantages["a"] == pytest.approx(whole.trained_advantages["a"])
     assert [s.advantage for s in masked.samples] == pytest.approx([whole.samples[0].advantage,
                                                                   whole.samples[2].advantage])
 

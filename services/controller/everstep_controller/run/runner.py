@@ -369,10 +369,11 @@ class JobRunner:
                           weight_push_seconds=push_seconds, iteration_seconds=time.monotonic() - started)
         rewards = [scored[s].reward for s in train_ids if not scored[s].error]
         sequences = {s: scored[s].proto() for s in train_ids}
-        row_of = {s: self.rows_by_index[end.prompt_indices[g]] for g in end.outcome.trainable_groups
-                  for s in end.survivors[g]}
+        group_of = {s: g for g in end.outcome.trainable_groups for s in end.survivors[g]}
+        row_of = {s: self.rows_by_index[end.prompt_indices[g]] for s, g in group_of.items()}
         samples = [render_sample(s, row_of[s], sequences[s], None if scored[s].error else scored[s].reward,
-                                 self._decode, engine=engine_of.get(s, "")) for s in train_ids[:SAMPLES_PER_STEP]]
+                                 self._decode, engine=engine_of.get(s, ""), group_id=group_of[s],
+                                 advantage=batch.trained_advantages.get(s)) for s in train_ids[:SAMPLES_PER_STEP]]
         self.commit.commit(state, TrainedStep(step=step, end=end, rollout=rollout, batch=batch, rewards=rewards,
                                               staleness=staleness, stats=stats, times=times,
                                               tools=TrajectoryStats.of(list(sequences.values())), samples=samples,
