@@ -78,9 +78,10 @@ class StandInReward:
                                              error_kind=reward_pb2.REWARD_ERROR_KIND_TIMEOUT)
                 results[item.id] = reward_pb2.ScoreResult(id=item.id, parts=[part], error="timeout")
                 continue
-            score = 1.0 if "\\boxed{7}" in item.response else 0.0
+            score = 1.0 if "\\boxed{7}" in item.response or item.response == "CODE" else 0.0
+            verifier = "code" if item.response.startswith("CODE") else "math"
             results[item.id] = reward_pb2.ScoreResult(id=item.id, reward=score, parts=[
-                reward_pb2.RewardPart(verifier="math", score=score, weight=1.0)])
+                reward_pb2.RewardPart(verifier=verifier, score=score, weight=1.0)])
         return results
 
 
@@ -129,3 +130,21 @@ def test_evaluation_samples_at_its_own_temperature_top_p_and_length_else_as_trai
     assert spec.max_answer_tokens == 1024  # the engines are sized for evaluation's longer answers
     with pytest.raises(ValueError, match="evaluation.sampling.temperature"):
         JobSpec.model_validate(base | {"evaluation": {"sampling": {"temperature": 0}}})
+
+
+def test_maj_at_k_counts_the_rows_the_math_verifier_scored() -> None:
+    """A mixed job: a code row's samples have no final answer to vote on; it counts in pass@k, not in maj@k."""
+    rows = [PromptRow(index=i, prompt="q", answer="7", prompt_ids=(1,)) for i in range(2)]
+    answers = {"eval-s0-0": "\\boxed{7}", "eval-s0-1": "\\boxed{7}", "eval-s1-0": "CODE", "eval-s1-1": "CODE?"}
+
+    def make_item(item_id: str, row: PromptRow, sequence: common_pb2.Sequence) -> reward_pb2.RewardItem:
+        return reward_pb2.RewardItem(id=item_id, response=sequence.output_text)
+
+    spec = EvaluationSpec(samples_per_prompt=2, greedy=False)
+    evaluation = evaluate(StandInStream(answers), StandInReward(), rows, spec,
+                          sampling=common_pb2.SamplingParams(temperature=1.0),
+                          greedy_sampling=common_pb2.SamplingParams(), make_item=make_item, step=0,
+                          answer_of=math_answer_reader(RewardSpec(verifiers=[VerifierWeight(name="math"),
+                                                                             VerifierWeight(name="code")])))
+    assert evaluation.pass_at_k == 1.0 and evaluation.accuracy == 0.75
+    assert evaluation.maj_at_k == 1.0, "the code row does not vote (its samples have no boxed answer)"

@@ -6,7 +6,8 @@ by default as in training), plus greedy accuracy.
   1 - C(n - c, k) / C(n, k) for c correct of n samples (`pass_at_k`; with n = k it is 1 when any is correct).
 - maj@k: the share of prompts whose most frequent final answer (the math verifier's: the last box, or the last
   number with its `extract: last_number`; whitespace ignored) is correct (`majority_correct`); a tie goes to the
-  answer given first, and samples with no answer do not vote. None for a job without the math verifier.
+  answer given first, and samples with no answer do not vote. Over the rows the math verifier scored; None for a
+  job without the math verifier.
 
 A sample whose reward failed is left out of the accuracy and counted (`num_unscored`), never
 counted as wrong; pass@k and maj@k take the prompts whose k samples were all scored. A failure caused by the
@@ -74,9 +75,10 @@ def evaluate(stream: PoolStream, reward: RewardClient, rows: list[PromptRow], sp
     complete = [ids for ids in complete if all(i in scored for i in ids)]
     pass_k = _mean([pass_at_k(k, sum(correctness(scored[i]) >= _CORRECT for i in ids), k) for ids in complete])
     maj_k = None
-    if answer_of is not None:
+    if answer_of is not None:  # over the rows the math verifier scored (a mixed job's code rows have no answer)
+        math_rows = [ids for ids in complete if all(any(p.verifier == "math" for p in scored[i].parts) for i in ids)]
         maj_k = _mean([majority_correct([answer_of(outputs[i]) for i in ids], [correctness(scored[i]) for i in ids])
-                       for ids in complete])
+                       for ids in math_rows])
     return Evaluation(step=step, accuracy=accuracy("eval-s"), greedy_accuracy=accuracy("eval-g"),
                       k=k, num_prompts=len(rows), num_unscored=len(results) - len(scored),
                       pass_at_k=pass_k, maj_at_k=maj_k)
