@@ -2,15 +2,14 @@
 
 Recorded log-probability (what `output_logprobs` holds): for each row, `log_softmax(logits / T)` evaluated
 at the sampled token, where T is the row's temperature (T = 1 for greedy rows), computed in float32 over
-the full vocabulary BEFORE top-k/top-p filtering. This is log pi_infer of the untruncated tempered
-distribution, the quantity the trainer compares with its own log-probs. (sglang's default logprobs are
-the same quantity; see `sglang_engine`.)
+the full vocabulary BEFORE the penalties and top-k/top-p/min-p filtering. This is log pi_infer of the untruncated
+tempered distribution, the quantity the trainer compares with its own log-probs. (sglang's default logprobs are
+the same quantity without penalties; see `sglang_engine`.)
 
 The token itself is drawn from the penalized, tempered distribution after top-k, top-p then min-p filtering, by
-inverse
-transform sampling: one uniform number per row, located in the row's cumulative distribution (in two levels:
+inverse transform sampling: one uniform number per row, located in the row's cumulative distribution (in two levels:
 chunks of 256 tokens, then the token within its chunk; `_inverse_cdf`). Greedy rows
-(T = 0) take the argmax of the raw logits. Rows with their own generator (seeded requests) draw their
+(T = 0) take the argmax of the (penalized) logits. Rows with their own generator (seeded requests) draw their
 uniform number from it, so their samples depend on nothing else in the batch.
 
 Penalties (`_penalize`, sglang's and vLLM's definitions, counted over the row's output tokens only, as sglang
@@ -22,8 +21,9 @@ procedure, while the log-prob stays the model's own, which the trainer can compu
 probability is at least min_p times the most likely token's (its threshold is a ratio to the top token, so it is the
 same before or after the top-k/top-p renormalisation).
 
-The parameters arrive as Python lists: the common batches (all T = 1, no top-k/top-p; or all greedy) are
-recognised in Python and skip the tensor work they do not need.
+The parameters arrive as Python lists: the common batches (all T = 1, no top-k/top-p/min-p, no penalty; or all
+greedy) are recognised in Python and skip the tensor work they do not need. The penalties' counts are rebuilt from
+each penalized row's output every step (O(output length) per row and step; only rows with a penalty pay it).
 """
 
 from __future__ import annotations
