@@ -97,6 +97,11 @@ def test_logs_prints_steps_and_evaluations(store: JobStore, capsys: pytest.Captu
     assert lines[2].startswith("step    2/3  reward 0.750  trained 16 (16 total)")
     assert "loss 0.125" in lines[2] and "grad_norm 0.5" in lines[2] and "lr 1.00e-06" in lines[2]
     assert lines[3].startswith("eval    2  accuracy 0.500")
+    from everstep_cli.logs import eval_line
+
+    line = eval_line(eval_row(4).model_copy(update={"k": 4, "pass_at_k": 0.75, "maj_at_k": 0.625,
+                                                    "greedy_accuracy": 0.5}).model_dump())
+    assert line.endswith("(avg@4, 1 prompts)  pass@4 0.750  maj@4 0.625  greedy 0.500"), line
 
 
 def test_logs_follow_prints_new_steps_until_the_job_ends(store: JobStore, monkeypatch: pytest.MonkeyPatch,

@@ -107,6 +107,18 @@ def test_every_everstep_field_in_the_tables_is_a_job_spec_field(source: str) -> 
     assert not missing, f"docs/migrating.md names fields the job spec lacks: {missing}"
 
 
+def test_the_sampling_evaluation_and_data_table_names_job_spec_fields_and_all_three() -> None:
+    [table] = [t for t in _tables(DOC.read_text()) if t[0] == ["everstep", "verl", "OpenRLHF", "TRL"]]
+    fields = [path for row in table[1:] for path in _code_spans(row[0])]
+    assert len(table) > 8 and all(len(row) == 4 for row in table[1:])
+    assert not [f for f in fields if not schema_has(f)], fields
+    for knob in ("sampling.min_p", "sampling.repetition_penalty", "sampling.presence_penalty",
+                 "sampling.frequency_penalty", "evaluation.sampling.temperature", "evaluation.sampling.top_p",
+                 "evaluation.sampling.max_new_tokens", "dataset.max_prompt_length",
+                 "algorithm.mask_truncated_completions"):
+        assert knob in fields, knob
+
+
 def test_the_schema_check_refuses_what_is_not_there() -> None:
     assert schema_has("algorithm.loss.tis_cap") and schema_has("reward.verifiers[].params.cache_length")
     assert schema_has("steps") and schema_has("resources.trainer.gpus")

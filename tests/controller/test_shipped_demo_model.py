@@ -100,3 +100,9 @@ def test_the_plot_marks_held_out_accuracy_only_at_the_evaluated_steps() -> None:
         assert line.get_linestyle() == "None" and line.get_marker() not in (None, "None", "")
     assert "steps 0, 10, 20, 30" in " ".join(lines)
     assert lines["training reward (mean)"].get_linestyle() == "-"
+    # pass@k and maj@k where they were measured (a record from before them has none)
+    evaluation = {s: e.model_copy(update={"pass_at_k": 0.5, "maj_at_k": 0.25} if s else {})
+                  for s, e in evaluation.items()}
+    lines = {line.get_label(): line for ax in demo_figure(history, evaluation).axes for line in ax.get_lines()}
+    assert list(lines["held-out pass@4"].get_xdata()) == [10, 20, 30]
+    assert list(lines["held-out maj@4"].get_ydata()) == [0.25] * 3

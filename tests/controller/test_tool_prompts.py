@@ -134,7 +134,9 @@ def test_step_samples_and_tool_metrics_are_served_by_rest_and_shown_by_the_cli(r
     assert not TrajectoryStats.of([plain]).has_tools
 
     words = {1: "<tool_call>", 2: "<|im_end|>", 3: "<tool_response>", 4: "42", 5: "done", 7: "hello"}
-    samples = [render_sample("s1", row, sequence, 1.0, lambda ids: " ".join(words[i] for i in ids)),
+    sequence.output_versions.extend([3, 3, -1, -1, 4])  # a tool reply's tokens have no version
+    samples = [render_sample("s1", row, sequence, 1.0, lambda ids: " ".join(words[i] for i in ids), group_id="g7",
+                             advantage=0.5),
                render_sample("s2", row, plain, None, lambda ids: " ".join(words[i] for i in ids))]
     assert [(s.role, s.text) for s in samples[0].segments] == [
         ("model", "<tool_call> <|im_end|>"), ("tool", "<tool_response> 42"), ("model", "done")]
@@ -163,6 +165,11 @@ def test_step_samples_and_tool_metrics_are_served_by_rest_and_shown_by_the_cli(r
     assert "== s1  reward 1.000  turns 2  tool calls 2  (stop)" in text
     assert "tool:\n    <tool_response> 42" in text and "call (turn 1) ?({oops)  0.100s  error malformed" in text
     assert "== s2  reward failed  turns 1  tool calls 0  (length)" in text
+    assert (samples[0].group_id, samples[0].advantage, samples[0].version_min, samples[0].version_max) == \
+        ("g7", 0.5, 3, 4)
+    assert "== s1  reward 1.000  turns 2  tool calls 2  (stop)\n   group g7  advantage +0.500  policy version 3-4\n" \
+        in text
+    assert "   group ?  advantage not trained  policy version ?\n" in text  # s2: no group, versions or advantage
 
 
 def test_a_tool_jobs_metrics_row_is_tracked_as_numbers() -> None:

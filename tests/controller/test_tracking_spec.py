@@ -107,3 +107,7 @@ def test_values_are_the_rows_fields_but_step() -> None:
     evaluation = Evaluation(step=0, accuracy=None, greedy_accuracy=0.25, k=4, num_prompts=8, num_unscored=1)
     assert evaluation_values(evaluation) == {"eval/greedy_accuracy": 0.25, "eval/k": 4.0, "eval/num_prompts": 8.0,
                                              "eval/num_unscored": 1.0}
+    evaluation = Evaluation(step=2, accuracy=0.5, greedy_accuracy=None, k=4, num_prompts=8, num_unscored=0,
+                            pass_at_k=0.75, maj_at_k=0.625)
+    assert evaluation_values(evaluation) == {"eval/accuracy": 0.5, "eval/k": 4.0, "eval/num_prompts": 8.0,
+                                             "eval/num_unscored": 0.0, "eval/pass_at_k": 0.75, "eval/maj_at_k": 0.625}

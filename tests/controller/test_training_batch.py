@@ -13,9 +13,9 @@ from everstep_controller.data.reward_errors import RewardFailed
 from everstep_controller.store.progress_store import ScoredSample
 
 
-def _scored(reward: float, error: str = "") -> ScoredSample:
+def _scored(reward: float, error: str = "", finish_reason: int = common_pb2.FINISH_REASON_STOP) -> ScoredSample:
     sequence = common_pb2.Sequence(prompt_ids=[1], output_ids=[2, 3], output_logprobs=[-0.5, -0.25],
-                                   output_versions=[0, 1])
+                                   output_versions=[0, 1], finish_reason=finish_reason)
     return ScoredSample(sequence=sequence.SerializeToString(), reward=reward, error=error)
 
 
@@ -42,6 +42,19 @@ def test_purged_members_are_left_out_and_zero_signal_groups_dropped(scheduler: C
     assert list(batch[0].output_versions) == [0, 1] and list(batch[0].rollout_logprobs) == [-0.5, -0.25]
     step_batch = build_batch(["g0", "g1"], scheduler, scored, drop_zero_signal=False, normalize_std=True)
     assert step_batch.num_zero_signal == 0 and len(step_batch.samples) == 7
+
+
+def test_truncated_members_count_in_the_advantages_but_are_not_trained_on(scheduler: C3POScheduler) -> None:
+    """algorithm.mask_truncated_completions: a member cut at max_new_tokens keeps its place in the group's
+    baseline (the others' advantages are those of the whole group) and is left out of the batch."""
+    scored = {"a": _scored(1.0), "b": _scored(0.0, finish_reason=common_pb2.FINISH_REASON_LENGTH), "c": _scored(0.0)}
+    whole = build_batch(["g0"], scheduler, scored, drop_zero_signal=True, normalize_std=False)
+    masked = build_batch(["g0"], scheduler, scored, drop_zero_signal=True, normalize_std=False, mask_truncated=True)
+    assert len(whole.samples) == 3 and whole.num_truncated_masked == 0
+    assert masked.num_truncated_masked == 1 and list(masked.trained_advantages) == ["a", "c"]
+    assert masked.trained_advantages["a"] == pytest.approx(whole.trained_advantages["a"])
+    assert [s.advantage for s in masked.samples] == pytest.approx([whole.samples[0].advantage,
+                                                                  whole.samples[2].advantage])
 
 
 def test_a_failed_score_fails_the_step(scheduler: C3POScheduler) -> None:

@@ -223,6 +223,10 @@ def test_rows_longer_than_max_prompt_tokens_are_skipped_and_counted(tmp_path: Pa
     assert loaded.skipped[0].reason == f"prompt is {lengths[2]} tokens, more than max_prompt_tokens ({limit})"
     with pytest.raises(ValueError, match=r"no usable rows \(3 skipped, e.g. row 0: prompt is"):
         load_prompt_rows(str(path), encoder, fields=fields, max_prompt_tokens=1)
+    # the user's dataset.max_prompt_length skips the same rows, named in the reason, before the model's limit
+    loaded = load_prompt_rows(str(path), encoder, fields=fields, max_prompt_length=limit, max_prompt_tokens=1000)
+    assert [r.index for r in loaded.rows] == [0, 1] and loaded.num_skipped == 1
+    assert loaded.skipped[0].reason == f"prompt is {lengths[2]} tokens, more than dataset.max_prompt_length ({limit})"
 
 
 def test_malformed_messages_skip_their_row(tmp_path: Path, chat_model: Path) -> None:

@@ -63,9 +63,13 @@ def test_a_job_logs_to_tensorboard_wandb_and_mlflow(tiny_model_dir: Path, tmp_pa
         "name": "tracked", "model_path": str(tiny_model_dir), "steps": 3, "seed": 0,
         "dataset": {"train_path": str(train), "eval_path": str(held_out)},
         # a random model scores 0 everywhere: keep its zero-signal groups so the trainer trains
-        "algorithm": {"group_size": 4, "drop_zero_signal_groups": False}, "sampling": {"max_new_tokens": 40},
+        "algorithm": {"group_size": 4, "drop_zero_signal_groups": False},
+        # min-p and the penalties run in the engine; evaluation samples at its own temperature and length
+        "sampling": {"max_new_tokens": 40, "min_p": 0.02, "repetition_penalty": 1.1, "presence_penalty": 0.1,
+                     "frequency_penalty": 0.1},
         "scheduler": {"token_budget": 800, "pool_capacity": 64},
-        "evaluation": {"num_prompts": 8, "samples_per_prompt": 2},
+        "evaluation": {"num_prompts": 8, "samples_per_prompt": 2,
+                       "sampling": {"temperature": 0.7, "top_p": 0.95, "max_new_tokens": 48}},
         "tracking": {"tensorboard": {"log_dir": str(tb_dir)},
                      "wandb": {"project": "everstep-tests", "mode": "offline"},
                      "mlflow": {"tracking_uri": mlruns.as_uri(), "experiment_name": "tracking-e2e"}},
@@ -77,6 +81,7 @@ def test_a_job_logs_to_tensorboard_wandb_and_mlflow(tiny_model_dir: Path, tmp_pa
         job = run_job(api, spec, timeout_seconds=JOB_TIMEOUT_SECONDS, poll_seconds=0.5)
         assert job["state"] == "SUCCEEDED", job["error"]
         history = api.get(f"/v1/jobs/{job['id']}/metrics").json()
+        samples = api.get(f"/v1/jobs/{job['id']}/samples", params={"step": 3}).json()
         metrics_page = api.get("/metrics").text
     finally:
         stack.down()  # the controller stops: every run is closed and flushed
@@ -86,6 +91,9 @@ def test_a_job_logs_to_tensorboard_wandb_and_mlflow(tiny_model_dir: Path, tmp_pa
     expected = _step_values(history)
     evaluations = _eval_values(job["evaluation"])
     assert set(evaluations["eval/accuracy"]) == {0, 3}  # before and after training
+    assert set(evaluations["eval/pass_at_k"]) == set(evaluations["eval/maj_at_k"]) == {0, 3}
+    assert samples and all(s["group_id"] and s["advantage"] is not None for s in samples)
+    assert all(s["version_min"] is not None and s["version_min"] <= s["version_max"] <= 3 for s in samples)
     assert 'everstep_controller_tracker_failures_total{' not in metrics_page, "no tracker failed"
 
     _check_tensorboard(tb_dir, expected, evaluations)

@@ -10,9 +10,10 @@ import pytest
 from math_cases import MATH_CASES
 from misbehaving_checks import hang_or_check
 
+from everstep.math_answers import extract_boxed_answer, extract_last_number
 from everstep.v1 import reward_pb2
 from everstep_reward.verifiers import SpecError
-from everstep_reward.verifiers.math import MathVerifier, extract_boxed_answer, extract_last_number, prepare_math_worker
+from everstep_reward.verifiers.math import MathVerifier, prepare_math_worker
 from everstep_reward.verifiers.params import ParamsError
 from everstep_reward.worker_pool import ProcessWorkerPool
 

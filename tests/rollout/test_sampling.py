@@ -100,3 +100,84 @@ def test_the_inverse_cdf_never_lands_on_a_token_without_mass():
     assert bool((weights.gather(1, tokens[:, None]) > 0).all()), tokens
     assert tokens.tolist() == [10, 300, 300, 300]
     assert torch.allclose(totals, weights.sum(dim=1))
+
+
+def reference_distribution(logits: torch.Tensor, output_ids: list[int], *, temperature: float, top_k: int = 0,
+                           top_p: float = 1.0, min_p: float = 0.0, repetition: float = 1.0, presence: float = 0.0,
+                           frequency: float = 0.0) -> torch.Tensor:
+    """Written from the definitions, one token at a time: CTRL's repetition penalty (Keskar et al. 2019, as sglang
+    and vLLM apply it: positive logits divided, negative ones multiplied), OpenAI's presence and frequency penalties,
+    then the temperature, top-k, top-p and min-p (Nguyen et al. 2024: p >= min_p * max p)."""
+    values = logits.tolist()
+    for token in set(output_ids):
+        count = output_ids.count(token)
+        x = values[token]
+        x = x / repetition if x > 0 else x * repetition
+        values[token] = x - presence - frequency * count
+    probs = torch.softmax(torch.tensor(values) / temperature, dim=-1)
+    order = sorted(range(len(values)), key=lambda i: -probs[i].item())
+    kept = order[: top_k or len(order)]
+    mass, nucleus = 0.0, []
+    for i in kept:
+        if mass >= top_p:
+            break
+        nucleus.append(i)
+        mass += probs[i].item()
+    top = probs[order[0]].item()
+    keep = [i for i in nucleus if probs[i].item() >= min_p * top]
+    out = torch.zeros_like(probs)
+    out[keep] = probs[keep]
+    return out / out.sum()
+
+
+@pytest.mark.parametrize("case", [
+    dict(temperature=1.0, min_p=0.3),
+    dict(temperature=0.8, top_k=6, top_p=0.9, min_p=0.2),
+    dict(temperature=1.0, repetition=1.8),
+    dict(temperature=0.7, presence=1.0, frequency=0.5, min_p=0.05),
+    dict(temperature=1.2, repetition=0.6, frequency=-0.4, top_p=0.8),
+])
+def test_min_p_and_penalties_follow_the_reference_distribution(case):
+    """Each row's frequencies against `reference_distribution`; the recorded log-prob stays the model's own
+    (log_softmax(logits / T), before the penalties and the filters)."""
+    num_rows = 20_000
+    output_ids = [0, 0, 1, 5, 5, 5, 7]  # token 0 (positive logit) twice, 5 (negative) three times, 7 the least likely
+    knobs = {"min_p": "min_p", "repetition": "repetition_penalty", "presence": "presence_penalty",
+             "frequency": "frequency_penalty"}
+    batch = {name: [case.get(key, 1.0 if key == "repetition" else 0.0)] * num_rows for key, name in knobs.items()}
+    params = SamplingBatch(temperature=[case["temperature"]] * num_rows, top_p=[case.get("top_p", 1.0)] * num_rows,
+                           top_k=[case.get("top_k", 0)] * num_rows, generators=[None] * num_rows,
+                           output_ids=[output_ids] * num_rows, **batch)
+    tokens, logprobs = sample(LOGITS.repeat(num_rows, 1), params, torch.Generator().manual_seed(11))
+    want = reference_distribution(LOGITS, output_ids, **case)
+    frequencies = torch.bincount(tokens, minlength=len(LOGITS)).float() / num_rows
+    assert (frequencies - want).abs().max() < 0.015, (frequencies, want)
+    assert bool((frequencies[want == 0] == 0).all()), "a filtered-out token was sampled"
+    assert torch.allclose(logprobs, torch.log_softmax(LOGITS / case["temperature"], -1)[tokens], atol=1e-6)
+
+
+def test_penalties_apply_per_row_and_steer_greedy_rows():
+    """Rows without a penalty are untouched beside rows with one; a greedy row takes the penalised argmax."""
+    logits = torch.stack([LOGITS, LOGITS, LOGITS])
+    params = SamplingBatch(temperature=[0.0, 0.0, 0.0], top_p=[1.0] * 3, top_k=[0] * 3, generators=[None] * 3,
+                           repetition_penalty=[1.0, 1.0, 1.0], presence_penalty=[0.0, 3.0, 0.0],
+                           frequency_penalty=[0.0, 0.0, 0.0], output_ids=[[0], [0], [0]])
+    tokens, logprobs = sample(logits, params, torch.Generator().manual_seed(0))
+    assert tokens.tolist() == [0, 1, 0]  # 2.0 - 3 < 1.5: the penalised row moves to the next token
+    assert torch.allclose(logprobs, torch.log_softmax(LOGITS, -1)[tokens])
+
+
+def test_the_proto_carries_min_p_and_penalties_and_an_unset_repetition_penalty_is_off():
+    from everstep.settings.codec import SAMPLING_PARAMS
+    from everstep.settings.training import SamplingSettings
+    from everstep.v1 import common_pb2
+    from everstep_rollout.proto_convert import sampling_from_proto
+
+    settings = SamplingSettings(min_p=0.1, repetition_penalty=1.2, presence_penalty=-0.5, frequency_penalty=0.25)
+    options = sampling_from_proto(SAMPLING_PARAMS.to_proto(settings))
+    assert (options.min_p, options.repetition_penalty, options.presence_penalty, options.frequency_penalty) == \
+        pytest.approx((0.1, 1.2, -0.5, 0.25))
+    older = sampling_from_proto(common_pb2.SamplingParams(temperature=1.0))  # a controller that predates them
+    assert (older.min_p, older.repetition_penalty, older.penalized) == (0.0, 1.0, False)
+    assert SAMPLING_PARAMS.from_proto(common_pb2.SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=4)) \
+        .repetition_penalty == 1.0

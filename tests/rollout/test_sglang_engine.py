@@ -96,6 +96,7 @@ class SglangStandIn:
         self.active: set[str] = set()
         self.aborted: set[str] = set()
         self.inputs: dict[str, list[int]] = {}
+        self.sampling_params: dict[str, dict] = {}
         self.loops: set[int] = set()
         self.tokenizer_manager = SimpleNamespace(abort_request=self._abort_request,
                                                  generate_request=self._generate_request)
@@ -114,6 +115,7 @@ class SglangStandIn:
         self.loops.add(id(asyncio.get_running_loop()))
         await asyncio.sleep(0)  # sglang tokenizes (awaits) before it registers the rid that aborts look up
         self.inputs[rid] = list(tokens)
+        self.sampling_params[rid] = dict(obj.sampling_params)
         self.active.add(rid)
         triples: list[tuple[float, int, None]] = []
         try:
@@ -221,6 +223,27 @@ def test_generates_drains_and_continues(engine):
         assert r.output_ids == expected_output(prompt, 30)
         assert r.output_logprobs == pytest.approx([-0.01 * t for t in r.output_ids])
         assert r.output_versions == [0] * 30
+
+
+def test_min_p_and_penalties_reach_sglang_under_its_names(tiny_model_dir):
+    from everstep_rollout.config import EngineConfig
+
+    stand_in = SglangStandIn()
+    engine = SglangEngine(tiny_model_dir, EngineConfig(engine="sglang", max_running=4, max_queued=2),
+                          sglang_engine=stand_in, request_type=GenerateReqInputStandIn)
+    try:
+        penalized = SamplingOptions(temperature=0.7, top_p=0.9, top_k=20, max_new_tokens=3, min_p=0.05,
+                                    repetition_penalty=1.1, presence_penalty=0.5, frequency_penalty=-0.25)
+        engine.add([GenerationRequest(id="p", prompt_ids=PROMPTS["a"], sampling=penalized),
+                    GenerationRequest(id="plain", prompt_ids=PROMPTS["b"],
+                                      sampling=SamplingOptions(temperature=1.0, max_new_tokens=3))])
+        run(engine)
+    finally:
+        engine.shutdown()
+    [p, plain] = sorted(stand_in.sampling_params.values(), key=len, reverse=True)
+    assert p == {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "max_new_tokens": 3, "min_p": 0.05,
+                 "repetition_penalty": 1.1, "presence_penalty": 0.5, "frequency_penalty": -0.25}
+    assert plain == {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 3}  # sglang's defaults
 
 
 def test_drain_right_after_add_aborts_requests_sglang_has_not_registered_yet(engine):

@@ -91,6 +91,12 @@ class DatasetSpec(_Section):
         description="Row field listing the names of the job's verifiers that apply to the row (e.g. ['code']); "
                     "missing: all of them. A name the job does not list makes the row skipped.",
     )
+    max_prompt_length: int | None = Field(
+        default=None, ge=1,
+        description="Longest prompt, in tokens after the chat template: longer rows (train and eval) are skipped, "
+                    "counted and listed in the job record like other skipped rows (verl's filter_overlong_prompts). "
+                    "None: only the model's positions less max_new_tokens limit it.",
+    )
 
 
     @field_validator("train_path", "eval_path")
@@ -181,13 +187,29 @@ class RewardSpec(_Section):
         return self
 
 
+class EvaluationSampling(_Section):
+    """How evaluation samples its k answers per prompt (verl's val_kwargs); each unset field is sampling's."""
+
+    temperature: float | None = Field(default=None, gt=0, allow_inf_nan=False,
+                                      description="Sampling temperature; none: sampling.temperature.")
+    top_p: float | None = Field(default=None, gt=0, le=1, description="Nucleus threshold; none: sampling.top_p.")
+    max_new_tokens: int | None = Field(default=None, ge=1,
+                                       description="Longest answer, in tokens; none: sampling.max_new_tokens.")
+
+
 class EvaluationSpec(_Section):
-    """Held-out evaluation: avg@k sampled at the training temperature, plus greedy."""
+    """Held-out evaluation: avg@k, pass@k and maj@k over k samples per prompt, plus greedy."""
 
     every: int = Field(default=0, ge=0, description="Evaluate every N steps (0: only before and after).")
     num_prompts: int = Field(default=64, ge=1, description="Held-out prompts evaluated.")
-    samples_per_prompt: int = Field(default=4, ge=1, description="k of avg@k.")
+    samples_per_prompt: int = Field(default=4, ge=1, description="k of avg@k, pass@k and maj@k.")
     greedy: bool = Field(default=True, description="Also report greedy accuracy.")
+    sampling: EvaluationSampling = Field(
+        default_factory=EvaluationSampling,
+        description="Temperature, top_p and max_new_tokens of the k samples (the greedy answer keeps only "
+                    "max_new_tokens); unset: the training sampling's. The other sampling settings (top_k, min_p, "
+                    "penalties, stop) are the training sampling's.",
+    )
 
 
 class CheckpointSpec(_Section):
@@ -255,6 +277,13 @@ class JobSpec(_Section):
                     "from a checkpoint trains exactly as one never interrupted. Needs scheduler.mode 'sync' (a "
                     "C3PO++ iteration ends when the token budget is reached, which depends on timing).",
     )
+
+    @property
+    def max_answer_tokens(self) -> int:
+        """The longest answer an engine is asked for: sampling.max_new_tokens, or evaluation's when it is longer
+        (and there is an eval set)."""
+        evaluation = self.evaluation.sampling.max_new_tokens if self.dataset.eval_path else None
+        return max(self.sampling.max_new_tokens, evaluation or 0)
 
     @model_validator(mode="after")
     def _parts_agree(self) -> JobSpec:

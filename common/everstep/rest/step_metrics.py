@@ -48,6 +48,9 @@ class _EveryStep(BaseModel):
     iteration_seconds: float = Field(description="The whole step.")
     num_sampling_rounds: int = Field(default=1, description="Rounds of sampling the step took (more than 1 only "
                                                         "with algorithm.min_signal_groups).")
+    num_samples_truncated_masked: int = Field(
+        default=0, description="Samples cut at max_new_tokens left out of the loss "
+                               "(algorithm.mask_truncated_completions).")
     # A job with tools (spec.tools) reports these; other jobs leave them out of their JSON (TOOL_FIELDS).
     turns_per_sample: float | None = Field(default=None, description="Tools: mean model turns per trained sample.")
     tool_use_rate: float | None = Field(default=None,
@@ -126,13 +129,19 @@ class Evaluation(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     step: int = Field(description="Training steps completed when it was measured (0: the base model).")
-    accuracy: float | None = Field(description="avg@k: mean correctness of k samples per prompt, at the training "
-                                               "temperature; null when no sample could be scored.")
+    accuracy: float | None = Field(description="avg@k: mean correctness of k samples per prompt, sampled as "
+                                               "evaluation.sampling says; null when no sample could be scored.")
     greedy_accuracy: float | None = Field(description="Correctness of one greedy answer per prompt; null when "
                                                       "greedy evaluation is off or nothing could be scored.")
     k: int = Field(description="Samples per prompt (spec.evaluation.samples_per_prompt).")
     num_prompts: int = Field(description="Held-out prompts evaluated.")
     num_unscored: int = Field(description="Samples left out because their reward failed (never counted as wrong).")
+    pass_at_k: float | None = Field(
+        default=None, description="pass@k: the share of prompts with a fully correct sample among their k (Chen et "
+                                  "al.'s unbiased estimator), over the prompts whose k samples were all scored.")
+    maj_at_k: float | None = Field(
+        default=None, description="maj@k: the share of prompts whose most frequent final answer among their k "
+                                  "samples (the math verifier's) is correct; null without the math verifier.")
 
 TOOL_FIELDS = ("turns_per_sample", "tool_use_rate", "num_tool_calls", "tool_errors", "tool_seconds_mean")
 """Reported by the steps of a job with tools only."""

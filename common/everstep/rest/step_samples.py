@@ -45,3 +45,12 @@ class StepSample(BaseModel):
     finish_reason: str = Field(description="stop or length.")
     engine: str = Field(default="", description="The address of the rollout engine of the job's pool that decoded "
                                                 "the sample last (a carried-over sample may have started on another).")
+    group_id: str = Field(default="", description="The sample's group: the G samples of one prompt share it, and "
+                                                  "its advantage is measured against them.")
+    advantage: float | None = Field(default=None, description="The advantage it was trained with; None when it "
+                                                              "was not trained (its group left out, or truncated "
+                                                              "with algorithm.mask_truncated_completions).")
+    version_min: int | None = Field(default=None, description="The oldest policy version that sampled its tokens "
+                                                              "(output_versions; tool tokens left out).")
+    version_max: int | None = Field(default=None, description="The newest: above version_min for a sample carried "
+                                                              "over (C3PO++) or decoded across a weight swap.")

@@ -137,6 +137,13 @@ class AlgorithmSettings(_RoutingReplaySetting):
         description="Rounds of sampling a step may take to reach min_signal_groups; after the last it trains "
                     "what it has (per step: num_sampling_rounds, num_groups_trained).",
     )
+    mask_truncated_completions: bool = Field(
+        default=False,
+        description="Leave out of the loss the samples cut at sampling.max_new_tokens (finish reason 'length'): they "
+                    "still count in their group's advantage baseline, but are not sent to the trainer (TRL's "
+                    "mask_truncated_completions, DAPO's overlong filtering; per step: "
+                    "num_samples_truncated_masked).",
+    )
     loss: LossSettings = Field(default_factory=LossSettings)
 
 
@@ -150,6 +157,20 @@ class SamplingSettings(_Temperature):
 
     top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling threshold (1: off).")
     top_k: int = Field(default=0, ge=0, description="Top-k filtering (0: off).")
+    min_p: float = Field(
+        default=0.0, ge=0, le=1,
+        description="Min-p filtering: keep the tokens whose probability is at least min_p times the most likely "
+                    "token's (after top-k and top-p; 0: off).")
+    repetition_penalty: float = Field(
+        default=1.0, gt=0, le=2, allow_inf_nan=False,
+        description="CTRL's repetition penalty on every token the sequence has output: its logit is divided by it "
+                    "when positive, multiplied when negative (1: off; > 1 discourages repeats).")
+    presence_penalty: float = Field(
+        default=0.0, ge=-2, le=2, allow_inf_nan=False,
+        description="Subtracted from the logit of every token the sequence has output at least once (0: off).")
+    frequency_penalty: float = Field(
+        default=0.0, ge=-2, le=2, allow_inf_nan=False,
+        description="Times the number of times the sequence has output a token, subtracted from its logit (0: off).")
     max_new_tokens: int = Field(default=256, ge=1, description="Longest response, in tokens.")
     stop: list[str] = Field(default_factory=list, description="Extra stop strings besides EOS.")
     dtype: Dtype = Field(default=Dtype.float32, description="Engine dtype.")

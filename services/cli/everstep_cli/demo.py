@@ -141,7 +141,7 @@ def run_demo(spec_path: Path, out: Path, *, port: int = 0, rebuild: bool = False
         verify_manifest(model_path)  # a job only reads its model: a change here is a bug to report
     evaluation = {int(step): Evaluation.model_validate(e) for step, e in record["evaluation"].items()}
     base, final = evaluation[0], evaluation[record["spec"]["steps"]]
-    evaluations = [evaluation[step].model_dump(include={"step", "accuracy", "greedy_accuracy"})
+    evaluations = [evaluation[step].model_dump(include={"step", "accuracy", "greedy_accuracy", "pass_at_k", "maj_at_k"})
                    for step in sorted(evaluation)]
     steps = [StepMetrics.model_validate(m) for m in history]
     first, last = steps[: max(1, len(steps) // 5)], steps[-max(1, len(steps) // 5):]
@@ -151,6 +151,10 @@ def run_demo(spec_path: Path, out: Path, *, port: int = 0, rebuild: bool = False
         "final_accuracy": final.accuracy,
         "base_greedy_accuracy": base.greedy_accuracy,
         "final_greedy_accuracy": final.greedy_accuracy,
+        "base_pass_at_k": base.pass_at_k,
+        "final_pass_at_k": final.pass_at_k,
+        "base_maj_at_k": base.maj_at_k,
+        "final_maj_at_k": final.maj_at_k,
         "eval_samples_per_prompt": final.k,
         "eval_prompts": final.num_prompts,
         "steps": record["step"],
@@ -180,7 +184,8 @@ def demo_title(spec: dict[str, Any]) -> str:
 
 def plot_demo(history: list[StepMetrics], evaluation: dict[int, Evaluation], path: Path,
               title: str = "everstep demo: GRPO + IcePop with C3PO++ rollouts") -> None:
-    """Write demo.png: per-step reward and response length, held-out accuracy where it was evaluated."""
+    """Write demo.png: per-step reward and response length, held-out accuracy (avg@k, greedy, pass@k, maj@k) where
+    it was evaluated."""
     import matplotlib.pyplot as plt
 
     fig = demo_figure(history, evaluation, title)
@@ -208,6 +213,11 @@ def demo_figure(history: list[StepMetrics], evaluation: dict[int, Evaluation],
     if evaluation[steps[-1]].greedy_accuracy is not None:
         ax.plot(steps, [evaluation[s].greedy_accuracy for s in steps], "s", markersize=6,
                 markerfacecolor="none", label="held-out greedy accuracy")
+    k = evaluation[steps[-1]].k
+    for name, marker, label in (("pass_at_k", "^", f"held-out pass@{k}"), ("maj_at_k", "v", f"held-out maj@{k}")):
+        at = [s for s in steps if getattr(evaluation[s], name) is not None]  # records from before they existed: none
+        if at:
+            ax.plot(at, [getattr(evaluation[s], name) for s in at], marker, markersize=6, label=label)
     ax.set_xlabel("step")
     ax.set_ylim(0, 1)
     lengths = ax.twinx()  # RL on the demo model learns to show its work: solutions get longer

@@ -25,6 +25,8 @@ def follow_job(client: ControllerClient, job_id: str, poll_seconds: float = 1.0)
             last_eval = Evaluation.model_validate(evaluation[max(evaluation, key=int)]) if evaluation else None
             bar.set_postfix(state=record["state"], reward=f"{latest.reward_mean if latest else 0:.3f}",
                             acc=f"{(last_eval.accuracy if last_eval else None) or 0:.3f}",
+                            **({"pass_k": f"{last_eval.pass_at_k:.3f}"} if last_eval and last_eval.pass_at_k is not None
+                               else {}),
                             tok_s=f"{latest.tokens_per_s if latest else 0:.0f}", refresh=False)
             bar.refresh()
             if record["state"] in TERMINAL_STATES:

@@ -32,10 +32,13 @@ def step_line(row: dict[str, Any], steps: int) -> str:
 
 def eval_line(evaluation: dict[str, Any]) -> str:
     accuracy = evaluation.get("accuracy")
-    greedy = evaluation.get("greedy_accuracy")
     text = (f"eval {evaluation['step']:>4}  accuracy {'n/a' if accuracy is None else f'{accuracy:.3f}'} "
             f"(avg@{evaluation['k']}, {evaluation['num_prompts']} prompts)")
-    return text + (f"  greedy {greedy:.3f}" if greedy is not None else "")
+    k = evaluation["k"]
+    for name, label in (("pass_at_k", f"pass@{k}"), ("maj_at_k", f"maj@{k}"), ("greedy_accuracy", "greedy")):
+        if evaluation.get(name) is not None:
+            text += f"  {label} {evaluation[name]:.3f}"
+    return text
 
 
 def print_logs(client: ControllerClient, job_id: str, *, follow: bool = False, poll_seconds: float = 1.0,

@@ -14,7 +14,9 @@ def sampling_from_proto(p: common_pb2.SamplingParams) -> SamplingOptions:
     return SamplingOptions(
         temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, max_new_tokens=p.max_new_tokens,
         stop=tuple(p.stop), seed=p.seed,
-        return_routed_experts=p.return_routed_experts,
+        return_routed_experts=p.return_routed_experts, min_p=p.min_p,
+        repetition_penalty=p.repetition_penalty if p.HasField("repetition_penalty") else 1.0,
+        presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
     )
 
 

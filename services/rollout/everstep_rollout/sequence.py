@@ -40,6 +40,14 @@ class SamplingOptions:
     return_routed_experts: bool = False
     """Routing replay: record the experts every position was routed to (`SequenceResult.routed_experts`). An
     engine that serves a dense model or cannot record routes refuses it (ValueError naming it)."""
+    min_p: float = 0.0
+    """Keep tokens whose probability is at least min_p x the top token's, after top-k/top-p; 0 disables it."""
+    repetition_penalty: float = 1.0
+    """CTRL's penalty on tokens already in the output: positive logits / r, negative logits * r; 1 disables it."""
+    presence_penalty: float = 0.0
+    """Subtracted from the logit of every token already in the output."""
+    frequency_penalty: float = 0.0
+    """Times a token's count in the output, subtracted from its logit."""
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -50,6 +58,15 @@ class SamplingOptions:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if self.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any repetition, presence or frequency penalty is on."""
+        return self.repetition_penalty != 1 or self.presence_penalty != 0 or self.frequency_penalty != 0
 
 
 @dataclass(kw_only=True)

@@ -8,7 +8,7 @@ from typing import Protocol
 from everstep.rest.job_spec import JobSpec
 from everstep.settings.codec import TRAINER_CONFIG
 from everstep.settings.training import TrainerConfig
-from everstep.v1 import trainer_pb2
+from everstep.v1 import common_pb2, trainer_pb2
 from everstep_controller.algo.advantages import get_advantage_estimator
 from everstep_controller.data.reward_errors import ErrorClass, RewardFailed, describe
 from everstep_controller.store.progress_store import ScoredSample
@@ -42,18 +42,22 @@ class TrainingBatch:
 
     samples: list[trainer_pb2.TrainSample] = field(default_factory=list)
     num_zero_signal: int = 0  # groups left out because all their rewards were equal
+    num_truncated_masked: int = 0  # samples cut at max_new_tokens left out (algorithm.mask_truncated_completions)
+    trained_advantages: dict[str, float] = field(default_factory=dict)
+    """Sample id -> the advantage it was trained with (what `everstep samples` shows)."""
     unscorable: dict[str, dict[str, ScoredSample]] = field(default_factory=dict)
     """Groups left out because a member's row could not be scored: group id -> those members by sample id."""
 
 
 def build_batch(group_ids: list[str], scheduler: GroupMembers, scored: dict[str, ScoredSample], *,
-                drop_zero_signal: bool, normalize_std: bool) -> TrainingBatch:
+                drop_zero_signal: bool, normalize_std: bool, mask_truncated: bool = False) -> TrainingBatch:
     """The train samples of the groups' surviving members, and the groups left out.
 
     Advantages are computed over each group's surviving (finished) members only; purged members
     are left out. No sample is trained without its reward: a group with a member whose row could
     not be scored is left out whole (its advantages would be made up), and any other failed
-    reward raises `RewardFailed` with its cause (see `reward_errors`).
+    reward raises `RewardFailed` with its cause (see `reward_errors`). `mask_truncated`: a member cut at
+    max_new_tokens (finish reason length) counts in its group's advantages but is not trained on.
     """
     estimate_advantages = get_advantage_estimator(ADVANTAGE_ESTIMATOR)
     batch = TrainingBatch()
@@ -74,8 +78,13 @@ def build_batch(group_ids: list[str], scheduler: GroupMembers, scored: dict[str,
         if drop_zero_signal and not has_signal(members):
             batch.num_zero_signal += 1
             continue
-        for member, advantage in zip(members, estimate_advantages(rewards, normalize_std=normalize_std), strict=True):
+        advantages = estimate_advantages(rewards, normalize_std=normalize_std)
+        for sample_id, member, advantage in zip(sample_ids, members, advantages, strict=True):
             seq = member.proto()
+            if mask_truncated and seq.finish_reason == common_pb2.FINISH_REASON_LENGTH:
+                batch.num_truncated_masked += 1
+                continue
+            batch.trained_advantages[sample_id] = advantage
             batch.samples.append(trainer_pb2.TrainSample(
                 prompt_ids=seq.prompt_ids, output_ids=seq.output_ids, rollout_logprobs=seq.output_logprobs,
                 output_versions=seq.output_versions, advantage=advantage, reward=member.reward,

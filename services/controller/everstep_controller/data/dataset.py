@@ -7,7 +7,8 @@ which of the job's verifiers apply to it (`verifiers`, default all), the sandbox
 (`language`) and the function its function-call tests call (`function_name`); `row_tests` reads the
 tests. Rows without a prompt or an answer or tests, whose fields have the wrong type, whose tests are
 malformed, that name a verifier the job does not have, whose prompt the chat template refuses or whose
-prompt is longer than `max_prompt_tokens`, are skipped: each is logged with its row number and cause,
+prompt is longer than `max_prompt_length` (the job's dataset.max_prompt_length) or `max_prompt_tokens` (what the
+model's positions leave), are skipped: each is logged with its row number and cause,
 counted, and the first few are kept for the job record, so a user sees what was left out.
 """
 
@@ -152,14 +153,16 @@ def dataset_format(path: str, declared: str = "auto") -> str:
 
 def load_prompt_rows(path: str | Sequence[str], encoder: PromptEncoder, *, fields: RowFields | None = None,
                      file_format: str = "auto", verifier_names: Collection[str] | None = None,
-                     max_prompt_tokens: int | None = None, setting: str = "train_path") -> LoadedDataset:
+                     max_prompt_tokens: int | None = None, setting: str = "train_path",
+                     max_prompt_length: int | None = None) -> LoadedDataset:
     """path: a file, or a list of files and glob patterns (`dataset_paths`; `setting` names the spec field
     in its errors): the files' rows in order, numbered across the files (a row's index is its row number
     in the first file, then continues after the first file's last row, and so on).
     file_format: every file's ('auto': each file's from its name).
     encoder: how prompts become ids (`PromptEncoder(tokenizer)`: the raw text).
     verifier_names: the job's verifiers; a row naming another one is skipped (None: not checked).
-    max_prompt_tokens: a row whose prompt ids are more is skipped (None: any length)."""
+    max_prompt_tokens: a row whose prompt ids are more is skipped (None: any length).
+    max_prompt_length: the same, the user's limit (dataset.max_prompt_length, named in the skip's reason)."""
     fields = fields or RowFields()
     files = [(name, dataset_file(name)) for name in dataset_paths(path, setting)]
     rows: list[PromptRow] = []
@@ -169,7 +172,7 @@ def load_prompt_rows(path: str | Sequence[str], encoder: PromptEncoder, *, field
     for name, file in files:
         prefix = f"{name}: " if len(files) > 1 else ""
         offset, file_skipped = _load_file(name, file, offset, encoder, fields, file_format, verifier_names,
-                                          max_prompt_tokens, rows, skipped, prefix)
+                                          (max_prompt_length, max_prompt_tokens), rows, skipped, prefix)
         num_skipped += file_skipped
     if not rows:
         shown = path if isinstance(path, str) else ", ".join(path)
@@ -179,8 +182,8 @@ def load_prompt_rows(path: str | Sequence[str], encoder: PromptEncoder, *, field
 
 
 def _load_file(path: str, file: Path, offset: int, encoder: PromptEncoder, fields: RowFields, file_format: str,
-               verifier_names: Collection[str] | None, max_prompt_tokens: int | None, rows: list[PromptRow],
-               skipped: list[SkippedRow], prefix: str) -> tuple[int, int]:
+               verifier_names: Collection[str] | None, prompt_limits: tuple[int | None, int | None],
+               rows: list[PromptRow], skipped: list[SkippedRow], prefix: str) -> tuple[int, int]:
     """Appends the file's rows (indexes from `offset`) and its first skips; the next file's offset and the
     number of rows skipped."""
     reader = _parquet_rows if dataset_format(path, file_format) == "parquet" else _jsonl_rows
@@ -192,6 +195,10 @@ def _load_file(path: str, file: Path, offset: int, encoder: PromptEncoder, field
         try:
             row = _row_of(index, raw, fields, verifier_names)
             row = replace(row, prompt_ids=encoder.encode(row.row_prompt, fields.prompt))
+            max_prompt_length, max_prompt_tokens = prompt_limits
+            if max_prompt_length is not None and len(row.prompt_ids) > max_prompt_length:
+                raise ValueError(f"prompt is {len(row.prompt_ids)} tokens, more than dataset.max_prompt_length "
+                                 f"({max_prompt_length})")
             if max_prompt_tokens is not None and len(row.prompt_ids) > max_prompt_tokens:
                 raise ValueError(f"prompt is {len(row.prompt_ids)} tokens, more than max_prompt_tokens "
                                  f"({max_prompt_tokens})")

@@ -64,10 +64,11 @@ def load_job_data(spec: JobSpec) -> JobData:
     names = [v.name for v in spec.reward.verifiers]
     longest = max_prompt_tokens(spec)  # a row whose prompt + max_new_tokens passes the model's positions is skipped
     train = load_prompt_rows(d.train_path, encoder, fields=fields, file_format=d.format.value, verifier_names=names,
-                             max_prompt_tokens=longest)
+                             max_prompt_tokens=longest, max_prompt_length=d.max_prompt_length)
     eval_rows: list[PromptRow] = []
     if d.eval_path:
         held_out = load_prompt_rows(d.eval_path, encoder, fields=fields, file_format=d.format.value,
-                                    verifier_names=names, max_prompt_tokens=longest, setting="eval_path")
+                                    verifier_names=names, max_prompt_tokens=longest, setting="eval_path",
+                                    max_prompt_length=d.max_prompt_length)
         eval_rows = held_out.rows[: spec.evaluation.num_prompts]
     return JobData(train, eval_rows, tokenizer, spec.tools, call_format)

@@ -36,7 +36,8 @@ STEP = Gauge("everstep_controller_job_step", "Training steps completed.", ["job_
 POLICY_VERSION = Gauge("everstep_controller_policy_version", "Policy version the job's engines run.", ["job_id"])
 REWARD_MEAN = Gauge("everstep_controller_reward_mean", "Mean reward of the samples scored in the latest step.",
                     ["job_id"])
-EVAL_ACCURACY = Gauge("everstep_controller_eval_accuracy_ratio", "Held-out accuracy (avg@k or greedy).",
+EVAL_ACCURACY = Gauge("everstep_controller_eval_accuracy_ratio",
+                      "Held-out accuracy (kind: sampled (avg@k), greedy, pass_at_k or maj_at_k).",
                       ["job_id", "kind"])
 # the job's rollout throughput is rate(_rollout_tokens_total) / rate(_rollout_seconds_total): counters, not a
 # gauge of the latest step's quotient (which a scrape between two steps would miss)

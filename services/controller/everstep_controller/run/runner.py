@@ -44,7 +44,7 @@ from everstep_controller.launchers import Launcher, WorkerRequest, Workers
 from everstep_controller.run import metrics
 from everstep_controller.run.clients import RewardClient, Service, ServiceUnavailable
 from everstep_controller.run.commit import StepCommit, TrainedStep
-from everstep_controller.run.evaluation import evaluate
+from everstep_controller.run.evaluation import evaluate, evaluation_sampling, math_answer_reader
 from everstep_controller.run.job_data import load_job_data
 from everstep_controller.run.recovery import Recovery
 from everstep_controller.run.rollout_phase import RolloutPhase, RolloutResult, sample_seed
@@ -216,7 +216,7 @@ class JobRunner:
                        else s.prompts_per_iteration * spec.algorithm.group_size)
         longest_prompt = max(len(r.prompt_ids) for r in self.train_rows + self.eval_rows)
         return WorkerRequest(job_id=self.job_id, max_running=max_running, seed=spec.seed,
-                             max_seq_len=longest_prompt + spec.sampling.max_new_tokens, resources=spec.resources)
+                             max_seq_len=longest_prompt + spec.max_answer_tokens, resources=spec.resources)
 
     # -- workers, and where to continue from -------------------------------------------------
     def _attach_workers(self) -> None:
@@ -340,7 +340,8 @@ class JobRunner:
 
         batch = build_batch(end.outcome.trainable_groups, end, scored,
                             drop_zero_signal=self.spec.algorithm.drop_zero_signal_groups,
-                            normalize_std=self.spec.algorithm.normalize_std)
+                            normalize_std=self.spec.algorithm.normalize_std,
+                            mask_truncated=self.spec.algorithm.mask_truncated_completions)
         rows = {g: end.prompt_indices[g] for g in batch.unscorable}
         record_changes = {"dataset": self.unscorable.report} if self.unscorable.note(batch.unscorable, rows) else {}
         staleness = [state.version - v for s in batch.samples for v in s.output_versions]
@@ -368,10 +369,11 @@ class JobRunner:
                           weight_push_seconds=push_seconds, iteration_seconds=time.monotonic() - started)
         rewards = [scored[s].reward for s in train_ids if not scored[s].error]
         sequences = {s: scored[s].proto() for s in train_ids}
-        row_of = {s: self.rows_by_index[end.prompt_indices[g]] for g in end.outcome.trainable_groups
-                  for s in end.survivors[g]}
+        group_of = {s: g for g in end.outcome.trainable_groups for s in end.survivors[g]}
+        row_of = {s: self.rows_by_index[end.prompt_indices[g]] for s, g in group_of.items()}
         samples = [render_sample(s, row_of[s], sequences[s], None if scored[s].error else scored[s].reward,
-                                 self._decode, engine=engine_of.get(s, "")) for s in train_ids[:SAMPLES_PER_STEP]]
+                                 self._decode, engine=engine_of.get(s, ""), group_id=group_of[s],
+                                 advantage=batch.trained_advantages.get(s)) for s in train_ids[:SAMPLES_PER_STEP]]
         self.commit.commit(state, TrainedStep(step=step, end=end, rollout=rollout, batch=batch, rewards=rewards,
                                               staleness=staleness, stats=stats, times=times,
                                               tools=TrajectoryStats.of(list(sequences.values())), samples=samples,
@@ -414,9 +416,11 @@ class JobRunner:
         return result
 
     def _sampling(self, *, greedy: bool = False, training: bool = False) -> common_pb2.SamplingParams:
-        """`training`: the rollouts are trained on, so they bring their routes when routing replay is on."""
+        """`training`: the rollouts are trained on, so they bring their routes when routing replay is on; else an
+        evaluation's, with evaluation.sampling's fields over the training ones."""
         replay = training and self.spec.algorithm.routing_replay == RoutingReplay.rollout
-        message = SAMPLING_PARAMS.to_proto(self.spec.sampling, return_routed_experts=replay)
+        settings = self.spec.sampling if training else evaluation_sampling(self.spec)
+        message = SAMPLING_PARAMS.to_proto(settings, return_routed_experts=replay)
         if greedy:
             message.temperature = 0.0  # the engine's greedy
         return message
@@ -436,14 +440,17 @@ class JobRunner:
             return
         evaluation = evaluate(self.workers.generate(self.tools), self.reward, self.eval_rows, self.spec.evaluation,
                               sampling=self._sampling(), greedy_sampling=self._sampling(greedy=True),
-                              make_item=self.make_item, step=step)
+                              make_item=self.make_item, step=step,
+                              answer_of=math_answer_reader(self.spec.reward))
         history = dict(record.evaluation) if record else {}
         history[str(step)] = evaluation
         self.store.update(self.job_id, fence=self.owner, evaluation=history)
         self.trackers.log_evaluation(evaluation)
         metrics.EVAL_ACCURACY.labels(job_id=self.job_id, kind="sampled").set(evaluation.accuracy or 0.0)
-        if evaluation.greedy_accuracy is not None:
-            metrics.EVAL_ACCURACY.labels(job_id=self.job_id, kind="greedy").set(evaluation.greedy_accuracy)
+        for kind, value in (("greedy", evaluation.greedy_accuracy), ("pass_at_k", evaluation.pass_at_k),
+                            ("maj_at_k", evaluation.maj_at_k)):
+            if value is not None:
+                metrics.EVAL_ACCURACY.labels(job_id=self.job_id, kind=kind).set(value)
         log.info("job %s eval at step %d: %s", self.job_id, step, evaluation)
 
     def _checkpoint(self) -> None:

@@ -44,6 +44,7 @@ def step_record(*, step: int, version: int, outcome: IterationOutcome, batch: Tr
         num_groups_zero_signal=batch.num_zero_signal,
         num_groups_unscorable=num_unscorable,
         num_samples_unscorable=sum(len(members) for members in batch.unscorable.values()),
+        num_samples_truncated_masked=batch.num_truncated_masked,
         num_groups_dropped=len(outcome.dropped_groups),
         num_samples_purged=len(outcome.purged_samples),
         partial_buffer_size=num_carried,

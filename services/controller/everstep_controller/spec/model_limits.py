@@ -46,12 +46,15 @@ def check_routing_replay(spec: JobSpec) -> None:
 
 
 def max_prompt_tokens(spec: JobSpec) -> int | None:
-    """The longest prompt a row may have: the position limit less max_new_tokens (None: no limit known).
-    ValueError naming sampling.max_new_tokens when that leaves no room for any prompt."""
+    """The longest prompt a row may have: the position limit less the longest answer (training's or evaluation's
+    max_new_tokens; None: no limit known). ValueError naming that max_new_tokens when it leaves no room for any
+    prompt."""
     limit = position_limit(spec.model_path)
     if limit is None:
         return None
-    if spec.sampling.max_new_tokens >= limit:
-        raise ValueError(f"sampling.max_new_tokens ({spec.sampling.max_new_tokens}) leaves no room for a prompt "
+    answer = spec.max_answer_tokens
+    if answer >= limit:
+        name = "sampling" if answer == spec.sampling.max_new_tokens else "evaluation.sampling"
+        raise ValueError(f"{name}.max_new_tokens ({answer}) leaves no room for a prompt "
                          f"within the model's max_position_embeddings ({limit})")
-    return limit - spec.sampling.max_new_tokens
+    return limit - answer

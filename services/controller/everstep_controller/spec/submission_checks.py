@@ -60,7 +60,9 @@ def check_lengths(spec: JobSpec) -> None:
     try:
         max_prompt_tokens(spec)
     except ValueError as e:
-        raise JobInputError(("sampling", "max_new_tokens"), str(e)) from None
+        field = ("evaluation", "sampling", "max_new_tokens") if str(e).startswith("evaluation.") else (
+            "sampling", "max_new_tokens")
+        raise JobInputError(field, str(e)) from None
 
 
 def check_routing_replay_field(spec: JobSpec) -> None:

@@ -20,10 +20,10 @@ from enum import StrEnum
 
 from pydantic import Field, field_validator
 
+from everstep.math_answers import extract_boxed_answer
 from everstep.v1 import reward_pb2
 from everstep_reward import metrics
 from everstep_reward.verifiers.base import VerifierResult
-from everstep_reward.verifiers.math import extract_boxed_answer
 from everstep_reward.verifiers.params import VerifierParams, read_params
 
 __all__ = ["FormatRule", "FormatRules", "FormatVerifier", "find_format_violation", "has_degenerate_repetition"]

@@ -19,21 +19,18 @@ with our own per-item timeout.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from everstep.math_answers import final_math_answer
 from everstep.v1 import reward_pb2
 from everstep_reward.verifiers.base import VerifierResult
 from everstep_reward.verifiers.params import SpecError, VerifierParams, read_params
 from everstep_reward.worker_pool import ProcessWorkerPool, WorkerCrashed, WorkerTimeout
 
 __all__ = ["MathCheck", "MathParams", "MathVerifier", "check_math_answer", "check_math_answer_last_number",
-           "extract_boxed_answer", "extract_last_number", "prepare_math_worker"]
-
-_BOXED = re.compile(r"\\boxed\s*\{")
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+           "prepare_math_worker"]
 
 
 class MathParams(VerifierParams):
@@ -49,30 +46,6 @@ class MathCheck:
     """The boxed content that was compared; None if the response boxed nothing."""
     reference_parsed: bool
     """False when the reference answer itself could not be parsed: an error of the spec, not the response."""
-
-
-def extract_boxed_answer(text: str) -> str | None:
-    """Content of the last balanced `\\boxed{...}`, stripped; None if there is none."""
-    for match in reversed(list(_BOXED.finditer(text))):
-        depth, start = 1, match.end()
-        for index in range(start, len(text)):
-            if text[index] == "{":
-                depth += 1
-            elif text[index] == "}":
-                depth -= 1
-                if depth == 0:
-                    content = text[start:index].strip()
-                    if content:
-                        return content
-                    break
-    return None
-
-
-def extract_last_number(text: str) -> str | None:
-    """The last number written in ``text`` (an optional minus sign, digits, an optional decimal part); None if
-    it has none."""
-    numbers = _NUMBER.findall(text)
-    return numbers[-1] if numbers else None
 
 
 def _as_latex(answer: str) -> str:
@@ -96,9 +69,7 @@ def _check(response: str, reference: str, *, last_number: bool) -> MathCheck:
     if not parse(reference_latex, fallback_mode="no_fallback", parsing_timeout=None):
         return MathCheck(False, None, reference_parsed=False)  # only a raw-string fallback: not math
     gold = parse(reference_latex, parsing_timeout=None)
-    boxed = extract_boxed_answer(response)
-    if boxed is None and last_number:
-        boxed = extract_last_number(response)
+    boxed = final_math_answer(response, last_number=last_number)
     if boxed is None:
         return MathCheck(False, None, reference_parsed=True)  # no box, or an empty or cut-off one
     predicted = parse(f"${boxed}$", parsing_timeout=None)

@@ -9,9 +9,9 @@ executor (`everstep_rollout.executor`): our native one for Llama, Qwen2, Qwen3 a
 transformers' own modeling code for any other causal LM.
 
 Per-token log-probabilities (`output_logprobs`): log_softmax(logits / T) of the sampled token, in
-float32, over the full vocabulary BEFORE top-k/top-p filtering, with T the sequence's temperature
-(T = 1 for greedy, temperature 0). Every output token records the engine's policy version at the step
-that generated it (`output_versions`).
+float32, over the full vocabulary BEFORE the penalties and top-k/top-p/min-p filtering (`engine.sampling`), with T
+the sequence's temperature (T = 1 for greedy, temperature 0). Every output token records the engine's policy version
+at the step that generated it (`output_versions`).
 
 Routing replay (`SamplingOptions.return_routed_experts`, MoE models on the native executor): after every forward
 pass the routes the executor recorded for a requesting sequence's positions (its prefill rows, and its decode
@@ -354,20 +354,28 @@ class Engine:
         sampled for every row and its log-prob (indexed by slot)."""
         num_rows = max(s.slot for s in running) + 1
         tokens, positions = [0] * num_rows, [0] * num_rows
-        temperature, top_p, top_k = [0.0] * num_rows, [1.0] * num_rows, [0] * num_rows
+        temperature, top_p, top_k, min_p = [0.0] * num_rows, [1.0] * num_rows, [0] * num_rows, [0.0] * num_rows
+        repetition, presence, frequency = [1.0] * num_rows, [0.0] * num_rows, [0.0] * num_rows
+        output_ids: list[list[int]] = [[]] * num_rows
         generators: list[torch.Generator | None] = [None] * num_rows
         for s in running:
             o = s.request.sampling
             slot = s.slot
             tokens[slot], positions[slot] = s.token_ids[-1], len(s.token_ids) - 1
-            temperature[slot], top_p[slot], top_k[slot] = o.temperature, o.top_p, o.top_k
+            temperature[slot], top_p[slot], top_k[slot], min_p[slot] = o.temperature, o.top_p, o.top_k, o.min_p
+            if o.penalized:
+                repetition[slot], presence[slot], frequency[slot] = (o.repetition_penalty, o.presence_penalty,
+                                                                     o.frequency_penalty)
+                output_ids[slot] = s.output_ids
             # a row whose token is dropped (paused) or given (a tool reply) draws nothing from the sequence's own
             # generator: a seeded trajectory samples the same tokens however long its tools take
             generators[slot] = None if s.paused or s.forced else s.generator
         logits = self.executor.forward(self._forward_batch(prefill, sharers, decode_tokens=tokens,
                                                            decode_positions=positions))
         self._record_routes(prefill, running, sharers)
-        params = SamplingBatch(temperature=temperature, top_p=top_p, top_k=top_k, generators=generators)
+        params = SamplingBatch(temperature=temperature, top_p=top_p, top_k=top_k, generators=generators, min_p=min_p,
+                               repetition_penalty=repetition, presence_penalty=presence, frequency_penalty=frequency,
+                               output_ids=output_ids)
         sampled, logprobs = sample(logits, params, self._generator)
         return sampled.tolist(), logprobs.tolist()
 
