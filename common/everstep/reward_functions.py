@@ -16,11 +16,19 @@ from __future__ import annotations
 
 import ast
 from enum import StrEnum
+from pathlib import PurePath
 
-__all__ = ["FUNCTION_VERIFIER", "FunctionConvention", "FunctionSourceError", "check_function_source", "convention_of"]
+__all__ = ["FUNCTION_VERIFIER", "FunctionConvention", "FunctionSourceError", "SourceSyntaxError",
+           "check_function_source", "convention_of", "part_name"]
 
 FUNCTION_VERIFIER = "function"
 """`VerifierSpec.name` (and `RewardPart.verifier`) of a user's function; not a verifier a job may name."""
+
+
+def part_name(path: str, name: str) -> str:
+    """How results name a function's part (`RewardPart.verifier`): `function:<file stem>.<name>`, e.g.
+    `function:math_reward.compute_score`; a job's functions must differ in it."""
+    return f"{FUNCTION_VERIFIER}:{PurePath(path).stem}.{name}"
 
 
 class FunctionConvention(StrEnum):
@@ -31,7 +39,11 @@ class FunctionConvention(StrEnum):
 
 
 class FunctionSourceError(ValueError):
-    """The source does not parse, lacks the function, or its signature follows neither convention."""
+    """The source lacks the function, or its signature follows neither convention."""
+
+
+class SourceSyntaxError(FunctionSourceError):
+    """The source does not parse."""
 
 
 def convention_of(parameter_names: list[str], name: str) -> FunctionConvention:
@@ -51,9 +63,9 @@ def check_function_source(source: str, name: str, filename: str) -> FunctionConv
     try:
         tree = ast.parse(source, filename=filename)
     except SyntaxError as e:
-        raise FunctionSourceError(f"{filename} does not parse: {e.msg} (line {e.lineno})") from None
+        raise SourceSyntaxError(f"{filename} does not parse: {e.msg} (line {e.lineno})") from None
     except ValueError as e:  # null bytes
-        raise FunctionSourceError(f"{filename} does not parse: {e}") from None
+        raise SourceSyntaxError(f"{filename} does not parse: {e}") from None
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
             args = node.args

@@ -14,6 +14,7 @@ from enum import StrEnum
 from pydantic import Field, JsonValue, field_validator, model_validator
 
 from everstep.rest.tracking_spec import TrackingSpec
+from everstep.reward_functions import part_name
 from everstep.settings.tools import ToolSettings
 from everstep.settings.training import (
     AlgorithmSettings,
@@ -209,6 +210,10 @@ class RewardSpec(_Section):
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:
             raise ValueError(f"each verifier may appear once (rows select verifiers by name); repeated: {repeated}")
+        parts = [part_name(f.path, f.name) for f in self.functions]
+        repeated = sorted({n for n in parts if parts.count(n) > 1})
+        if repeated:
+            raise ValueError(f"each function's file stem and name must differ (results name them so): {repeated}")
         return self
 
 

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 
 from everstep.reward_error_kind import error_kind_label
-from everstep.reward_functions import FUNCTION_VERIFIER
+from everstep.reward_functions import FUNCTION_VERIFIER, part_name
 from everstep.v1 import reward_pb2
 from everstep_reward import metrics
 from everstep_reward.functions import FunctionVerifier
@@ -100,5 +100,6 @@ class RewardScorer:
             elif result.error_kind in _SANDBOX_KINDS:
                 metrics.SANDBOX_ERRORS.labels(kind).inc()
         weight = spec.weight if math.isfinite(spec.weight) else 0.0  # a NaN must not poison the item's reward
-        return reward_pb2.RewardPart(verifier=spec.name, score=result.score, weight=weight, error=result.error,
+        name = part_name(spec.function.path, spec.function.name) if spec.name == FUNCTION_VERIFIER else spec.name
+        return reward_pb2.RewardPart(verifier=name, score=result.score, weight=weight, error=result.error,
                                      error_kind=result.error_kind, metrics=result.metrics)
