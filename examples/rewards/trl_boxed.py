@@ -11,7 +11,7 @@ _BOXED = re.compile(r"\\boxed\{\s*([^{}]*?)\s*\}")
 
 def boxed_answer_reward(prompts, completions, answer, **kwargs):
     rewards = []
-    for completion, expected in zip(completions, answer):
+    for completion, expected in zip(completions, answer, strict=True):
         boxed = _BOXED.findall(completion)
         rewards.append(1.0 if boxed and boxed[-1] == str(expected).strip() else 0.0)
     return rewards

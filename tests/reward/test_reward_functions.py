@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -198,3 +199,21 @@ def test_the_scorer_names_the_part_and_carries_the_metrics(verifier: FunctionVer
 def test_workers_do_not_run_in_the_services_directory(verifier: FunctionVerifier) -> None:
     assert verifier.score(ITEM, _spec("scratch")).score == 1.0
     assert not os.path.exists("note.txt")
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.mark.parametrize(("file", "name"), [("verl_boxed.py", "compute_score"),
+                                            ("trl_boxed.py", "boxed_answer_reward")])
+def test_the_shipped_examples_score_the_demo_models_answers(file: str, name: str) -> None:
+    here = FunctionVerifier(FunctionSettings(isolated=False, allowed_imports=DEFAULT_FUNCTION_IMPORTS))
+    path = EXAMPLES / "rewards" / file
+    spec = reward_pb2.VerifierSpec(name="function", answer="-3", function=reward_pb2.RewardFunction(
+        name=name, source=path.read_text(), path=str(path)))
+    try:
+        right = here.score(reward_pb2.RewardItem(id="a", response="2 - 5 = \\boxed{ -3 }"), spec)
+        wrong = here.score(reward_pb2.RewardItem(id="b", response="2 - 5 = \\boxed{ 3 }"), spec)
+    finally:
+        here.close()
+    assert (right.score, wrong.score) == (1.0, 0.0), (right, wrong)
