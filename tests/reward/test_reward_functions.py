@@ -217,3 +217,31 @@ def test_the_shipped_examples_score_the_demo_models_answers(file: str, name: str
     finally:
         here.close()
     assert (right.score, wrong.score) == (1.0, 0.0), (right, wrong)
+
+
+def test_a_worker_past_its_cpu_time_is_replaced_and_the_row_reported() -> None:
+    source = ("import time\n\ndef burns(data_source, solution_str, ground_truth, extra_info):\n"
+              "    end = time.process_time() + 5\n    while time.process_time() < end:\n        pass\n"
+              "    return 1.0\n")
+    limited = FunctionVerifier(FunctionSettings(workers=1, timeout_seconds=30.0, cpu_seconds=1,
+                                                allowed_imports=(*DEFAULT_FUNCTION_IMPORTS, "time")))
+    try:
+        result = limited.score(ITEM, _spec("burns", source))
+    finally:
+        limited.close()
+    assert result.error_kind == reward_pb2.REWARD_ERROR_KIND_FUNCTION_ERROR
+    assert "its worker died twice on this row" in result.error
+
+
+def test_the_operators_flags_reach_the_settings() -> None:
+    from everstep_reward.__main__ import _parser
+    from everstep_reward.config import RewardConfig
+    from everstep_reward.server import function_settings
+
+    args = _parser().parse_args(["--function-isolation", "none", "--function-allowed-imports", "math,sympy",
+                                 "--function-timeout-seconds", "2.5", "--function-allow-network"])
+    settings = function_settings(RewardConfig(**{k: v for k, v in vars(args).items() if v is not None and k.startswith(
+        "function_")}))
+    assert (settings.isolated, settings.allowed_imports, settings.timeout_seconds, settings.allow_network) == (
+        False, ("math", "sympy"), 2.5, True)
+    assert function_settings(RewardConfig()).isolated and "os" not in RewardConfig().function_allowed_imports

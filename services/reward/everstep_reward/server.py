@@ -1,4 +1,5 @@
-"""Wires one reward process: math worker pool, verifiers, scorer, gRPC (+ health), /metrics."""
+"""Wires one reward process: math worker pool, verifiers, the jobs' reward functions, scorer, gRPC (+ health),
+/metrics."""
 
 from __future__ import annotations
 

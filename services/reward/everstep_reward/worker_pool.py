@@ -323,6 +323,7 @@ def _worker_main(conn: Connection, initializer: Callable[[], None] | None, own_s
     _die_with_parent()
     if setup is not None:
         setup()
+        _die_with_parent()  # a change of credentials (entering a user namespace) clears the parent-death signal
     parent = multiprocessing.parent_process()
     if parent is not None:  # also covers a parent that died before the line above
         threading.Thread(target=_exit_with_parent, args=(parent.sentinel,), daemon=True).start()
