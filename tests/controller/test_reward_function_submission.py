@@ -143,3 +143,10 @@ def test_functions_alone_or_neither() -> None:
     assert JobSpec.model_validate(SPEC).reward.verifiers[0].name == "math"
     with pytest.raises(ValueError, match="needs a verifier or a function"):
         JobSpec.model_validate({**SPEC, "reward": {"verifiers": []}})
+
+
+def test_sources_too_large_to_send_with_every_item_are_refused(client: TestClient) -> None:
+    big = VERL + "#" * 200_000 + "\n"
+    response = _post(client, [{"path": "a.py", "source": big}, {"path": "b.py", "source": big}])
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["loc"] == ["body", "reward", "functions"]

@@ -33,8 +33,9 @@ from everstep_controller.spec.submission_checks import (
 
 __all__ = ["check_job_input", "read_reward_functions"]
 
-MAX_FUNCTION_SOURCE_BYTES = 1024 * 1024
-"""The most a reward function's file may hold: its source travels with every reward item."""
+MAX_FUNCTION_SOURCE_BYTES = 256 * 1024
+"""The most a job's reward-function files may hold together: their source travels with every reward item (64 items
+to a Score call: 16 MiB at most, within the 64 MiB gRPC message limit)."""
 
 
 def check_job_input(spec: JobSpec) -> JobSpec:
@@ -59,6 +60,11 @@ def read_reward_functions(spec: JobSpec) -> JobSpec:
     if not spec.reward.functions:
         return spec
     functions = [_read_function(index, f) for index, f in enumerate(spec.reward.functions)]
+    total = sum(len((f.source or "").encode()) for f in functions)
+    if total > MAX_FUNCTION_SOURCE_BYTES:
+        raise JobInputError(("reward", "functions"), f"reward.functions: the files hold {total} bytes together, more "
+                                                     f"than {MAX_FUNCTION_SOURCE_BYTES} (their source travels with "
+                                                     "every reward item)")
     return spec.model_copy(update={"reward": spec.reward.model_copy(update={"functions": functions})})
 
 
