@@ -304,7 +304,7 @@ def run_trl_arm(config: TtaConfig, arm: Arm, spec: JobSpec, reward_address: str)
     tokenizer = AutoTokenizer.from_pretrained(spec.model_path)
     model = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=torch.float32)
     reward = RewardClient(reward_address)
-    builder = RewardItemBuilder(spec.reward.verifiers)
+    builder = RewardItemBuilder(spec.reward.verifiers, spec.reward.functions)
     reward_function = MathReward(reward, builder, {r.index: r for r in data.train.rows})
     batching = trl_batching(config, spec)
     per_step = batching.optimizer_steps_per_step

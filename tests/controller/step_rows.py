@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from everstep.rest.step_metrics import TOOL_FIELDS, TRAIN_STAT_FIELDS, Evaluation, StepMetrics
+from everstep.rest.step_metrics import REWARD_FUNCTION_FIELDS, TOOL_FIELDS, TRAIN_STAT_FIELDS, Evaluation, StepMetrics
 
-_COUNTS = dict.fromkeys((name for name in StepMetrics.model_fields if name not in (*TRAIN_STAT_FIELDS, *TOOL_FIELDS)),
-                        0)
+_OPTIONAL = (*TRAIN_STAT_FIELDS, *TOOL_FIELDS, *REWARD_FUNCTION_FIELDS)
+_COUNTS = dict.fromkeys((name for name in StepMetrics.model_fields if name not in _OPTIONAL), 0)
 
 
 def step_row(step: int) -> StepMetrics:

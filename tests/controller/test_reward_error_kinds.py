@@ -12,8 +12,9 @@ from everstep_controller.data.reward_errors import ErrorClass, PartError, classi
 from everstep_controller.store.progress_store import ScoredSample
 
 LABELS = ["unknown_verifier", "invalid_spec", "invalid_params", "timeout", "sandbox_unavailable", "sandbox_error",
-          "worker_crashed", "model_unavailable", "internal"]
-"""The strings RewardPart.error_kind held: the Prometheus `kind` label values, kept."""
+          "worker_crashed", "model_unavailable", "internal", "function_error"]
+"""The strings RewardPart.error_kind held: the Prometheus `kind` label values, kept (and function_error, added
+with the enum's value 10)."""
 
 
 def test_every_kind_is_named_as_the_string_was_and_back() -> None:
@@ -38,6 +39,8 @@ def _result(*kinds: int) -> reward_pb2.ScoreResult:
     ((reward_pb2.REWARD_ERROR_KIND_SANDBOX_UNAVAILABLE, reward_pb2.REWARD_ERROR_KIND_WORKER_CRASHED),
      ErrorClass.TRANSIENT),
     ((reward_pb2.REWARD_ERROR_KIND_TIMEOUT, reward_pb2.REWARD_ERROR_KIND_INVALID_SPEC), ErrorClass.ROW),
+    ((reward_pb2.REWARD_ERROR_KIND_FUNCTION_ERROR,), ErrorClass.ROW),
+    ((reward_pb2.REWARD_ERROR_KIND_FUNCTION_ERROR, reward_pb2.REWARD_ERROR_KIND_INVALID_PARAMS), ErrorClass.JOB_SPEC),
     ((reward_pb2.REWARD_ERROR_KIND_MODEL_UNAVAILABLE,), ErrorClass.FATAL),
     ((reward_pb2.REWARD_ERROR_KIND_UNSPECIFIED,), ErrorClass.FATAL),
     ((42,), ErrorClass.FATAL),

@@ -132,4 +132,5 @@ def test_the_rest_api_serves_and_documents_the_rows(redis_url: str, tmp_path: Pa
         fields = schema["components"]["schemas"][name]["properties"]
         assert all(field.get("description") for field in fields.values()), f"every {name} field is described"
     assert set(schema["components"]["schemas"]["StepMetrics"]["properties"]) == {
-        *OLD_UNTRAINED_ROW, *ADDED, *OLD_TRAIN_STATS, *STALENESS_STATS, *ROUTING_STATS, *SHARING_STATS, *TOOL_FIELDS}
+        *OLD_UNTRAINED_ROW, *ADDED, *OLD_TRAIN_STATS, *STALENESS_STATS, *ROUTING_STATS, *SHARING_STATS, *TOOL_FIELDS,
+        "reward_metrics"}

@@ -125,8 +125,8 @@ def test_an_option_the_verifier_does_not_know_fails_the_step_naming_it(
     verifiers = _verifiers({"name": "math"}, {"name": "length", "params": {"max_tokens": 100}})
     scored, _ = _score(progress, reward_address, verifiers, {"m0": MATH_ROW, "m1": MATH_ROW})
     assert scored["m0"].error_class == ErrorClass.JOB_SPEC
-    with pytest.raises(RewardFailed, match=r"reward spec is wrong \(fix reward.verifiers\).*length: "
-                                           r"params.max_tokens: unknown option"):
+    with pytest.raises(RewardFailed, match=r"reward spec is wrong \(fix reward.verifiers or reward.functions\)"
+                                           r".*length: params.max_tokens: unknown option"):
         build_batch(["g"], _scheduler({"g": ["m0", "m1"]}), scored, drop_zero_signal=True, normalize_std=True)
 
 

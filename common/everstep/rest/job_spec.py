@@ -14,6 +14,7 @@ from enum import StrEnum
 from pydantic import Field, JsonValue, field_validator, model_validator
 
 from everstep.rest.tracking_spec import TrackingSpec
+from everstep.reward_functions import part_name
 from everstep.settings.tools import ToolSettings
 from everstep.settings.training import (
     AlgorithmSettings,
@@ -168,22 +169,57 @@ class VerifierWeight(_Section):
         return self
 
 
+class RewardFunctionSpec(_Section):
+    """A reward function of the user's, from a Python file (docs/reward.md, "Reward functions")."""
+
+    path: str = Field(min_length=1, description="The Python file that defines the function (the CLI reads it relative "
+                                                "to the job file; the controller, when `source` is not sent).")
+    name: str = Field(default="compute_score", min_length=1,
+                      description="The function: verl's compute_score(data_source, solution_str, ground_truth, "
+                                  "extra_info) or TRL's f(prompts, completions, **columns), told by its parameters.")
+    weight: float = Field(default=1.0, allow_inf_nan=False, description="Weight of its score in the reward.")
+    allow_network: bool = Field(default=False,
+                                description="The function may use the network; granted only where the reward "
+                                            "service's operator allows it (--function-allow-network), else refused.")
+    source: str | None = Field(
+        default=None,
+        description="The file's source. Filled at submission (the CLI sends it; else the controller reads `path`), "
+                    "so reward pods need no shared file; a job runs the source it was submitted with.")
+
+
 class RewardSpec(_Section):
-    """How responses are scored: a weighted sum of verifier scores."""
+    """How responses are scored: a weighted sum of verifier and reward-function scores."""
 
     verifiers: list[VerifierWeight] = Field(
         default_factory=lambda: [VerifierWeight(name="math", weight=1.0)],
-        min_length=1,
         description="Verifiers applied to every row (or to those a row lists in dataset.verifiers_field), with "
-                    "weights and options.",
+                    "weights and options. Default: math, unless `functions` are given (then none).",
     )
+    functions: list[RewardFunctionSpec] = Field(
+        default_factory=list,
+        description="The user's reward functions, each {path, name, weight}, beside or instead of the verifiers; "
+                    "applied to every row.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_default_verifier_beside_functions(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("functions") and "verifiers" not in data:
+            return {**data, "verifiers": []}
+        return data
 
     @model_validator(mode="after")
     def _names_unique(self) -> RewardSpec:
+        if not self.verifiers and not self.functions:
+            raise ValueError("reward needs a verifier or a function (reward.verifiers, reward.functions)")
         names = [v.name for v in self.verifiers]
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:
             raise ValueError(f"each verifier may appear once (rows select verifiers by name); repeated: {repeated}")
+        parts = [part_name(f.path, f.name) for f in self.functions]
+        repeated = sorted({n for n in parts if parts.count(n) > 1})
+        if repeated:
+            raise ValueError(f"each function's file stem and name must differ (results name them so): {repeated}")
         return self
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
-__all__ = ["TOOL_FIELDS", "TRAIN_STAT_FIELDS", "Evaluation", "StepMetrics"]
+__all__ = ["REWARD_FUNCTION_FIELDS", "TOOL_FIELDS", "TRAIN_STAT_FIELDS", "Evaluation", "StepMetrics"]
 
 
 class _EveryStep(BaseModel):
@@ -61,6 +61,11 @@ class _EveryStep(BaseModel):
                                                            "(malformed, unknown_tool, bad_arguments, timeout, "
                                                            "unavailable, limit, environment).")
     tool_seconds_mean: float | None = Field(default=None, description="Tools: mean seconds from a call to its reply.")
+    # A job whose reward functions return extra values reports this; other jobs leave it out of their JSON.
+    reward_metrics: dict[str, float] | None = Field(
+        default=None, description="Reward functions: the mean of each extra value they returned (a verl-style dict's "
+                                  "keys besides `score`) over the step's scored samples, keyed "
+                                  "`function:<file stem>.<name>/<key>`.")
 
 
 class StepMetrics(_EveryStep):
@@ -113,7 +118,7 @@ class StepMetrics(_EveryStep):
     def _without_absent_train_stats(self, handler: SerializerFunctionWrapHandler):
         # no return annotation: the JSON schema stays this model's (a `dict` one would hide every field)
         data = handler(self)
-        for name in (*TRAIN_STAT_FIELDS, *TOOL_FIELDS):
+        for name in (*TRAIN_STAT_FIELDS, *TOOL_FIELDS, *REWARD_FUNCTION_FIELDS):
             if name in data and data[name] is None:
                 del data[name]
         return data
@@ -142,6 +147,9 @@ class Evaluation(BaseModel):
     maj_at_k: float | None = Field(
         default=None, description="maj@k: the share of prompts whose most frequent final answer among their k "
                                   "samples (the math verifier's) is correct; null without the math verifier.")
+
+REWARD_FUNCTION_FIELDS = ("reward_metrics",)
+"""Reported by the steps of a job whose reward functions return extra values only."""
 
 TOOL_FIELDS = ("turns_per_sample", "tool_use_rate", "num_tool_calls", "tool_errors", "tool_seconds_mean")
 """Reported by the steps of a job with tools only."""

@@ -1,5 +1,6 @@
 """Reads a job spec from YAML, with `--set a.b=c` overrides; relative paths are taken relative to the YAML
-file (those given by an override, relative to the current directory)."""
+file (those given by an override, relative to the current directory). The files of `reward.functions` are read
+here, on the user's machine, and their source sent with the spec, so that a remote controller needs no copy."""
 
 from __future__ import annotations
 
@@ -35,10 +36,33 @@ def load_job_file(path: str | Path, overrides: list[str] | None = None) -> dict[
     if not isinstance(spec, dict):
         raise ValueError(f"job file {str(path)!r} must hold a mapping, got {type(spec).__name__}")
     _resolve_paths(spec, file.resolve().parent)
+    _resolve_function_paths(spec, file.resolve().parent)
     if overrides:
         spec = apply_overrides(spec, overrides)
         validate_spec(spec)
+    _read_function_sources(spec)
     return spec
+
+
+def _functions(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    reward = spec.get("reward")
+    functions = reward.get("functions") if isinstance(reward, dict) else None
+    return [f for f in functions if isinstance(f, dict)] if isinstance(functions, list) else []
+
+
+def _resolve_function_paths(spec: dict[str, Any], base: Path) -> None:
+    for function in _functions(spec):
+        if isinstance(function.get("path"), str):
+            function["path"] = _resolved(base, function["path"])
+
+
+def _read_function_sources(spec: dict[str, Any]) -> None:
+    """Sends each reward function's file as its `source` (one already given is kept). A file that is not here is
+    left to the controller, which reads `path` where it runs or answers 422 naming it."""
+    for function in _functions(spec):
+        path = function.get("path")
+        if function.get("source") is None and isinstance(path, str) and Path(path).is_file():
+            function["source"] = Path(path).read_text()
 
 
 def _resolve_paths(spec: dict[str, Any], base: Path, only: tuple[str | None, str] | None = None) -> None:

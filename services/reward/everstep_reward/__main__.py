@@ -46,6 +46,21 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--reward-model-max-tokens", type=int, default=None)
     parser.add_argument("--reward-model-batch-size", type=int, default=None)
     parser.add_argument("--reward-model-threads", type=int, default=None)
+    parser.add_argument("--function-isolation", choices=("process", "none"), default=None,
+                        help="how the jobs' reward functions run: process (default: isolated workers, no network, "
+                             "memory and CPU limits) or none (in this process: trusted code only)")
+    parser.add_argument("--function-workers", type=int, default=None, help="worker processes per function (default 2)")
+    parser.add_argument("--function-timeout-seconds", type=float, default=None,
+                        help="per-call limit of a reward function (default 10)")
+    parser.add_argument("--function-memory-mb", type=int, default=None,
+                        help="address-space limit of a function worker (default 2048)")
+    parser.add_argument("--function-cpu-seconds", type=int, default=None,
+                        help="CPU seconds a function worker may use before it is replaced (default 600)")
+    parser.add_argument("--function-allowed-imports", type=lambda v: tuple(m for m in v.split(",") if m), default=None,
+                        help="comma-separated top-level modules reward functions may import (default: math_verify, "
+                             "sympy, numpy, math, re, json and the standard library's pure helpers)")
+    parser.add_argument("--function-allow-network", action="store_true", default=None,
+                        help="grant network to the functions of jobs that ask for it (default: refused)")
     parser.add_argument("--item-log", default=os.environ.get(ITEM_LOG_ENV) or None,
                         help="JSONL file: one line per scored item (prompt, response, reward); {pid} is replaced by "
                              "the process id (default: $EVERSTEP_REWARD_ITEM_LOG, else none)")

@@ -10,7 +10,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from everstep_reward.verifiers.code import CodeRewardMode
 from everstep_reward.verifiers.length import LengthUnit
 
-__all__ = ["RewardConfig"]
+__all__ = ["DEFAULT_FUNCTION_IMPORTS", "RewardConfig"]
+
+DEFAULT_FUNCTION_IMPORTS = (
+    "math_verify", "sympy", "numpy", "math", "cmath", "re", "json", "string", "collections", "itertools",
+    "functools", "operator", "fractions", "decimal", "statistics", "random", "difflib", "unicodedata", "typing",
+    "dataclasses", "enum", "asyncio", "textwrap", "ast", "copy", "heapq", "bisect", "numbers")
+"""Modules a reward function may import unless the operator sets --function-allowed-imports."""
 
 
 class RewardConfig(BaseModel):
@@ -44,6 +50,20 @@ class RewardConfig(BaseModel):
     model_timeout_seconds: float = Field(60.0, gt=0, description="Per-item limit of a reward-model score.")
     max_concurrent_items: int = Field(64, ge=1, description="Items scored at once across all requests.")
     grpc_threads: int = Field(16, ge=1, description="gRPC handler threads (concurrent Score calls).")
+    function_isolation: Literal["process", "none"] = Field(
+        "process", description="How the jobs' reward functions run: in isolated worker processes, or none: in this "
+                               "process, without limits or time limit (trusted code only; never a job's choice).")
+    function_workers: int = Field(2, ge=1, description="Worker processes per reward function.")
+    function_timeout_seconds: float = Field(10.0, gt=0, description="Per-call limit of a reward function, in seconds.")
+    function_memory_mb: int = Field(2048, ge=64, description="Address-space limit of a reward function's worker.")
+    function_cpu_seconds: int = Field(600, ge=1, description="CPU seconds a function worker may use before it is "
+                                                            "replaced.")
+    function_allowed_imports: tuple[str, ...] = Field(
+        DEFAULT_FUNCTION_IMPORTS, description="Top-level modules a reward function may import (and their submodules).")
+    function_allow_network: bool = Field(False, description="Grant network to the functions of jobs that ask for it "
+                                                            "(reward.functions[].allow_network).")
+    function_max_pools: int = Field(4, ge=1, description="Idle functions' worker pools kept before the least "
+                                                         "recently used is closed.")
     item_log: str | None = Field(None, description="JSONL file recording each scored item's prompt, response and "
                                                    "reward ({pid}: the process id); none: off.")
 

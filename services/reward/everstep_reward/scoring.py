@@ -16,8 +16,10 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 
 from everstep.reward_error_kind import error_kind_label
+from everstep.reward_functions import FUNCTION_VERIFIER, part_name
 from everstep.v1 import reward_pb2
 from everstep_reward import metrics
+from everstep_reward.functions import FunctionVerifier
 from everstep_reward.verifiers import SpecError, VerifierRegistry, VerifierResult
 from everstep_reward.verifiers.params import ParamsError
 
@@ -32,8 +34,12 @@ _SANDBOX_KINDS = (reward_pb2.REWARD_ERROR_KIND_SANDBOX_ERROR, reward_pb2.REWARD_
 class RewardScorer:
     """Thread-safe; items of every request share `max_concurrent_items` scoring threads."""
 
-    def __init__(self, registry: VerifierRegistry, *, max_concurrent_items: int) -> None:
+    def __init__(self, registry: VerifierRegistry, *, max_concurrent_items: int,
+                 functions: FunctionVerifier | None = None) -> None:
+        """functions: scores the parts named "function" (the job's own reward functions); None: such a part is
+        an unknown verifier."""
         self._registry = registry
+        self._functions = functions
         self._executor = ThreadPoolExecutor(max_concurrent_items, thread_name_prefix="score-item")
 
     def score_item(self, item: reward_pb2.RewardItem) -> reward_pb2.ScoreResult:
@@ -64,7 +70,7 @@ class RewardScorer:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     def _score_part(self, item: reward_pb2.RewardItem, spec: reward_pb2.VerifierSpec) -> reward_pb2.RewardPart:
-        verifier = self._registry.get(spec.name)
+        verifier = self._functions if spec.name == FUNCTION_VERIFIER else self._registry.get(spec.name)
         label = spec.name if verifier is not None else _UNKNOWN_LABEL
         start = time.monotonic()
         if verifier is None:
@@ -94,5 +100,6 @@ class RewardScorer:
             elif result.error_kind in _SANDBOX_KINDS:
                 metrics.SANDBOX_ERRORS.labels(kind).inc()
         weight = spec.weight if math.isfinite(spec.weight) else 0.0  # a NaN must not poison the item's reward
-        return reward_pb2.RewardPart(verifier=spec.name, score=result.score, weight=weight, error=result.error,
-                                     error_kind=result.error_kind)
+        name = part_name(spec.function.path, spec.function.name) if spec.name == FUNCTION_VERIFIER else spec.name
+        return reward_pb2.RewardPart(verifier=name, score=result.score, weight=weight, error=result.error,
+                                     error_kind=result.error_kind, metrics=result.metrics)

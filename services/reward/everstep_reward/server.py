@@ -1,4 +1,5 @@
-"""Wires one reward process: math worker pool, verifiers, scorer, gRPC (+ health), /metrics."""
+"""Wires one reward process: math worker pool, verifiers, the jobs' reward functions, scorer, gRPC (+ health),
+/metrics."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from everstep.transport.channels import bind, new_server
 from everstep.v1 import reward_pb2, reward_pb2_grpc
 from everstep.verifiers import VERIFIER_PARAMS
 from everstep_reward.config import RewardConfig
+from everstep_reward.functions import FunctionSettings, FunctionVerifier
 from everstep_reward.item_log import ItemLog
 from everstep_reward.scoring import RewardScorer
 from everstep_reward.verifiers import VerifierRegistry
@@ -26,7 +28,7 @@ from everstep_reward.verifiers.model import ModelVerifier, RewardModel, RewardMo
 from everstep_reward.verifiers.tool_use import ToolUseVerifier
 from everstep_reward.worker_pool import ProcessWorkerPool
 
-__all__ = ["RewardServicer", "serve"]
+__all__ = ["RewardServicer", "function_settings", "serve"]
 
 log = logging.getLogger(__name__)
 _GRPC_GRACE_SECONDS = 5.0
@@ -106,7 +108,8 @@ def serve(config: RewardConfig) -> None:
     if registry.names != sorted(VERIFIER_PARAMS):  # callers let through every name the shared table lists
         raise RuntimeError(f"verifiers {registry.names} are not those of everstep.verifiers.VERIFIER_PARAMS "
                            f"{sorted(VERIFIER_PARAMS)}")
-    scorer = RewardScorer(registry, max_concurrent_items=config.max_concurrent_items)
+    functions = FunctionVerifier(function_settings(config))
+    scorer = RewardScorer(registry, max_concurrent_items=config.max_concurrent_items, functions=functions)
     item_log = ItemLog(config.item_log) if config.item_log else None
     reward_pb2_grpc.add_RewardServicer_to_server(RewardServicer(scorer, item_log), grpc_server)
     bind(grpc_server, f"{config.host}:{config.grpc_port}")
@@ -124,8 +127,18 @@ def serve(config: RewardConfig) -> None:
         scorer.close()
         code_verifier.close()
         model_verifier.close()
+        functions.close()
         pool.close()
         log.info("reward stopped")
+
+
+def function_settings(config: RewardConfig) -> FunctionSettings:
+    return FunctionSettings(isolated=config.function_isolation == "process", workers=config.function_workers,
+                            timeout_seconds=config.function_timeout_seconds,
+                            memory_bytes=config.function_memory_mb * 1024 * 1024,
+                            cpu_seconds=config.function_cpu_seconds, allowed_imports=config.function_allowed_imports,
+                            allow_network=config.function_allow_network, max_pools=config.function_max_pools,
+                            start_method=config.worker_start_method)
 
 
 def _model_settings(config: RewardConfig) -> RewardModelSettings:

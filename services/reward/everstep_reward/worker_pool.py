@@ -71,8 +71,12 @@ class ProcessWorkerPool:
 
     def __init__(self, max_workers: int, *, start_method: str = "spawn",
                  initializer: Callable[[], None] | None = None, depth: int = 2, own_session: bool = True,
-                 start_timeout_seconds: float = 120.0) -> None:
-        """`depth`: most calls queued in one worker's pipe, the running one included (1: no pipelining; 2, the
+                 start_timeout_seconds: float = 120.0, setup: Callable[[], None] | None = None,
+                 name: str = "math") -> None:
+        """`setup`: run in each worker first, while it has one thread (unshare() of a user namespace refuses a
+        multi-threaded process); `initializer` runs after it.
+        `name`: what logs and thread names call the workers.
+        `depth`: most calls queued in one worker's pipe, the running one included (1: no pipelining; 2, the
         default, has the next call ready without holding many behind a slow one).
         `own_session`: workers call setsid() (see the module docstring).
         `start_timeout_seconds`: how long a worker may take to start and run `initializer`."""
@@ -83,6 +87,8 @@ class ProcessWorkerPool:
         self._max_workers = max_workers
         self._context = multiprocessing.get_context(start_method)
         self._initializer = initializer
+        self._setup = setup
+        self._name = name
         self._depth = depth
         self._own_session = own_session
         self._start_timeout_seconds = start_timeout_seconds
@@ -109,7 +115,8 @@ class ProcessWorkerPool:
         deadline = time.monotonic() + self._start_timeout_seconds + 1.0
         for lane in self._lanes:
             if not lane.ready.wait(max(0.0, deadline - time.monotonic())):
-                raise RuntimeError(f"math worker {lane.index} did not start within {self._start_timeout_seconds:g}s")
+                raise RuntimeError(
+                    f"{self._name} worker {lane.index} did not start within {self._start_timeout_seconds:g}s")
 
     def call(self, fn: Callable[..., T], *args: Any, timeout_seconds: float) -> T:
         """fn(*args) in a worker; WorkerTimeout, WorkerCrashed, or what fn raised."""
@@ -172,7 +179,7 @@ class _Lane:
         self.pool = pool
         self.index = index
         self.ready = threading.Event()  # set once the first worker has run the initializer
-        self.thread = threading.Thread(target=self._run, name=f"math-lane-{index}", daemon=True)
+        self.thread = threading.Thread(target=self._run, name=f"{pool._name}-lane-{index}", daemon=True)
         self._lock = threading.Lock()
         self._process: multiprocessing.process.BaseProcess | None = None
         self._conn: Connection | None = None
@@ -208,8 +215,9 @@ class _Lane:
         """(pipe, process sentinel, pid) of a worker that ran the initializer, or None."""
         pool = self.pool
         parent_conn, child_conn = pool._context.Pipe(duplex=True)
-        process = pool._context.Process(target=_worker_main, name=f"math-worker-{self.index}", daemon=True,
-                                        args=(child_conn, pool._initializer, pool._own_session))
+        process = pool._context.Process(target=_worker_main, name=f"{pool._name}-worker-{self.index}",
+                                        daemon=True,
+                                        args=(child_conn, pool._initializer, pool._own_session, pool._setup))
         process.start()
         child_conn.close()
         with self._lock:
@@ -224,7 +232,7 @@ class _Lane:
         except (EOFError, OSError):
             pass
         if not pool._closed:
-            log.error("math worker %d failed to start (exit code %s)", self.index, process.exitcode)
+            log.error("%s worker %d failed to start (exit code %s)", pool._name, self.index, process.exitcode)
         self.kill_worker()
         return None
 
@@ -278,8 +286,8 @@ class _Lane:
                 self._crashed(outstanding, pid)
                 return
             elif not pool._closed:
-                log.warning("math worker %d: a call passed its %gs limit; replacing the worker",
-                            self.index, head.timeout_seconds)
+                log.warning("%s worker %d: a call passed its %gs limit; replacing the worker",
+                            pool._name, self.index, head.timeout_seconds)
                 _fail(head, WorkerTimeout(f"no result within {head.timeout_seconds:g}s"))
                 pool._requeue_first([call for call, _ in list(outstanding)[1:]])
                 return
@@ -290,7 +298,7 @@ class _Lane:
             for call in calls:
                 _fail(call, RuntimeError("worker pool is closed"))
             return
-        log.warning("math worker %d (pid %d) died; replacing it", self.index, pid)
+        log.warning("%s worker %d (pid %d) died; replacing it", self.pool._name, self.index, pid)
         if calls:
             head = calls[0]
             head.attempts += 1
@@ -308,10 +316,14 @@ def _fail(call: _Call, error: BaseException) -> None:
 _READY = "ready"
 
 
-def _worker_main(conn: Connection, initializer: Callable[[], None] | None, own_session: bool) -> None:
+def _worker_main(conn: Connection, initializer: Callable[[], None] | None, own_session: bool,
+                 setup: Callable[[], None] | None = None) -> None:
     if own_session:
         os.setsid()
     _die_with_parent()
+    if setup is not None:
+        setup()
+        _die_with_parent()  # a change of credentials (entering a user namespace) clears the parent-death signal
     parent = multiprocessing.parent_process()
     if parent is not None:  # also covers a parent that died before the line above
         threading.Thread(target=_exit_with_parent, args=(parent.sentinel,), daemon=True).start()

@@ -56,7 +56,8 @@ def create_app(manager: JobManager, store: JobStore, *, max_request_bytes: int =
     @app.post("/v1/jobs", status_code=201, response_model=JobRecord, dependencies=v1)
     def create_job(spec: JobSpec) -> JobRecord:
         try:
-            check_job_input(spec)  # the files readable now: a field they lack is a 422 naming it
+            spec = check_job_input(spec)  # the files readable now (a field they lack is a 422 naming it); the
+            # reward functions' sources filled in
         except JobInputError as e:
             raise HTTPException(status_code=422, detail=[e.detail()]) from None
         return manager.submit(spec)

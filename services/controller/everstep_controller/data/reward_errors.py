@@ -8,6 +8,8 @@ happens instead:
 - `row`: `invalid_spec` from a row's data (a missing answer, tests the verifier cannot run, a
   language the sandbox does not know). The sample's whole group is left out of training, counted
   and reported with its row; the job goes on.
+  So is `function_error`: a user's reward function (`reward.functions`) raised, timed out, returned no number
+  or imported what the reward service does not allow, on this row; the message is the exception's text.
 - `job_spec`: the job's reward spec, which every row shares, is wrong: `unknown_verifier` (rows
   can name only the job's verifiers, checked at load) or `invalid_params` (only the job spec sets
   params; names and keys are checked at submission, values only here). The job fails with the cause:
@@ -31,7 +33,7 @@ from everstep.v1 import reward_pb2
 
 __all__ = ["ErrorClass", "PartError", "RewardFailed", "classify", "describe", "part_errors", "row_error"]
 
-_ROW_KIND = reward_pb2.REWARD_ERROR_KIND_INVALID_SPEC
+_ROW_KINDS = frozenset({reward_pb2.REWARD_ERROR_KIND_INVALID_SPEC, reward_pb2.REWARD_ERROR_KIND_FUNCTION_ERROR})
 _JOB_SPEC_KINDS = frozenset({reward_pb2.REWARD_ERROR_KIND_UNKNOWN_VERIFIER,
                              reward_pb2.REWARD_ERROR_KIND_INVALID_PARAMS})
 _TRANSIENT_KINDS = frozenset({reward_pb2.REWARD_ERROR_KIND_TIMEOUT, reward_pb2.REWARD_ERROR_KIND_SANDBOX_UNAVAILABLE,
@@ -95,7 +97,7 @@ def classify(errors: list[PartError], error: str) -> ErrorClass | None:
         return ErrorClass.FATAL
     if any(e.kind in _JOB_SPEC_KINDS for e in errors):
         return ErrorClass.JOB_SPEC
-    if any(e.kind not in _TRANSIENT_KINDS and e.kind != _ROW_KIND for e in errors):
+    if any(e.kind not in _TRANSIENT_KINDS and e.kind not in _ROW_KINDS for e in errors):
         return ErrorClass.FATAL
     if row_error(errors) is not None:
         return ErrorClass.ROW
@@ -104,12 +106,13 @@ def classify(errors: list[PartError], error: str) -> ErrorClass | None:
 
 def row_error(errors: list[PartError]) -> PartError | None:
     """The first part that failed for the row's data, if any."""
-    return next((e for e in errors if e.kind == _ROW_KIND), None)
+    return next((e for e in errors if e.kind in _ROW_KINDS), None)
 
 
 def describe(sample_id: str, errors: list[PartError], error: str) -> str:
     """The message a failed job carries for this sample."""
     cause = "; ".join(f"{e.verifier}: {e.message} ({e.label})" for e in errors) or error
     if classify(errors, error) == ErrorClass.JOB_SPEC:
-        return f"the job's reward spec is wrong (fix reward.verifiers), e.g. for sample {sample_id}: {cause}"
+        return (f"the job's reward spec is wrong (fix reward.verifiers or reward.functions), e.g. for sample "
+                f"{sample_id}: {cause}")
     return f"reward for sample {sample_id} failed: {cause}"

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 from google.protobuf import struct_pb2
 
-from everstep.rest.job_spec import VerifierWeight
+from everstep.rest.job_spec import RewardFunctionSpec, VerifierWeight
+from everstep.reward_functions import FUNCTION_VERIFIER
 from everstep.v1 import common_pb2, reward_pb2
 from everstep_controller.data.dataset import PromptRow
 from everstep_controller.data.trajectories import final_answer, num_model_tokens
@@ -18,14 +19,22 @@ CODE = "code"  # the verifier that reads the row's tests, language and function 
 
 
 class RewardItemBuilder:
-    """Builds the reward item of a response to a row from the job's `reward.verifiers`.
+    """Builds the reward item of a response to a row from the job's `reward.verifiers` and `reward.functions`.
 
     Every verifier of the job applies unless the row lists the ones that do (`PromptRow.verifiers`).
     Each spec gets its weight, the job's params for it and the row's answer (only `math` reads it);
-    `code` also gets the row's tests and language (else the job's default language).
+    `code` also gets the row's tests and language (else the job's default language). Every function applies to
+    every row: a spec named "function" with its source (filled at submission) and the row's answer as the ground
+    truth.
     """
 
-    def __init__(self, verifiers: Sequence[VerifierWeight]) -> None:
+    def __init__(self, verifiers: Sequence[VerifierWeight], functions: Sequence[RewardFunctionSpec] = ()) -> None:
+        missing = [f.path for f in functions if f.source is None]
+        if missing:
+            raise ValueError(f"reward functions without their source (read at submission): {missing}")
+        self._functions = [reward_pb2.RewardFunction(name=f.name, source=f.source, path=f.path,
+                                                      allow_network=f.allow_network) for f in functions]
+        self._function_weights = [f.weight for f in functions]
         self._verifiers = list(verifiers)
         self._params: dict[str, struct_pb2.Struct] = {}
         for v in self._verifiers:  # built once: a job's params are the same for every item
@@ -54,4 +63,6 @@ class RewardItemBuilder:
                     reward_pb2.FunctionCallTest(arguments_json=t.arguments_json, expected_json=t.expected_json)
                     for t in row.tests.function_calls)
                 spec.function_name = row.tests.function_name
+        for function, weight in zip(self._functions, self._function_weights, strict=True):
+            item.verifiers.add(name=FUNCTION_VERIFIER, weight=weight, answer=row.answer, function=function)
         return item

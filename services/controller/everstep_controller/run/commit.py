@@ -40,6 +40,8 @@ class TrainedStep:
     batch: TrainingBatch
     rewards: list[float]
     """Of the trained groups' members that have one."""
+    reward_metrics: dict[str, float] = field(default_factory=dict)
+    """The means of the reward functions' extra values over those members (`step_record.mean_metrics`)."""
     staleness: list[int]
     """Versions behind, per trained token."""
     stats: trainer_pb2.TrainStats | None
@@ -66,7 +68,8 @@ class StepCommit:
         state.step = trained.step
         state.num_trained_samples += len(trained.batch.samples)
         record = step_record(step=trained.step, version=state.version, outcome=end.outcome, batch=trained.batch,
-                             rewards=trained.rewards, num_trained_samples_total=state.num_trained_samples,
+                             rewards=trained.rewards, reward_metrics=trained.reward_metrics,
+                             num_trained_samples_total=state.num_trained_samples,
                              num_carried=len(end.carried), num_finished=len(trained.rollout.finished_ids),
                              generated_tokens=trained.rollout.generated_tokens, staleness=trained.staleness,
                              times=trained.times, stats=trained.stats, rounds=trained.rollout.rounds,

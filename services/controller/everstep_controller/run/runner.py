@@ -52,7 +52,7 @@ from everstep_controller.run.run_state import IterationEnd, RunState, scheduler_
 from everstep_controller.run.runner_errors import JobCancelled, RunnerInterrupted, WorkersFailed
 from everstep_controller.run.runner_settings import RunnerSettings
 from everstep_controller.run.scoring import ScorerPool, ScoringDepth
-from everstep_controller.run.step_record import StepTimes
+from everstep_controller.run.step_record import StepTimes, mean_metrics
 from everstep_controller.run.steps_in_flight import StepsInFlight
 from everstep_controller.run.trajectory_report import TrajectoryStats, render_sample
 from everstep_controller.run.unscorable_rows import UnscorableRows
@@ -85,7 +85,7 @@ class JobRunner:
         self.settings = settings or RunnerSettings()
         self.reward_address = reward_address
         self.reward = RewardClient(reward_address, timeout_seconds=self.settings.deadlines.reward_seconds)
-        self.make_item = RewardItemBuilder(spec.reward.verifiers)
+        self.make_item = RewardItemBuilder(spec.reward.verifiers, spec.reward.functions)
         self.workers: JobWorkers | None = None
         self.scorers: ScorerPool | None = None
         self.interrupt = threading.Event()  # set by the controller when it shuts down
@@ -368,6 +368,7 @@ class JobRunner:
         times = StepTimes(rollout_seconds=rollout_seconds, reward_seconds=t_reward, train_seconds=t_train,
                           weight_push_seconds=push_seconds, iteration_seconds=time.monotonic() - started)
         rewards = [scored[s].reward for s in train_ids if not scored[s].error]
+        reward_metrics = mean_metrics([scored[s].metrics for s in train_ids if not scored[s].error])
         sequences = {s: scored[s].proto() for s in train_ids}
         group_of = {s: g for g in end.outcome.trainable_groups for s in end.survivors[g]}
         row_of = {s: self.rows_by_index[end.prompt_indices[g]] for s, g in group_of.items()}
@@ -375,7 +376,8 @@ class JobRunner:
                                  self._decode, engine=engine_of.get(s, ""), group_id=group_of[s],
                                  advantage=batch.trained_advantages.get(s)) for s in train_ids[:SAMPLES_PER_STEP]]
         self.commit.commit(state, TrainedStep(step=step, end=end, rollout=rollout, batch=batch, rewards=rewards,
-                                              staleness=staleness, stats=stats, times=times,
+                                              reward_metrics=reward_metrics, staleness=staleness, stats=stats,
+                                              times=times,
                                               tools=TrajectoryStats.of(list(sequences.values())), samples=samples,
                                               record_changes=record_changes), scorers)
         self.recovery.step_completed()

@@ -10,7 +10,7 @@ from everstep_controller.algo.scheduler import IterationOutcome
 from everstep_controller.algo.training_batch import TrainingBatch
 from everstep_controller.run.trajectory_report import TrajectoryStats
 
-__all__ = ["StepTimes", "step_record"]
+__all__ = ["StepTimes", "mean_metrics", "step_record"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -25,8 +25,10 @@ class StepTimes:
 def step_record(*, step: int, version: int, outcome: IterationOutcome, batch: TrainingBatch, rewards: list[float],
                 num_trained_samples_total: int, num_carried: int, num_finished: int, generated_tokens: int,
                 staleness: list[int], times: StepTimes, stats: trainer_pb2.TrainStats | None,
-                rounds: int = 1, tools: TrajectoryStats | None = None) -> StepMetrics:
-    """rewards: of the trained groups' members that have one; staleness: versions behind, per trained token."""
+                rounds: int = 1, tools: TrajectoryStats | None = None,
+                reward_metrics: dict[str, float] | None = None) -> StepMetrics:
+    """rewards: of the trained groups' members that have one; staleness: versions behind, per trained token;
+    reward_metrics: the means of the reward functions' extra values (none: left out)."""
     num_unscorable = len(batch.unscorable)
     train_stats = {name: getattr(stats, name) for name in TRAIN_STAT_FIELDS} if stats is not None else {}
     tool_fields = {} if tools is None or not tools.has_tools else {
@@ -60,9 +62,19 @@ def step_record(*, step: int, version: int, outcome: IterationOutcome, batch: Tr
         weight_push_seconds=times.weight_push_seconds,
         iteration_seconds=times.iteration_seconds,
         num_sampling_rounds=rounds,
+        reward_metrics=reward_metrics or None,
         **tool_fields,
         **train_stats,
     )
+
+
+def mean_metrics(samples: list[dict[str, float]]) -> dict[str, float]:
+    """Each key's mean over the samples that have it."""
+    values: dict[str, list[float]] = {}
+    for sample in samples:
+        for key, value in sample.items():
+            values.setdefault(key, []).append(value)
+    return {key: _mean(v) for key, v in sorted(values.items())}
 
 
 def _mean(values: list[float] | list[int]) -> float:

@@ -49,12 +49,15 @@ class ScoredSample(BaseModel):
     parts: dict[str, float] = Field(default_factory=dict)
     error: str = ""
     part_errors: list[PartError] = Field(default_factory=list, description="The parts that failed, with kinds.")
+    metrics: dict[str, float] = Field(default_factory=dict, description="Extra values of the reward functions' "
+                                                                        "parts, keyed `<part>/<key>`.")
 
     @classmethod
     def of(cls, sequence: common_pb2.Sequence, result: reward_pb2.ScoreResult) -> ScoredSample:
         return cls(sequence=sequence.SerializeToString(), reward=result.reward,
                    parts={p.verifier: p.score for p in result.parts}, error=result.error,
-                   part_errors=part_errors(result))
+                   part_errors=part_errors(result),
+                   metrics={f"{p.verifier}/{k}": v for p in result.parts for k, v in p.metrics.items()})
 
     @property
     def error_class(self) -> ErrorClass | None:

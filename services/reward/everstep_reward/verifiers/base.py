@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import ClassVar, Protocol
 
@@ -35,6 +36,8 @@ class VerifierResult:
     UNSPECIFIED when it could."""
     outcome: Outcome | None = None
     """Set by verifiers whose scores do not follow the 0 = wrong, 1 = right rule; derived otherwise."""
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    """Extra values to report with the score (a reward function's; RewardPart.metrics)."""
 
     @classmethod
     def failure(cls, kind: reward_pb2.RewardErrorKind, message: str) -> VerifierResult:
