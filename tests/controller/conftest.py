@@ -6,10 +6,13 @@ from __future__ import annotations
 import subprocess
 import time
 from collections.abc import Iterator
+from concurrent import futures
 from pathlib import Path
 
+import grpc
 import pytest
 import redis
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from everstep_cli.local_stack import free_port, redis_server_binary
 
@@ -53,3 +56,16 @@ def reward_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield process.grpc_address
     finally:
         stop_processes([process])
+
+
+@pytest.fixture
+def health_address(free_port: int) -> Iterator[str]:
+    """A real gRPC health service on 127.0.0.1 standing in for workers' addresses (launcher tests)."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    server.add_insecure_port(f"127.0.0.1:{free_port}")
+    server.start()
+    servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    yield f"127.0.0.1:{free_port}"
+    server.stop(grace=0)

@@ -8,16 +8,12 @@ from __future__ import annotations
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
-from concurrent import futures
 from pathlib import Path
 from typing import Any
 
-import grpc
 import kubernetes_validate
 import pytest
 import yaml
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from kubernetes import client
 
 from everstep.rest.job_spec import ResourcesSpec
@@ -154,19 +150,6 @@ class RecordingCluster:
 
     def read_pod(self, name: str, namespace: str) -> Any | None:
         return self.pods.get(name)
-
-
-@pytest.fixture
-def health_address(free_port: int) -> Iterator[str]:
-    """A real gRPC health service standing in for both workers' addresses."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-    server.add_insecure_port(f"127.0.0.1:{free_port}")
-    server.start()
-    servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    yield f"127.0.0.1:{free_port}"
-    server.stop(grace=0)
 
 
 def test_launch_alive_and_stop_against_a_recording_cluster(templates: dict[str, Any], health_address: str) -> None:

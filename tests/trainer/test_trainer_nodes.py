@@ -9,7 +9,6 @@ that the rendezvous and every gloo message cross a real interface.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 import grpc
 import pytest
 from distributed_check import UPDATE_TOLERANCE, check_batches, relative_update_difference
+from network_namespaces import netns_unavailable
 from safetensors.torch import load_file
 
 from everstep.processes import free_port
@@ -110,17 +110,6 @@ def test_local_launcher_trainer_of_two_nodes_matches_one_rank(tiny_model_dir: Pa
         launcher.close()
 
 
-def _netns_unavailable() -> str:
-    if os.geteuid() != 0:
-        return "not root: network namespaces and veth pairs need CAP_NET_ADMIN"
-    if shutil.which("ip") is None:
-        return "no `ip` command (iproute2)"
-    probe = f"everstep-probe-{os.getpid()}"
-    added = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if added.returncode != 0:
-        return f"`ip netns add` failed: {added.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], check=True)
-    return ""
 
 
 def _received_bytes(interface: str) -> int:
@@ -135,7 +124,7 @@ def _ip(*args: str) -> None:
 def veth_namespace() -> Iterator[tuple[str, str, str, str]]:
     """A network namespace joined to this one by a veth pair: (namespace, this end's interface and address,
     the namespace end's interface and address) as (namespace, here_if:here_addr, there_if, there_addr)."""
-    reason = _netns_unavailable() if sys.platform.startswith("linux") else "network namespaces are Linux only"
+    reason = netns_unavailable() if sys.platform.startswith("linux") else "network namespaces are Linux only"
     if reason:
         pytest.skip(reason)
     tag = uuid.uuid4().hex[:6]

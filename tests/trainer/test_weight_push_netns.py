@@ -9,13 +9,13 @@ the prepared GPU check (docs/gpu.md)."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from network_namespaces import netns_unavailable
 from test_weight_push_engine import assert_engine_runs, in_model_order, perturbed_weights
 
 from everstep.processes import ManagedProcess, check_running, free_port, spawn, stop_processes, wait_grpc_address
@@ -24,17 +24,6 @@ from everstep_trainer.weight_push import WeightPusher
 NUM_ENGINES = 2
 
 
-def _netns_unavailable() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root to create network namespaces"
-    if shutil.which("ip") is None:
-        return "needs iproute2's `ip`"
-    probe = f"es-probe-{os.getpid()}"
-    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if made.returncode != 0:
-        return f"`ip netns add` failed: {made.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], check=False)
-    return None
 
 
 def _ip(*args: str, netns: str | None = None) -> None:
@@ -55,7 +44,7 @@ def _names() -> tuple[str, list[str], list[str], list[str]]:
 
 @pytest.fixture
 def netns_engines(tiny_model_dir: Path, tmp_path: Path) -> Iterator[list[ManagedProcess]]:
-    reason = _netns_unavailable()
+    reason = netns_unavailable()
     if reason:
         pytest.skip(reason)
     bridge, namespaces, host_ends, ns_ends = _names()
