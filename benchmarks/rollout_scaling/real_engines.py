@@ -106,7 +106,8 @@ class PoolRun:
         return self.engine_cpu_seconds / self.seconds / self.num_engines if self.seconds > 0 else 0.0
 
 
-def _cpu_seconds(pid: int) -> float:
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a live process so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime + stime
 
@@ -141,7 +142,7 @@ def run_pool(clients: list, pids: list[int], prompt_ids: list[list[int]], worklo
     capacity = workload.max_running * len(clients)
     tokens = Counter(dict.fromkeys((c.address for c in clients), 0))  # pool order
     sequences = Counter(dict.fromkeys((c.address for c in clients), 0))
-    cpu_before, client_cpu_before = sum(_cpu_seconds(pid) for pid in pids), time.process_time()
+    cpu_before, client_cpu_before = sum(process_cpu_seconds(pid) for pid in pids), time.process_time()
     start = time.perf_counter()
     pool = PoolStream(clients)
     in_flight, next_group = 0, 0
@@ -167,7 +168,7 @@ def run_pool(clients: list, pids: list[int], prompt_ids: list[list[int]], worklo
         pool.cancel()
         raise
     seconds = time.perf_counter() - start
-    cpu_seconds = sum(_cpu_seconds(pid) for pid in pids) - cpu_before
+    cpu_seconds = sum(process_cpu_seconds(pid) for pid in pids) - cpu_before
     expected = len(groups) * workload.group_size
     if sum(sequences.values()) != expected:
         raise RuntimeError(f"{sum(sequences.values())} sequences came back, {expected} sent")
