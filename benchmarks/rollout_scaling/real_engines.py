@@ -25,6 +25,9 @@ Each run also records every engine's CPU seconds (from /proc), so that a run on 
 can be told apart from one that lacked cores: `tokens_per_engine_cpu_s` hardly moves with other processes' load,
 and `engine_core_share` (engine CPU seconds / wall seconds / engines: 1.0 when every engine had a core to itself)
 says how much of a core each engine got. `client_cpu_seconds` is this process's (the pool's gRPC streams).
+`speedup_2_cpu_normalized` = 2 x (tokens per engine CPU second of two engines / that of one) is a derived figure,
+not a measurement: what speedup_2 would be if every engine had a core to itself and kept its measured cost per
+token; it tells a pool that wastes work (below 2) from a machine that lacked the cores (speedup_2 far below it).
 """
 
 from __future__ import annotations
@@ -257,6 +260,9 @@ def summarize(runs: list[PoolRun], workload: EngineWorkload, *, num_engines: int
         }
     one, many = by_size["1"]["tokens_per_s"], by_size[str(num_engines)]["tokens_per_s"]
     speedup = round(many / one, 3) if one > 0 else None
+    one_cpu, many_cpu = (by_size["1"]["tokens_per_engine_cpu_s"],
+                         by_size[str(num_engines)]["tokens_per_engine_cpu_s"])
+    normalized = round(num_engines * many_cpu / one_cpu, 3) if one_cpu > 0 else None
     print(f"\nReal engines ({workload.threads_per_engine} thread(s) each, {os.cpu_count()} cores): "
           f"{workload.num_prompts} prompts x {workload.group_size}, max_new_tokens {workload.max_new_tokens}, "
           f"medians of {workload.repeats}")
@@ -266,14 +272,16 @@ def summarize(runs: list[PoolRun], workload: EngineWorkload, *, num_engines: int
         print(f"{size:>7} {figures['tokens_per_s']:>9.1f} {figures['tokens_per_engine_cpu_s']:>20.1f} "
               f"{figures['engine_core_share']:>10.3f} {figures['num_tokens']:>7} {figures['seconds']:>8.2f}  "
               f"{figures['token_share_by_engine']}")
-    print(f"speedup_{num_engines} (tokens/s of {num_engines} engines / 1): {speedup}; load average "
-          f"{load_before[0]:.2f} before, {load_after[0]:.2f} after")
+    print(f"speedup_{num_engines} (tokens/s of {num_engines} engines / 1): {speedup}; with a core per engine "
+          f"(derived from tokens per engine CPU second): {normalized}; load average {load_before[0]:.2f} before, "
+          f"{load_after[0]:.2f} after")
     settings = {**asdict(workload), "model": str(workload.model or f"random Llama, {workload.random_model_mb:g} MB"),
                 "prompts": str(workload.prompts), "num_engines": num_engines,
                 "cpu_count": os.cpu_count(), "placement": "PoolStream (least outstanding tokens)",
                 "omp_num_threads": workload.threads_per_engine}
     return {
         f"speedup_{num_engines}": speedup,
+        f"speedup_{num_engines}_cpu_normalized": normalized,
         "real_engines": {
             "by_engines": by_size, "settings": settings, "seconds": round(seconds, 1),
             "loadavg_before": [round(x, 2) for x in load_before], "loadavg_after": [round(x, 2) for x in load_after],

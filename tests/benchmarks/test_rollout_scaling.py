@@ -188,6 +188,9 @@ def test_speedup_2_is_the_ratio_of_median_tokens_per_second(real_engines: Module
     figures = summary["real_engines"]["by_engines"]
     assert figures["1"]["tokens_per_s"] == 400.0 and figures["2"]["tokens_per_s"] == 800.0  # medians, not means
     assert summary["speedup_2"] == 2.0
+    # per engine CPU second: one engine 1000 / (2.5 / 2) = 800, two engines 1000 / 1.25 = 800
+    assert figures["1"]["tokens_per_engine_cpu_s"] == figures["2"]["tokens_per_engine_cpu_s"] == 800.0
+    assert summary["speedup_2_cpu_normalized"] == 2.0
     assert figures["2"]["token_share_by_engine"] == [0.6, 0.4] and figures["1"]["token_share_by_engine"] == [1.0]
     assert figures["2"]["sequence_share_by_engine"] == [0.5, 0.5]
     assert figures["2"]["engine_core_share"] == 0.5 and figures["1"]["engine_core_share"] == 0.5
