@@ -1,8 +1,9 @@
 """`python -m benchmarks.rollout_scaling [--quick] [--json-out PATH]`: a readable table, then the JSON summary as
 the last line of stdout.
 
-Each section of the benchmark adds its keys to one summary: today the fleet simulation (`fleet_speedup`,
-`fleet`, ...). A section is a function of the parsed arguments that prints its table and returns its keys.
+Each section of the benchmark adds its keys to one summary: the fleet simulation (`fleet_speedup`, `fleet`, ...)
+and real engines on this machine (`speedup_2`, `real_engines`). A section is a function of the parsed arguments
+that prints its table and returns its keys; `--sections` picks them (default: both).
 """
 
 from __future__ import annotations
@@ -24,8 +25,11 @@ from benchmarks.rollout_scaling.fleet_simulation import (
     SettingResult,
     simulate_setting,
 )
+from benchmarks.rollout_scaling.real_engines import DEFAULT_PROMPTS, EngineWorkload, measure_real_engines
 
 HEADLINE_ENGINES = 256
+QUICK_ENGINE_WORKLOAD = EngineWorkload(num_prompts=8, max_new_tokens=64, repeats=2)
+"""--quick's real-engine workload: 64 sequences, two alternating runs of each pool size."""
 # the full run's variants at the headline engine count: everstep's token budget, the scheduler's default retention
 VARIANTS: dict[str, dict[str, Any]] = {"token_budget": {"budget_unit": BudgetUnit.tokens},
                                        "retention_1": {"retention": 1}}
@@ -35,8 +39,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.rollout_scaling", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
-                        help="A small run (seconds): 64 and 256 engines, one seed, fewer iterations, no variants.")
+                        help="A small run: 64 and 256 simulated engines, one seed, fewer iterations, no variants; "
+                        "a smaller real-engine workload, two runs of each pool size.")
     parser.add_argument("--json-out", type=Path, help="Also write the JSON summary to this file.")
+    parser.add_argument("--sections", default="fleet,engines",
+                        help="Comma-separated: fleet (the simulation), engines (real engine processes).")
     fleet = parser.add_argument_group("fleet simulation")
     fleet.add_argument("--engines", default="64,128,256,512", help="Engine counts, comma-separated (must hold "
                        f"{HEADLINE_ENGINES} for fleet_speedup). --quick: 64,256.")
@@ -55,9 +62,43 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     fleet.add_argument("--median-tokens", type=int, default=2000, help="Median response length (log-normal).")
     fleet.add_argument("--length-sigma", type=float, default=1.0, help="Log-normal shape: larger, heavier tail.")
     fleet.add_argument("--max-new-tokens", type=int, default=16384, help="Lengths are cut here.")
+    engines = parser.add_argument_group("real engines (speedup_2; --group-size is shared with the simulation)")
+    engines.add_argument("--real-model", type=Path, default=None, help="Model directory (default: a random Llama of "
+                         "--random-model-mb MB, built for the run; examples/demo-model is the trained demo model).")
+    engines.add_argument("--random-model-mb", type=float, default=EngineWorkload.random_model_mb,
+                         help="Size of the random Llama (float32 MB).")
+    engines.add_argument("--real-prompts-file", type=Path, default=DEFAULT_PROMPTS,
+                         help="JSONL of {\"prompt\": text} rows (default: the demo task's).")
+    engines.add_argument("--real-prompts", type=int, default=None, help="Prompts of the workload (default "
+                         f"{EngineWorkload.num_prompts}; --quick: {QUICK_ENGINE_WORKLOAD.num_prompts}).")
+    engines.add_argument("--real-max-new-tokens", type=int, default=None, help="Output tokens per sequence at most "
+                         f"(default {EngineWorkload.max_new_tokens}; --quick: {QUICK_ENGINE_WORKLOAD.max_new_tokens}).")
+    engines.add_argument("--real-max-running", type=int, default=EngineWorkload.max_running,
+                         help="KV cache slots of each engine.")
+    engines.add_argument("--threads-per-engine", type=int, default=EngineWorkload.threads_per_engine,
+                         help="torch and OpenMP threads of each engine.")
+    engines.add_argument("--real-repeats", type=int, default=None, help="Alternating runs of each pool size (default "
+                         f"{EngineWorkload.repeats}; --quick: {QUICK_ENGINE_WORKLOAD.repeats}).")
     args = parser.parse_args(argv)
+    args.sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    if not args.sections or set(args.sections) - set(SECTIONS):
+        parser.error(f"--sections: {args.sections} is not a list of {sorted(SECTIONS)}")
     if args.quick:
         args.engines, args.seeds, args.warmup_iterations, args.iterations = "64,256", 1, 2, 3
+    defaults = QUICK_ENGINE_WORKLOAD if args.quick else EngineWorkload()
+
+    def given(value: Any, default: Any) -> Any:
+        return default if value is None else value
+
+    try:
+        args.engine_workload = EngineWorkload(
+            model=args.real_model, random_model_mb=args.random_model_mb, prompts=args.real_prompts_file,
+            num_prompts=given(args.real_prompts, defaults.num_prompts), group_size=args.group_size,
+            max_new_tokens=given(args.real_max_new_tokens, defaults.max_new_tokens),
+            max_running=args.real_max_running, threads_per_engine=args.threads_per_engine,
+            repeats=given(args.real_repeats, defaults.repeats))
+    except ValueError as e:
+        parser.error(f"real engines: {e}")
     args.engine_counts = sorted({int(e) for e in args.engines.split(",")})
     if HEADLINE_ENGINES not in args.engine_counts:
         parser.error(f"--engines must include {HEADLINE_ENGINES} (fleet_speedup is measured there)")
@@ -168,10 +209,19 @@ def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
+def real_engines(args: argparse.Namespace) -> dict[str, Any]:
+    """The real-engine section: one engine against two, on the same work (`real_engines.py`)."""
+    return measure_real_engines(args.engine_workload, num_engines=2)
+
+
+SECTIONS = {"fleet": simulate_fleet, "engines": real_engines}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     summary: dict[str, Any] = {}
-    summary.update(simulate_fleet(args))
+    for name in args.sections:
+        summary.update(SECTIONS[name](args))
     if args.json_out:
         args.json_out.parent.mkdir(parents=True, exist_ok=True)
         args.json_out.write_text(json.dumps(summary, indent=2) + "\n")

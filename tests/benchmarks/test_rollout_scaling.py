@@ -1,4 +1,5 @@
-"""benchmarks.rollout_scaling: the fleet simulation's placement and budget accounting, and the quick run's summary."""
+"""benchmarks.rollout_scaling: the fleet simulation's placement and budget accounting, the real-engine section's
+summary, and the quick run's summary (both sections)."""
 
 from __future__ import annotations
 
@@ -162,6 +163,77 @@ def test_carry_over_purges_after_retention(fleet: ModuleType) -> None:
     assert not any(engine.running for engine in sim.engines), "sigma = 0: nothing is carried over"
 
 
+@pytest.fixture
+def real_engines(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(REPO))
+    return importlib.import_module("benchmarks.rollout_scaling.real_engines")
+
+
+def _pool_run(real_engines: ModuleType, num_engines: int, repeat: int, seconds: float) -> object:
+    addresses = [f"127.0.0.1:{5000 + i}" for i in range(num_engines)]
+    tokens = dict(zip(addresses, [600, 400][:num_engines] if num_engines == 2 else [1000], strict=True))
+    return real_engines.PoolRun(num_engines=num_engines, repeat=repeat, num_tokens=1000, num_sequences=16,
+                                seconds=seconds, engine_cpu_seconds=seconds * num_engines / 2,
+                                client_cpu_seconds=0.1, tokens_by_engine=tokens,
+                                sequences_by_engine=dict.fromkeys(addresses, 16 // num_engines))
+
+
+def test_speedup_2_is_the_ratio_of_median_tokens_per_second(real_engines: ModuleType) -> None:
+    workload = real_engines.EngineWorkload(num_prompts=2, repeats=3)
+    runs = [_pool_run(real_engines, 1, 0, 2.0), _pool_run(real_engines, 2, 0, 1.0),
+            _pool_run(real_engines, 2, 1, 1.25), _pool_run(real_engines, 1, 1, 4.0),
+            _pool_run(real_engines, 1, 2, 2.5), _pool_run(real_engines, 2, 2, 10.0)]
+    summary = real_engines.summarize(runs, workload, num_engines=2, load_before=(1.0, 1.0, 1.0),
+                                     load_after=(2.0, 1.0, 1.0), seconds=30.0)
+    figures = summary["real_engines"]["by_engines"]
+    assert figures["1"]["tokens_per_s"] == 400.0 and figures["2"]["tokens_per_s"] == 800.0  # medians, not means
+    assert summary["speedup_2"] == 2.0
+    # per engine CPU second: one engine 1000 / (2.5 / 2) = 800, two engines 1000 / 1.25 = 800
+    assert figures["1"]["tokens_per_engine_cpu_s"] == figures["2"]["tokens_per_engine_cpu_s"] == 800.0
+    assert summary["speedup_2_cpu_normalized"] == 2.0
+    assert figures["2"]["token_share_by_engine"] == [0.6, 0.4] and figures["1"]["token_share_by_engine"] == [1.0]
+    assert figures["2"]["sequence_share_by_engine"] == [0.5, 0.5]
+    assert figures["2"]["engine_core_share"] == 0.5 and figures["1"]["engine_core_share"] == 0.5
+    assert len(summary["real_engines"]["runs"]) == 6 and summary["real_engines"]["loadavg_after"][0] == 2.0
+    assert json.loads(json.dumps(summary)) == summary
+
+
+@pytest.mark.parametrize("flags", [["--sections", "fleet,carrier-pigeon"], ["--real-repeats", "0"],
+                                   ["--group-size", "80"]])
+def test_bad_flags_are_refused_before_anything_starts(flags: list[str]) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    process = subprocess.run([sys.executable, "-m", "benchmarks.rollout_scaling", *flags], cwd=REPO, env=env,
+                             capture_output=True, text=True, timeout=120)
+    assert process.returncode == 2 and "error" in process.stderr
+
+
+def _check_real_engines(summary: dict) -> None:
+    """The quick run's real-engine section: both pool sizes ran the same work, and both engines of the pool got
+    work in every run."""
+    section = summary["real_engines"]
+    settings = section["settings"]
+    assert settings["num_prompts"] == 8 and settings["max_new_tokens"] == 64 and settings["repeats"] == 2
+    assert settings["threads_per_engine"] == 1 and settings["num_engines"] == 2
+    assert summary["speedup_2"] == round(section["by_engines"]["2"]["tokens_per_s"]
+                                         / section["by_engines"]["1"]["tokens_per_s"], 3)
+    runs = section["runs"]
+    assert sorted(r["num_engines"] for r in runs) == [1, 1, 2, 2]
+    assert [r["num_engines"] for r in runs] == [1, 2, 2, 1], "the runs alternate"
+    for run in runs:
+        assert run["num_sequences"] == 8 * 8 and run["seconds"] > 0 and run["num_tokens"] > 0
+        assert len(run["tokens_by_engine"]) == run["num_engines"]
+        assert sum(run["sequences_by_engine"].values()) == 64
+        assert all(count > 0 for count in run["sequences_by_engine"].values()), "every engine got work"
+        assert all(tokens > 0 for tokens in run["tokens_by_engine"].values())
+        assert sum(run["tokens_by_engine"].values()) == run["num_tokens"]
+    one_engine = next(r for r in runs if r["num_engines"] == 1)
+    two_engines = [r for r in runs if r["num_engines"] == 2]
+    assert set(one_engine["tokens_by_engine"]) < set(two_engines[0]["tokens_by_engine"]), "the first of the pair"
+    # seeded per sequence: the same work whichever engine serves it (batching noise may flip a rare sample)
+    assert all(abs(r["num_tokens"] - one_engine["num_tokens"]) <= 0.05 * one_engine["num_tokens"] for r in runs)
+    assert section["by_engines"]["2"]["sequence_share_by_engine"] == [0.5, 0.5]  # groups of 8, alternated
+
+
 @pytest.mark.slow
 def test_quick_run_prints_the_summary_last(tmp_path: Path) -> None:
     out = tmp_path / "summary.json"
@@ -185,3 +257,4 @@ def test_quick_run_prints_the_summary_last(tmp_path: Path) -> None:
     c3po = next(r for r in rows if (r["engines"], r["policy"]) == (256, "c3po_global"))
     assert summary["fleet_speedup"] == round(static["median_ticks"] / c3po["median_ticks"], 3) or \
         summary["fleet_speedup"] == pytest.approx(static["median_ticks"] / c3po["median_ticks"], rel=1e-3)
+    _check_real_engines(summary)
