@@ -37,6 +37,8 @@ def _not_default(model: type[BaseModel], name: str) -> Any:
         return default * 0.5 if default else 0.25
     if isinstance(default, list):
         return ["</answer>", "\n\n"]
+    if name == "clip_ratio_c":
+        return 3.0
     if name == "lora":
         return LoraSettings(rank=4, alpha=8.0, dropout=0.1, target_modules=["q_proj", "mlp.down_proj"])
     raise AssertionError(f"{model.__name__}.{name}: no test value for {annotation!r}; add one here")
