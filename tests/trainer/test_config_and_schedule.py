@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -44,8 +45,9 @@ def test_the_controllers_settings_reach_the_trainer_as_written() -> None:
                    trainer={"warmup_steps": 0, "kl_coef": 0, "entropy_coef": 0, "weight_decay": 0})
     message = trainer_config(spec)
     assert [f.name for f in message.DESCRIPTOR.fields
-            if not (message.HasField(f.name) if f.has_presence else getattr(message, f.name))] == ["lora"], \
-        "the controller's settings are the whole config (lora: a section, unset when off)"
+            if not (message.HasField(f.name) if f.has_presence else getattr(message, f.name))] == \
+        ["clip_ratio_c", "lora"], \
+        "the controller's settings are the whole config (lora: a section, clip_ratio_c: null, unset when off)"
     wire = message.SerializeToString()
     config = config_from_proto(trainer_pb2.TrainerConfig.FromString(wire))
     assert {name: getattr(config, name) for name in ZEROS} == {**ZEROS, "total_steps": 3}
@@ -84,7 +86,7 @@ def test_invalid_config_names_the_field(kwargs: dict, proto_kwargs: dict | None,
 
 
 def test_the_enums_name_every_correction_and_aggregation_of_the_spec_and_the_trainer() -> None:
-    for correction, aggregation in zip(Correction, [*Aggregation, Aggregation.token_mean], strict=True):
+    for correction, aggregation in itertools.product(Correction, Aggregation):
         spec = JobSpec(model_path="/m", dataset={"train_path": "/d.jsonl"},
                        algorithm={"loss": {"correction": correction, "aggregation": aggregation}})
         trained = config_from_proto(trainer_pb2.TrainerConfig.FromString(trainer_config(spec).SerializeToString()))

@@ -1,5 +1,5 @@
 """The policy trainer: one `train_step` = recompute log-probs, PPO epochs over minibatches of the
-batch with the IcePop/TIS-corrected loss, one optimizer step per minibatch, version + 1.
+batch with the IcePop/TIS-corrected loss of `config.mode` (`losses`), one optimizer step per minibatch, version + 1.
 
 Gradient accumulation over token-budgeted micro-batches divides every micro-batch's loss by the
 normaliser of its whole minibatch (samples or tokens, per the aggregation), so the accumulated
@@ -84,7 +84,7 @@ from everstep_trainer.model.routing import RouteCounts, check_replay_supported, 
 from everstep_trainer.step.losses import (
     MismatchSums,
     aggregate_token_loss,
-    k3_divergence,
+    kl_divergence,
     mismatch_sums,
     staleness_masks,
     token_policy_loss,
@@ -281,7 +281,8 @@ class PolicyTrainer:
         cfg = self.config
         self.check_samples(samples)
         learning_rate = learning_rate_at(self.num_train_steps, learning_rate=cfg.learning_rate,
-                                         warmup_steps=cfg.warmup_steps, total_steps=cfg.total_steps)
+                                         warmup_steps=cfg.warmup_steps, total_steps=cfg.total_steps,
+                                         schedule=cfg.lr_schedule, min_lr_ratio=cfg.min_lr_ratio)
         set_learning_rate(self.optimizer, learning_rate)
         own_rows = assign_rows([s.num_tokens for s in samples], self.ranks)
         local_row = {row: i for i, row in enumerate(own_rows)}
@@ -307,7 +308,8 @@ class PolicyTrainer:
         grad_norms: list[float] = []
         for _ in range(cfg.ppo_epochs):
             for minibatch in shuffled_minibatches(len(samples), cfg.num_minibatches, self._shuffle):
-                normalizer = minibatch_normalizer([num_outputs[row] for row in minibatch], cfg.aggregation)
+                normalizer = minibatch_normalizer([num_outputs[row] for row in minibatch], cfg.aggregation,
+                                                  max_new_tokens=cfg.max_new_tokens)
                 local = [local_row[row] for row in minibatch if row in local_row]
                 start = self._now()
                 results.append(self._accumulate_gradients(batch, local, normalizer, old_logp, reference_logp))
@@ -387,14 +389,13 @@ class PolicyTrainer:
                 logp, entropy = compute_token_logprobs_and_entropy(
                     self.model, micro.input_ids, micro.attention_mask, micro.output_mask, cfg.temperature,
                     differentiable_entropy=cfg.entropy_coef > 0, packed=packed)
-            token_loss = token_policy_loss(
-                logp, old_logp[rows, :length], micro.rollout_logp, micro.advantages, micro.output_mask,
-                correction=cfg.correction, alpha=cfg.alpha, beta=cfg.beta, tis_cap=cfg.tis_cap,
-                clip_low=cfg.clip_low, clip_high=cfg.clip_high)
+            token_loss = token_policy_loss(logp, old_logp[rows, :length], micro.rollout_logp, micro.advantages,
+                                           micro.output_mask, cfg)
             per_token = token_loss.per_token
             if reference_logp is not None:
                 log_ratio = reference_logp[rows, :length] - logp
-                per_token = per_token + cfg.kl_coef * k3_divergence(log_ratio, max_log_ratio=_MAX_REFERENCE_LOG_RATIO)
+                per_token = per_token + cfg.kl_coef * kl_divergence(log_ratio, cfg.kl_estimator,
+                                                                    max_log_ratio=_MAX_REFERENCE_LOG_RATIO)
             if cfg.entropy_coef > 0:
                 per_token = per_token - cfg.entropy_coef * entropy
             loss = aggregate_token_loss(per_token, micro.output_mask, cfg.aggregation, normalizer=normalizer)
