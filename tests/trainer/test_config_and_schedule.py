@@ -107,6 +107,34 @@ def test_learning_rate_warmup_then_constant_or_cosine() -> None:
                                     0.5 * (1 + math.cos(3 * math.pi / 4)), 0.0, 0.0])
 
 
+@pytest.mark.parametrize("schedule", ["constant", "linear", "cosine"])
+@pytest.mark.parametrize("min_lr_ratio", [0.0, 0.1])
+def test_learning_rate_schedules_with_warmup_and_a_floor(schedule: str, min_lr_ratio: float) -> None:
+    """Warmup 2, decay over steps 2..6 (p = (s - 2) / 4) to min_lr_ratio * peak, held after."""
+    def reference(step: int) -> float:
+        if step < 2:
+            return 3.0 * (step + 1) / 2
+        p = min(1.0, (step - 2) / 4)
+        shape = {"constant": 1.0, "linear": 1.0 - p, "cosine": (1 + math.cos(math.pi * p)) / 2}[schedule]
+        floor = 0.0 if schedule == "constant" else min_lr_ratio
+        return 3.0 * (floor + (1 - floor) * shape)
+
+    got = [learning_rate_at(s, learning_rate=3.0, warmup_steps=2, total_steps=6, schedule=schedule,
+                            min_lr_ratio=min_lr_ratio) for s in range(9)]
+    assert got == pytest.approx([reference(s) for s in range(9)])
+    assert got[-1] == pytest.approx(3.0 if schedule == "constant" else 3.0 * min_lr_ratio)
+    with pytest.raises(ValueError, match="lr_schedule"):
+        learning_rate_at(0, learning_rate=1.0, schedule="step")
+
+
+def test_the_default_schedule_is_cosine_to_zero_as_before() -> None:
+    config = TrainerConfig()
+    assert (config.lr_schedule, config.min_lr_ratio) == ("cosine", 0.0)
+    assert [learning_rate_at(s, learning_rate=1.0, warmup_steps=2, total_steps=6, schedule=config.lr_schedule,
+                             min_lr_ratio=config.min_lr_ratio) for s in range(8)] == \
+        [learning_rate_at(s, learning_rate=1.0, warmup_steps=2, total_steps=6) for s in range(8)]
+
+
 def test_micro_batches_fit_the_token_budget_longest_first() -> None:
     lengths = [5, 9, 3, 9, 20]
     groups = split_micro_batches(lengths, token_budget=18)
