@@ -49,6 +49,7 @@ def _everything_changed(model: type[BaseModel], names: list[str]) -> dict[str, A
     if model is TrainerConfig:
         values["total_steps"] = values["warmup_steps"] + 10
         values["alpha"], values["beta"] = 0.25, 4.0
+        values["lr_schedule"] = "linear"  # min_lr_ratio, changed too, does not apply to constant
     if model is SamplingSettings:
         values["top_p"] = 0.5
     if model is LoraSettings:

@@ -63,7 +63,7 @@ def test_the_registry_is_the_settings_enum_and_refuses_an_unknown_name_listing_t
 
 
 def test_normalize_std_set_with_another_estimator_is_refused_naming_it() -> None:
-    assert AlgorithmSettings(advantage="rloo").normalize_std  # the default is not a setting the user made
-    AlgorithmSettings(advantage="grpo", normalize_std=False)
+    assert AlgorithmSettings().normalize_group_std and AlgorithmSettings(advantage="rloo").normalize_std is None
+    assert not AlgorithmSettings(advantage="grpo", normalize_std=False).normalize_group_std
     with pytest.raises(ValueError, match="normalize_std: applies to advantage grpo only; dr_grpo"):
         AlgorithmSettings(advantage="dr_grpo", normalize_std=False)

@@ -162,6 +162,11 @@ class SchedulerMode(StrEnum):
     """The synchronous baseline: one batch of prompts per step, every rollout finished."""
 
 
+_MODE_FIELDS = {LossMode.clip_cov: ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub"),
+                LossMode.kl_cov: ("kl_cov_ratio", "ppo_kl_coef")}
+"""The loss settings that one mode alone reads."""
+
+
 class LossSettings(Section):
     """Options of `everstep_trainer.step.losses.policy_loss`."""
 
@@ -237,9 +242,10 @@ class AlgorithmSettings(_RoutingReplaySetting):
                     "(R - mean of the group's others), 'reinforce_plus_plus' (R whitened over the batch) or "
                     "'reinforce_plus_plus_baseline' (R - group mean, whitened over the batch).",
     )
-    normalize_std: bool = Field(default=True,
-                                description="Divide advantages by the group's reward std (advantage grpo only: "
-                                            "with any other estimator it is refused when set).")
+    normalize_std: bool | None = Field(
+        default=None,
+        description="Divide advantages by the group's reward std (advantage grpo only; null: true). Refused with any "
+                    "other estimator, each of which fixes its own scaling.")
     drop_zero_signal_groups: bool = Field(
         default=True, description="Leave out of training groups whose rewards are all equal (zero advantage)."
     )
@@ -258,11 +264,24 @@ class AlgorithmSettings(_RoutingReplaySetting):
     loss: LossSettings = Field(default_factory=LossSettings)
 
     @model_validator(mode="after")
-    def _std_is_grpo_only(self) -> AlgorithmSettings:
-        if "normalize_std" in self.model_fields_set and self.advantage != AdvantageEstimator.grpo:
+    def _set_fields_apply(self) -> AlgorithmSettings:
+        """A setting the estimator or loss mode would ignore is refused (checked on the job's sections, not on the
+        trainer's `TrainerConfig`)."""
+        if self.normalize_std is not None and self.advantage != AdvantageEstimator.grpo:
             raise ValueError(f"normalize_std: applies to advantage grpo only; {self.advantage.value} fixes its own "
                              "scaling (leave normalize_std out, or set advantage: grpo)")
+        loss = self.loss
+        for mode, fields in _MODE_FIELDS.items():
+            changed = [name for name in fields if getattr(loss, name) != LossSettings.model_fields[name].default]
+            if changed and loss.mode != mode:
+                raise ValueError(f"loss.{changed[0]}: applies to loss.mode {mode.value} only (mode is "
+                                 f"{loss.mode.value}; leave it at its default or set mode: {mode.value})")
         return self
+
+    @property
+    def normalize_group_std(self) -> bool:
+        """Whether grpo divides by the group's std: normalize_std, true when unset."""
+        return self.normalize_std is not False
 
 
 class _Temperature(Section):
@@ -424,6 +443,17 @@ class TrainerSettings(Section):
                     "fine-tuning.",
     )
 
+
+    @model_validator(mode="after")
+    def _set_fields_apply(self) -> TrainerSettings:
+        """A setting changed from its default that the other settings make the trainer ignore is refused."""
+        if self.kl_estimator != KlEstimator.k3 and self.kl_coef == 0:
+            raise ValueError(f"kl_estimator: applies only with kl_coef > 0 (kl_coef is 0: no KL term) "
+                             f"(got {self.kl_estimator.value})")
+        if self.min_lr_ratio != 0 and self.lr_schedule == LrSchedule.constant:
+            raise ValueError(f"min_lr_ratio: applies to lr_schedule linear or cosine, not constant "
+                             f"(got {self.min_lr_ratio})")
+        return self
 
     @model_validator(mode="after")
     def _shared_prompts_are_packed(self) -> TrainerSettings:

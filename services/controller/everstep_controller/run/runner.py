@@ -340,7 +340,7 @@ class JobRunner:
 
         batch = build_batch(end.outcome.trainable_groups, end, scored,
                             drop_zero_signal=self.spec.algorithm.drop_zero_signal_groups,
-                            normalize_std=self.spec.algorithm.normalize_std,
+                            normalize_std=self.spec.algorithm.normalize_group_std,
                             advantage=self.spec.algorithm.advantage)
         rows = {g: end.prompt_indices[g] for g in batch.unscorable}
         record_changes = {"dataset": self.unscorable.report} if self.unscorable.note(batch.unscorable, rows) else {}
