@@ -39,6 +39,8 @@ def _not_default(model: type[BaseModel], name: str) -> Any:
         return ["</answer>", "\n\n"]
     if name == "clip_ratio_c":
         return 3.0
+    if name == "kl_target":
+        return 0.1
     if name == "lora":
         return LoraSettings(rank=4, alpha=8.0, dropout=0.1, target_modules=["q_proj", "mlp.down_proj"])
     raise AssertionError(f"{model.__name__}.{name}: no test value for {annotation!r}; add one here")

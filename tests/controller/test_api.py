@@ -265,6 +265,8 @@ def test_lora_target_modules_are_checked_against_the_models_weights(client: Test
         ({"algorithm": {"loss": {"clip_cov_ratio": 0.01}}}, ["loss.clip_cov_ratio", "clip_cov"]),
         ({"algorithm": {"loss": {"mode": "gspo", "ppo_kl_coef": 0.5}}}, ["loss.ppo_kl_coef", "kl_cov"]),
         ({"trainer": {"kl_estimator": "k2"}}, ["kl_estimator", "kl_coef"]),
+        ({"trainer": {"kl_target": 0.1}}, ["kl_target", "kl_coef"]),
+        ({"trainer": {"kl_coef": 0.1, "kl_horizon": 100}}, ["kl_horizon", "kl_target"]),
         ({"trainer": {"lr_schedule": "constant", "min_lr_ratio": 0.1}}, ["min_lr_ratio", "constant"]),
         ({"algorithm": {"advantage": "gae"}}, ["advantage", "rloo"]),
     ],

@@ -46,8 +46,8 @@ def test_the_controllers_settings_reach_the_trainer_as_written() -> None:
     message = trainer_config(spec)
     assert [f.name for f in message.DESCRIPTOR.fields
             if not (message.HasField(f.name) if f.has_presence else getattr(message, f.name))] == \
-        ["clip_ratio_c", "lora"], \
-        "the controller's settings are the whole config (lora: a section, clip_ratio_c: null, unset when off)"
+        ["clip_ratio_c", "kl_target", "lora"], \
+        "the controller's settings are the whole config (unset when off: lora, a section; clip_ratio_c, kl_target)"
     wire = message.SerializeToString()
     config = config_from_proto(trainer_pb2.TrainerConfig.FromString(wire))
     assert {name: getattr(config, name) for name in ZEROS} == {**ZEROS, "total_steps": 3}

@@ -102,3 +102,25 @@ def test_each_loss_mode_trains_the_demo_model_for_two_steps(case: str, demo_samp
     elif config.warmup_steps == 0:
         assert learning_rates[0] == 1e-3 and learning_rates[1] == pytest.approx(1e-3 * (
             config.min_lr_ratio + (1 - config.min_lr_ratio) * 0.5)), "half way to the floor at step 2 of 2"
+
+
+@pytest.mark.slow
+def test_the_adaptive_kl_coefficient_moves_toward_its_target_and_survives_a_checkpoint(
+        demo_samples: list[TrainSample], tmp_path: Path) -> None:
+    from everstep_trainer.step.losses import adaptive_kl_coef
+
+    config = TrainerConfig(learning_rate=1e-3, kl_coef=0.2, kl_target=1.0, kl_horizon=8, seed=0)
+    trainer = PolicyTrainer(DEMO_MODEL, config, device="cpu")
+    _, first = trainer.train_step(demo_samples)
+    # step 1 starts at the reference: KL 0, far below the target, so the coefficient shrinks by the most it may
+    assert (first.kl_coef, first.reference_kl) == (0.2, pytest.approx(0.0, abs=1e-6))
+    assert trainer.kl_coef == pytest.approx(adaptive_kl_coef(0.2, first.reference_kl, target=1.0, horizon=8,
+                                                             num_samples=len(demo_samples))) == pytest.approx(0.16)
+    trainer.save_checkpoint(tmp_path / "ckpt")
+    _, second = trainer.train_step(demo_samples)
+    assert second.kl_coef == pytest.approx(0.16) and second.reference_kl > 0
+    resumed, _ = PolicyTrainer.resume(tmp_path / "ckpt", device="cpu")
+    assert resumed.kl_coef == pytest.approx(0.16)
+    _, resumed_second = resumed.train_step(demo_samples)
+    assert resumed_second.loss == pytest.approx(second.loss, rel=1e-6)
+    assert resumed.kl_coef == pytest.approx(trainer.kl_coef)

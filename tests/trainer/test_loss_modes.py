@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from everstep.settings.training import Aggregation, Correction, CorrectionLevel, LossMode, LossSettings
-from everstep_trainer.step.losses import POLICY_LOSSES, get_policy_loss, kl_divergence, policy_loss
+from everstep_trainer.step.losses import POLICY_LOSSES, adaptive_kl_coef, get_policy_loss, kl_divergence, policy_loss
 
 LENGTHS = [4, 2, 3]
 MAX_NEW_TOKENS = 6
@@ -262,3 +262,12 @@ def test_dual_clip_with_a_mode_it_does_not_apply_to_is_refused_naming_the_fields
         LossSettings(mode="cispo", clip_ratio_c=3.0)
     with pytest.raises(ValueError, match="clip_ratio_c"):
         LossSettings(clip_ratio_c=1.0)  # must exceed 1
+
+
+@pytest.mark.parametrize(("kl", "expected_error"), [(0.05, -0.2), (0.09, -0.1), (0.1, 0.0), (0.11, 0.1), (1.0, 0.2)])
+def test_adaptive_kl_coefficient_follows_ziegler_et_al(kl: float, expected_error: float) -> None:
+    """beta <- beta (1 + K e), e = clip(KL / target - 1, -0.2, 0.2), K = samples / horizon (capped at 1)."""
+    assert adaptive_kl_coef(0.5, kl, target=0.1, horizon=1000, num_samples=64) == pytest.approx(
+        0.5 * (1 + expected_error * 64 / 1000))
+    assert adaptive_kl_coef(0.5, kl, target=0.1, horizon=10, num_samples=64) == pytest.approx(
+        0.5 * (1 + expected_error)), "a horizon shorter than the batch applies the full correction, no more"

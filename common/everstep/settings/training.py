@@ -428,6 +428,14 @@ class TrainerSettings(Section):
     kl_coef: float = Field(default=0.0, ge=0, allow_inf_nan=False,
                            description="KL penalty to the initial policy in the loss (0: off; the reference model is "
                                        "loaded only when > 0).")
+    kl_target: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False,
+        description="Adaptive KL coefficient (Ziegler et al., 2019; verl's kl_ctrl type adaptive): kl_coef is the "
+                    "first step's, and after each step it is multiplied by 1 + clip(KL / kl_target - 1, -0.2, 0.2) "
+                    "* samples / kl_horizon, KL being the step's mean kl_estimator value. null: fixed kl_coef.",
+    )
+    kl_horizon: int = Field(default=10000, ge=1,
+                            description="Adaptive KL: samples over which the coefficient's correction applies in full.")
     kl_estimator: KlEstimator = Field(
         default=KlEstimator.k3,
         description="The KL penalty's per-token estimator, with d = log pi_ref - log pi_theta: 'k1' (-d), 'k2' "
@@ -450,6 +458,12 @@ class TrainerSettings(Section):
         if self.kl_estimator != KlEstimator.k3 and self.kl_coef == 0:
             raise ValueError(f"kl_estimator: applies only with kl_coef > 0 (kl_coef is 0: no KL term) "
                              f"(got {self.kl_estimator.value})")
+        if self.kl_target is not None and self.kl_coef == 0:
+            raise ValueError(f"kl_target: adapts kl_coef, which is 0 (no KL term); set kl_coef > 0 as its first "
+                             f"value (got {self.kl_target})")
+        if self.kl_horizon != TrainerSettings.model_fields["kl_horizon"].default and self.kl_target is None:
+            raise ValueError(f"kl_horizon: applies only with kl_target (the adaptive coefficient) "
+                             f"(got {self.kl_horizon})")
         if self.min_lr_ratio != 0 and self.lr_schedule == LrSchedule.constant:
             raise ValueError(f"min_lr_ratio: applies to lr_schedule linear or cosine, not constant "
                              f"(got {self.min_lr_ratio})")

@@ -12,7 +12,7 @@ from everstep_trainer.step.losses.correction import (
     mismatch_weight,
     staleness_masks,
 )
-from everstep_trainer.step.losses.kl import k3_divergence, kl_divergence
+from everstep_trainer.step.losses.kl import adaptive_kl_coef, k3_divergence, kl_divergence
 from everstep_trainer.step.losses.policy import PolicyLossStats, loss_settings, policy_loss, token_policy_loss
 from everstep_trainer.step.losses.registry import POLICY_LOSSES, get_policy_loss
 
@@ -23,6 +23,7 @@ __all__ = [
     "PolicyLossFunction",
     "PolicyLossStats",
     "TokenPolicyLoss",
+    "adaptive_kl_coef",
     "aggregate_token_loss",
     "get_policy_loss",
     "k3_divergence",

@@ -9,9 +9,10 @@ from torch import Tensor
 
 from everstep.settings.training import KlEstimator
 
-__all__ = ["k3_divergence", "kl_divergence"]
+__all__ = ["adaptive_kl_coef", "k3_divergence", "kl_divergence"]
 
 _LOW_VAR_KL_BOUND = 10.0
+_MAX_PROPORTIONAL_ERROR = 0.2
 
 
 def k3_divergence(log_ratio: Tensor, *, max_log_ratio: float | None = None) -> Tensor:
@@ -37,3 +38,13 @@ def kl_divergence(log_ratio: Tensor, estimator: str, *, max_log_ratio: float | N
     if estimator == "low_var_kl":
         return k3_divergence(log_ratio, max_log_ratio=max_log_ratio).clamp(-_LOW_VAR_KL_BOUND, _LOW_VAR_KL_BOUND)
     raise ValueError(f"kl_estimator: must be one of {[e.value for e in KlEstimator]}, got {estimator!r}")
+
+
+def adaptive_kl_coef(kl_coef: float, kl: float, *, target: float, horizon: int, num_samples: int) -> float:
+    """The next step's KL coefficient (Ziegler et al., Fine-Tuning Language Models from Human Preferences, 2019;
+    verl's `AdaptiveKLController`): e = clip(kl / target - 1, -0.2, 0.2), kl_coef * (1 + e * num_samples /
+    horizon). Above the target the penalty grows, below it shrinks, by at most 20% per horizon of samples.
+    num_samples / horizon is capped at 1 (verl's is not), so that a horizon shorter than a batch cannot turn the
+    coefficient negative."""
+    error = min(max(kl / target - 1.0, -_MAX_PROPORTIONAL_ERROR), _MAX_PROPORTIONAL_ERROR)
+    return kl_coef * (1.0 + error * min(1.0, num_samples / horizon))
