@@ -165,7 +165,7 @@ def run_one(arm: Arm, seed: int, settings: Settings, prompts: list[tuple[str, st
                    for i, r in enumerate(results)]
         samples = []
         for first in range(0, len(results), settings.group_size):
-            advantages = grpo_advantages(rewards[first:first + settings.group_size], normalize_std=True)
+            advantages = grpo_advantages([rewards[first:first + settings.group_size]], normalize_std=True)[0]
             samples += [TrainSample(r.prompt_ids, r.output_ids, r.output_logprobs, a, output_versions=r.output_versions,
                                     routed_experts=r.routed_experts if arm.routes else b"")
                         for r, a in zip(results[first:first + settings.group_size], advantages, strict=True)]

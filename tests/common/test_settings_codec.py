@@ -37,6 +37,10 @@ def _not_default(model: type[BaseModel], name: str) -> Any:
         return default * 0.5 if default else 0.25
     if isinstance(default, list):
         return ["</answer>", "\n\n"]
+    if name == "clip_ratio_c":
+        return 3.0
+    if name == "kl_target":
+        return 0.1
     if name == "lora":
         return LoraSettings(rank=4, alpha=8.0, dropout=0.1, target_modules=["q_proj", "mlp.down_proj"])
     raise AssertionError(f"{model.__name__}.{name}: no test value for {annotation!r}; add one here")
@@ -47,6 +51,7 @@ def _everything_changed(model: type[BaseModel], names: list[str]) -> dict[str, A
     if model is TrainerConfig:
         values["total_steps"] = values["warmup_steps"] + 10
         values["alpha"], values["beta"] = 0.25, 4.0
+        values["lr_schedule"] = "linear"  # min_lr_ratio, changed too, does not apply to constant
     if model is SamplingSettings:
         values["top_p"] = 0.5
     if model is LoraSettings:

@@ -255,3 +255,37 @@ def test_lora_target_modules_are_checked_against_the_models_weights(client: Test
                                               "trainer": {"lora": {"rank": 4, "alpha": 8, "target_modules": targets}}})
         assert taken.status_code == 201, taken.text
         assert taken.json()["spec"]["trainer"]["lora"]["target_modules"] == targets
+
+
+@pytest.mark.parametrize(
+    ("patch", "named"),
+    [
+        ({"algorithm": {"advantage": "dr_grpo", "normalize_std": True}}, ["normalize_std", "dr_grpo"]),
+        ({"algorithm": {"loss": {"mode": "cispo", "clip_ratio_c": 3.0}}}, ["clip_ratio_c", "cispo"]),
+        ({"algorithm": {"loss": {"clip_cov_ratio": 0.01}}}, ["loss.clip_cov_ratio", "clip_cov"]),
+        ({"algorithm": {"loss": {"mode": "gspo", "ppo_kl_coef": 0.5}}}, ["loss.ppo_kl_coef", "kl_cov"]),
+        ({"trainer": {"kl_estimator": "k2"}}, ["kl_estimator", "kl_coef"]),
+        ({"trainer": {"kl_target": 0.1}}, ["kl_target", "kl_coef"]),
+        ({"trainer": {"kl_coef": 0.1, "kl_horizon": 100}}, ["kl_horizon", "kl_target"]),
+        ({"trainer": {"lr_schedule": "constant", "min_lr_ratio": 0.1}}, ["min_lr_ratio", "constant"]),
+        ({"algorithm": {"advantage": "gae"}}, ["advantage", "rloo"]),
+    ],
+)
+def test_a_mode_that_cannot_combine_with_a_setting_is_a_422_naming_both(client: TestClient, patch: dict,
+                                                                         named: list[str]) -> None:
+    response = client.post("/v1/jobs", json={**SPEC, **patch})
+    assert response.status_code == 422, response.text
+    assert all(name in response.text for name in named), response.text
+    assert client.get("/v1/jobs").json() == [], "a rejected spec creates no job"
+
+
+def test_each_estimator_and_loss_mode_is_accepted_as_written(client: TestClient) -> None:
+    spec = {**SPEC, "algorithm": {"advantage": "reinforce_plus_plus_baseline",
+                                  "loss": {"mode": "kl_cov", "kl_cov_ratio": 0.01, "correction_level": "geometric",
+                                           "aggregation": "seq-mean-token-sum-norm"}},
+            "trainer": {"lr_schedule": "linear", "min_lr_ratio": 0.1, "kl_coef": 0.01, "kl_estimator": "low_var_kl"}}
+    created = client.post("/v1/jobs", json=spec)
+    assert created.status_code == 201, created.text
+    stored = created.json()["spec"]
+    assert stored["algorithm"]["advantage"] == "reinforce_plus_plus_baseline"
+    assert stored["algorithm"]["loss"]["kl_cov_ratio"] == 0.01 and stored["trainer"]["min_lr_ratio"] == 0.1

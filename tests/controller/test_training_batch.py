@@ -87,3 +87,23 @@ def test_routed_experts_reach_the_trainer_as_the_engine_recorded_them(scheduler:
     spec = JobSpec(model_path="/m", dataset={"train_path": "/d.jsonl"}, algorithm={"routing_replay": "rollout"})
     assert trainer_config(spec).routing_replay == trainer_config(spec).DESCRIPTOR.fields_by_name[
         "routing_replay"].enum_type.values_by_name["ROUTING_REPLAY_ROLLOUT"].number
+
+
+def test_the_named_estimator_sees_every_kept_group_at_once(scheduler: C3POScheduler) -> None:
+    """REINFORCE++ whitens over the whole batch: the all-equal group g1, kept, gets a nonzero advantage."""
+    scored = {"a": _scored(1.0), "b": _scored(0.0), "c": _scored(0.0)} | {s: _scored(1.0) for s in "efgh"}
+    batch = build_batch(["g0", "g1"], scheduler, scored, drop_zero_signal=False, normalize_std=False,
+                        advantage="reinforce_plus_plus").samples
+    rewards = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
+    mean, std = sum(rewards) / 7, (sum((r - sum(rewards) / 7) ** 2 for r in rewards) / 7) ** 0.5
+    assert [s.advantage for s in batch] == pytest.approx([(r - mean) / std for r in rewards], abs=1e-5)
+    rloo = build_batch(["g0"], scheduler, scored, drop_zero_signal=True, normalize_std=False, advantage="rloo")
+    assert [s.advantage for s in rloo.samples] == pytest.approx([1.0, -0.5, -0.5])
+
+
+def test_the_trainer_gets_the_loss_mode_schedule_and_max_new_tokens() -> None:
+    spec = JobSpec(model_path="/m", dataset={"train_path": "/d.jsonl"}, sampling={"max_new_tokens": 64},
+                   algorithm={"loss": {"mode": "gspo", "clip_ratio_c": 3.0}}, trainer={"lr_schedule": "linear"})
+    config = trainer_config(spec)
+    assert config.max_new_tokens == 64 and config.clip_ratio_c == 3.0
+    assert config.mode == config.DESCRIPTOR.fields_by_name["mode"].enum_type.values_by_name["LOSS_MODE_GSPO"].number

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -44,8 +45,9 @@ def test_the_controllers_settings_reach_the_trainer_as_written() -> None:
                    trainer={"warmup_steps": 0, "kl_coef": 0, "entropy_coef": 0, "weight_decay": 0})
     message = trainer_config(spec)
     assert [f.name for f in message.DESCRIPTOR.fields
-            if not (message.HasField(f.name) if f.has_presence else getattr(message, f.name))] == ["lora"], \
-        "the controller's settings are the whole config (lora: a section, unset when off)"
+            if not (message.HasField(f.name) if f.has_presence else getattr(message, f.name))] == \
+        ["clip_ratio_c", "kl_target", "lora"], \
+        "the controller's settings are the whole config (unset when off: lora, a section; clip_ratio_c, kl_target)"
     wire = message.SerializeToString()
     config = config_from_proto(trainer_pb2.TrainerConfig.FromString(wire))
     assert {name: getattr(config, name) for name in ZEROS} == {**ZEROS, "total_steps": 3}
@@ -84,7 +86,7 @@ def test_invalid_config_names_the_field(kwargs: dict, proto_kwargs: dict | None,
 
 
 def test_the_enums_name_every_correction_and_aggregation_of_the_spec_and_the_trainer() -> None:
-    for correction, aggregation in zip(Correction, [*Aggregation, Aggregation.token_mean], strict=True):
+    for correction, aggregation in itertools.product(Correction, Aggregation):
         spec = JobSpec(model_path="/m", dataset={"train_path": "/d.jsonl"},
                        algorithm={"loss": {"correction": correction, "aggregation": aggregation}})
         trained = config_from_proto(trainer_pb2.TrainerConfig.FromString(trainer_config(spec).SerializeToString()))
@@ -103,6 +105,34 @@ def test_learning_rate_warmup_then_constant_or_cosine() -> None:
     cosine = [learning_rate_at(s, learning_rate=1.0, warmup_steps=2, total_steps=6) for s in range(8)]
     assert cosine == pytest.approx([0.5, 1.0, 1.0, 0.5 * (1 + math.cos(math.pi / 4)), 0.5,
                                     0.5 * (1 + math.cos(3 * math.pi / 4)), 0.0, 0.0])
+
+
+@pytest.mark.parametrize("schedule", ["constant", "linear", "cosine"])
+@pytest.mark.parametrize("min_lr_ratio", [0.0, 0.1])
+def test_learning_rate_schedules_with_warmup_and_a_floor(schedule: str, min_lr_ratio: float) -> None:
+    """Warmup 2, decay over steps 2..6 (p = (s - 2) / 4) to min_lr_ratio * peak, held after."""
+    def reference(step: int) -> float:
+        if step < 2:
+            return 3.0 * (step + 1) / 2
+        p = min(1.0, (step - 2) / 4)
+        shape = {"constant": 1.0, "linear": 1.0 - p, "cosine": (1 + math.cos(math.pi * p)) / 2}[schedule]
+        floor = 0.0 if schedule == "constant" else min_lr_ratio
+        return 3.0 * (floor + (1 - floor) * shape)
+
+    got = [learning_rate_at(s, learning_rate=3.0, warmup_steps=2, total_steps=6, schedule=schedule,
+                            min_lr_ratio=min_lr_ratio) for s in range(9)]
+    assert got == pytest.approx([reference(s) for s in range(9)])
+    assert got[-1] == pytest.approx(3.0 if schedule == "constant" else 3.0 * min_lr_ratio)
+    with pytest.raises(ValueError, match="lr_schedule"):
+        learning_rate_at(0, learning_rate=1.0, schedule="step")
+
+
+def test_the_default_schedule_is_cosine_to_zero_as_before() -> None:
+    config = TrainerConfig()
+    assert (config.lr_schedule, config.min_lr_ratio) == ("cosine", 0.0)
+    assert [learning_rate_at(s, learning_rate=1.0, warmup_steps=2, total_steps=6, schedule=config.lr_schedule,
+                             min_lr_ratio=config.min_lr_ratio) for s in range(8)] == \
+        [learning_rate_at(s, learning_rate=1.0, warmup_steps=2, total_steps=6) for s in range(8)]
 
 
 def test_micro_batches_fit_the_token_budget_longest_first() -> None:

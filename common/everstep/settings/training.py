@@ -18,10 +18,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from everstep.settings.quantization import Quantization
 
 __all__ = [
+    "AdvantageEstimator",
     "Aggregation",
     "AlgorithmSettings",
     "Correction",
+    "CorrectionLevel",
     "Dtype",
+    "KlEstimator",
+    "LossMode",
+    "LrSchedule",
     "RoutingReplay",
     "LoraSettings",
     "LossSettings",
@@ -59,6 +64,77 @@ class Aggregation(StrEnum):
     """Mean over each sample's tokens, then over samples (the paper's)."""
     token_mean = "token-mean"
     """Mean over all tokens."""
+    seq_mean_token_sum = "seq-mean-token-sum"
+    """Sum over each sample's tokens, then mean over samples."""
+    seq_mean_token_sum_norm = "seq-mean-token-sum-norm"
+    """Sum over each sample's tokens, mean over samples, divided by the constant sampling.max_new_tokens
+    (Dr. GRPO's constant divisor)."""
+
+
+class CorrectionLevel(StrEnum):
+    """What the mismatch correction's ratio k = pi_train(theta_old)/pi_infer is taken over."""
+
+    token = "token"
+    """Each token's own k."""
+    sequence = "sequence"
+    """The sample's product of its tokens' k (one weight, or one IcePop mask, per sample)."""
+    geometric = "geometric"
+    """The geometric mean of the sample's tokens' k (one weight, or one IcePop mask, per sample)."""
+
+
+class LossMode(StrEnum):
+    """The policy-gradient loss (`everstep_trainer.step.losses`, one module each)."""
+
+    ppo = "ppo"
+    """PPO's clipped token-level ratio (Schulman et al., 2017)."""
+    gspo = "gspo"
+    """GSPO: one clipped ratio per sample, the geometric mean of its tokens' ratios (Zheng et al., 2025)."""
+    cispo = "cispo"
+    """CISPO: REINFORCE weighted by the clipped, stop-gradient token ratio (MiniMax-M1, 2025)."""
+    clip_cov = "clip_cov"
+    """Clip-Cov: PPO that detaches a random few tokens of high covariance of logp and advantage (Cui et al.,
+    2025)."""
+    kl_cov = "kl_cov"
+    """KL-Cov: the unclipped ratio plus a KL penalty on the tokens of highest covariance (Cui et al., 2025)."""
+
+
+class KlEstimator(StrEnum):
+    """Estimator of KL(pi_theta || pi_ref) per token, with d = log pi_ref - log pi_theta (Schulman, 2020)."""
+
+    k1 = "k1"
+    """-d."""
+    k2 = "k2"
+    """d^2 / 2."""
+    k3 = "k3"
+    """exp(d) - 1 - d."""
+    low_var_kl = "low_var_kl"
+    """k3 clamped to [-10, 10] (verl's low_var_kl)."""
+
+
+class LrSchedule(StrEnum):
+    """How the learning rate goes from its peak (after warmup) to learning_rate * min_lr_ratio at total_steps."""
+
+    constant = "constant"
+    """The peak throughout (min_lr_ratio does not apply)."""
+    linear = "linear"
+    """A straight line down."""
+    cosine = "cosine"
+    """Half a cosine down."""
+
+
+class AdvantageEstimator(StrEnum):
+    """The controller's advantage estimators (`everstep_controller.algo.advantages`, one module each)."""
+
+    grpo = "grpo"
+    """(R - group mean) / group std (std when normalize_std) (Shao et al., 2024)."""
+    dr_grpo = "dr_grpo"
+    """R - group mean, never divided by the std (Liu et al., 2025)."""
+    rloo = "rloo"
+    """R - mean of the group's other members (Ahmadian et al., 2024)."""
+    reinforce_plus_plus = "reinforce_plus_plus"
+    """R whitened over the whole batch (Hu, 2025)."""
+    reinforce_plus_plus_baseline = "reinforce_plus_plus_baseline"
+    """R - group mean, then whitened over the whole batch (Hu, 2025)."""
 
 
 class Dtype(StrEnum):
@@ -86,6 +162,11 @@ class SchedulerMode(StrEnum):
     """The synchronous baseline: one batch of prompts per step, every rollout finished."""
 
 
+_MODE_FIELDS = {LossMode.clip_cov: ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub"),
+                LossMode.kl_cov: ("kl_cov_ratio", "ppo_kl_coef")}
+"""The loss settings that one mode alone reads."""
+
+
 class LossSettings(Section):
     """Options of `everstep_trainer.step.losses.policy_loss`."""
 
@@ -97,11 +178,45 @@ class LossSettings(Section):
     clip_low: float = Field(default=0.2, ge=0, lt=1, allow_inf_nan=False, description="PPO epsilon below 1.")
     clip_high: float = Field(default=0.2, ge=0, allow_inf_nan=False, description="PPO epsilon above 1.")
     aggregation: Aggregation = Field(default=Aggregation.seq_mean_token_mean, description="Loss aggregation.")
+    mode: LossMode = Field(
+        default=LossMode.ppo,
+        description="Policy loss: 'ppo' (clipped token ratio), 'gspo' (clipped sequence ratio, the geometric mean of "
+                    "its tokens'; GSPO's paper uses clip_low 3e-4, clip_high 4e-4), 'cispo' (REINFORCE weighted by "
+                    "the token ratio clipped to [1 - clip_low, 1 + clip_high], stop-gradient), 'clip_cov' or "
+                    "'kl_cov' (Cui et al., 2025). Every correction and correction_level combines with every mode.",
+    )
+    clip_ratio_c: float | None = Field(
+        default=None, gt=1, allow_inf_nan=False,
+        description="Dual clip (Ye et al., 2020): a token (gspo: a sample) with a negative advantage loses at most "
+                    "clip_ratio_c * |A| (verl's clip_ratio_c, 3.0 there). Modes ppo and gspo only. null: off.",
+    )
+    correction_level: CorrectionLevel = Field(
+        default=CorrectionLevel.token,
+        description="What the correction's k is taken over: 'token' (each token's own), 'sequence' (the product over "
+                    "the sample's tokens) or 'geometric' (their geometric mean); at the last two, IcePop masks and "
+                    "TIS caps whole samples.",
+    )
+    clip_cov_ratio: float = Field(default=2e-4, gt=0, le=1, allow_inf_nan=False,
+                                  description="clip_cov: fraction of the tokens detached.")
+    clip_cov_lb: float = Field(default=1.0, allow_inf_nan=False,
+                               description="clip_cov: lower bound of the covariance of the tokens it may detach.")
+    clip_cov_ub: float = Field(default=5.0, allow_inf_nan=False,
+                               description="clip_cov: upper bound of the covariance of the tokens it may detach.")
+    kl_cov_ratio: float = Field(default=2e-4, gt=0, le=1, allow_inf_nan=False,
+                                description="kl_cov: fraction of the tokens (highest covariance) penalised.")
+    ppo_kl_coef: float = Field(default=1.0, ge=0, allow_inf_nan=False,
+                               description="kl_cov: coefficient of the penalty |logp - old_logp| on those tokens.")
 
     @model_validator(mode="after")
     def _bounds_ordered(self) -> LossSettings:
         if self.alpha > self.beta:
             raise ValueError(f"beta: must not be below alpha ({self.alpha}) (got {self.beta})")
+        if self.clip_cov_lb > self.clip_cov_ub:
+            raise ValueError(f"clip_cov_ub: must not be below clip_cov_lb ({self.clip_cov_lb}) "
+                             f"(got {self.clip_cov_ub})")
+        if self.clip_ratio_c is not None and self.mode not in (LossMode.ppo, LossMode.gspo):
+            raise ValueError(f"clip_ratio_c: dual clip applies to mode ppo or gspo, not {self.mode.value} "
+                             "(set clip_ratio_c: null or change mode)")
         return self
 
 
@@ -121,7 +236,16 @@ class AlgorithmSettings(_RoutingReplaySetting):
     """GRPO with a corrected policy loss."""
 
     group_size: int = Field(default=8, ge=2, description="Samples per prompt (G).")
-    normalize_std: bool = Field(default=True, description="Divide advantages by the group's reward std.")
+    advantage: AdvantageEstimator = Field(
+        default=AdvantageEstimator.grpo,
+        description="Advantage estimator: 'grpo' ((R - group mean) / group std), 'dr_grpo' (R - group mean), 'rloo' "
+                    "(R - mean of the group's others), 'reinforce_plus_plus' (R whitened over the batch) or "
+                    "'reinforce_plus_plus_baseline' (R - group mean, whitened over the batch).",
+    )
+    normalize_std: bool | None = Field(
+        default=None,
+        description="Divide advantages by the group's reward std (advantage grpo only; null: true). Refused with any "
+                    "other estimator, each of which fixes its own scaling.")
     drop_zero_signal_groups: bool = Field(
         default=True, description="Leave out of training groups whose rewards are all equal (zero advantage)."
     )
@@ -145,6 +269,26 @@ class AlgorithmSettings(_RoutingReplaySetting):
                     "num_samples_truncated_masked).",
     )
     loss: LossSettings = Field(default_factory=LossSettings)
+
+    @model_validator(mode="after")
+    def _set_fields_apply(self) -> AlgorithmSettings:
+        """A setting the estimator or loss mode would ignore is refused (checked on the job's sections, not on the
+        trainer's `TrainerConfig`)."""
+        if self.normalize_std is not None and self.advantage != AdvantageEstimator.grpo:
+            raise ValueError(f"normalize_std: applies to advantage grpo only; {self.advantage.value} fixes its own "
+                             "scaling (leave normalize_std out, or set advantage: grpo)")
+        loss = self.loss
+        for mode, fields in _MODE_FIELDS.items():
+            changed = [name for name in fields if getattr(loss, name) != LossSettings.model_fields[name].default]
+            if changed and loss.mode != mode:
+                raise ValueError(f"loss.{changed[0]}: applies to loss.mode {mode.value} only (mode is "
+                                 f"{loss.mode.value}; leave it at its default or set mode: {mode.value})")
+        return self
+
+    @property
+    def normalize_group_std(self) -> bool:
+        """Whether grpo divides by the group's std: normalize_std, true when unset."""
+        return self.normalize_std is not False
 
 
 class _Temperature(Section):
@@ -268,6 +412,14 @@ class TrainerSettings(Section):
     max_grad_norm: float = Field(default=1.0, gt=0, allow_inf_nan=False,
                                  description="Global gradient-norm clip applied before every optimizer step.")
     warmup_steps: int = Field(default=0, ge=0, description="Linear learning-rate warmup steps.")
+    lr_schedule: LrSchedule = Field(
+        default=LrSchedule.cosine,
+        description="After warmup: 'constant', 'linear' or 'cosine' from learning_rate down to "
+                    "learning_rate * min_lr_ratio at the job's last step.",
+    )
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1, allow_inf_nan=False,
+                                description="The schedule's final learning rate as a fraction of learning_rate "
+                                            "(linear and cosine).")
     micro_batch_tokens: int = Field(
         default=16384, ge=1,
         description="Token budget (padded samples x length) of one forward/backward micro-batch (accumulated).",
@@ -295,8 +447,21 @@ class TrainerSettings(Section):
         description="Optimizer steps per epoch; the batch is split into this many minibatches of samples.",
     )
     kl_coef: float = Field(default=0.0, ge=0, allow_inf_nan=False,
-                           description="k3 KL penalty to the initial policy (0: off; the reference model is loaded "
-                                       "only when > 0).")
+                           description="KL penalty to the initial policy in the loss (0: off; the reference model is "
+                                       "loaded only when > 0).")
+    kl_target: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False,
+        description="Adaptive KL coefficient (Ziegler et al., 2019; verl's kl_ctrl type adaptive): kl_coef is the "
+                    "first step's, and after each step it is multiplied by 1 + clip(KL / kl_target - 1, -0.2, 0.2) "
+                    "* samples / kl_horizon, KL being the step's mean kl_estimator value. null: fixed kl_coef.",
+    )
+    kl_horizon: int = Field(default=10000, ge=1,
+                            description="Adaptive KL: samples over which the coefficient's correction applies in full.")
+    kl_estimator: KlEstimator = Field(
+        default=KlEstimator.k3,
+        description="The KL penalty's per-token estimator, with d = log pi_ref - log pi_theta: 'k1' (-d), 'k2' "
+                    "(d^2 / 2), 'k3' (exp(d) - 1 - d) or 'low_var_kl' (k3 clamped to [-10, 10]).",
+    )
     entropy_coef: float = Field(default=0.0, ge=0, allow_inf_nan=False,
                                 description="Entropy bonus coefficient (0: off).")
     lora: LoraSettings | None = Field(
@@ -307,6 +472,23 @@ class TrainerSettings(Section):
                     "fine-tuning.",
     )
 
+
+    @model_validator(mode="after")
+    def _set_fields_apply(self) -> TrainerSettings:
+        """A setting changed from its default that the other settings make the trainer ignore is refused."""
+        if self.kl_estimator != KlEstimator.k3 and self.kl_coef == 0:
+            raise ValueError(f"kl_estimator: applies only with kl_coef > 0 (kl_coef is 0: no KL term) "
+                             f"(got {self.kl_estimator.value})")
+        if self.kl_target is not None and self.kl_coef == 0:
+            raise ValueError(f"kl_target: adapts kl_coef, which is 0 (no KL term); set kl_coef > 0 as its first "
+                             f"value (got {self.kl_target})")
+        if self.kl_horizon != TrainerSettings.model_fields["kl_horizon"].default and self.kl_target is None:
+            raise ValueError(f"kl_horizon: applies only with kl_target (the adaptive coefficient) "
+                             f"(got {self.kl_horizon})")
+        if self.min_lr_ratio != 0 and self.lr_schedule == LrSchedule.constant:
+            raise ValueError(f"min_lr_ratio: applies to lr_schedule linear or cosine, not constant "
+                             f"(got {self.min_lr_ratio})")
+        return self
 
     @model_validator(mode="after")
     def _shared_prompts_are_packed(self) -> TrainerSettings:
@@ -327,8 +509,10 @@ class TrainerConfig(TrainerSettings, LossSettings, _Temperature, _RoutingReplayS
                                      "stay float32 (with trainer.lora on CUDA the frozen base weights are "
                                      "held in bfloat16, the adapters in float32).")
     total_steps: int = Field(default=0, ge=0,
-                             description="Train steps of the schedule: > 0 gives cosine decay to 0 after warmup; 0 "
-                                         "keeps the learning rate constant.")
+                             description="Train steps of the schedule: > 0 gives lr_schedule's decay after warmup; "
+                                         "0 keeps the learning rate constant.")
+    max_new_tokens: int = Field(default=256, ge=1,
+                                description="The job's sampling.max_new_tokens: seq-mean-token-sum-norm's divisor.")
 
     @model_validator(mode="after")
     def _schedule_longer_than_warmup(self) -> TrainerConfig:
@@ -339,11 +523,12 @@ class TrainerConfig(TrainerSettings, LossSettings, _Temperature, _RoutingReplayS
 
     @classmethod
     def compose(cls, *, trainer: TrainerSettings, algorithm: AlgorithmSettings, temperature: float, seed: int,
-                total_steps: int, dtype: Dtype = Dtype.float32) -> TrainerConfig:
+                total_steps: int, dtype: Dtype = Dtype.float32, max_new_tokens: int = 256) -> TrainerConfig:
         """The trainer's config from the job's sections: every field of `trainer` and `algorithm.loss`, and
         `algorithm.routing_replay`, as given."""
         return cls(**trainer.model_dump(), **algorithm.loss.model_dump(), temperature=temperature, seed=seed,
-                   total_steps=total_steps, dtype=dtype, routing_replay=algorithm.routing_replay)
+                   total_steps=total_steps, dtype=dtype, routing_replay=algorithm.routing_replay,
+                   max_new_tokens=max_new_tokens)
 
 
 def describe_validation_error(error: ValidationError, prefix: str = "") -> str:

@@ -1,4 +1,4 @@
-"""What the trainer gets: its options, and a step's batch of samples with GRPO advantages."""
+"""What the trainer gets: its options, and a step's batch of samples with their advantages."""
 
 from __future__ import annotations
 
@@ -13,15 +13,13 @@ from everstep_controller.algo.advantages import get_advantage_estimator
 from everstep_controller.data.reward_errors import ErrorClass, RewardFailed, describe
 from everstep_controller.store.progress_store import ScoredSample
 
-ADVANTAGE_ESTIMATOR = "grpo"
-"""The estimator in `algo.advantages` that every batch uses (the only one registered so far)."""
-
 
 def trainer_config(spec: JobSpec, start_step: int = 0) -> trainer_pb2.TrainerConfig:
     """The trainer's options; a trainer restarted at `start_step` gets the schedule of the remaining steps."""
     trainer = spec.trainer.model_copy(update={"warmup_steps": max(0, spec.trainer.warmup_steps - start_step)})
     config = TrainerConfig.compose(trainer=trainer, algorithm=spec.algorithm, temperature=spec.sampling.temperature,
-                                   seed=spec.seed, total_steps=max(0, spec.steps - start_step))
+                                   seed=spec.seed, total_steps=max(0, spec.steps - start_step),
+                                   max_new_tokens=spec.sampling.max_new_tokens)
     return TRAINER_CONFIG.to_proto(config)
 
 
@@ -38,7 +36,7 @@ class GroupMembers(Protocol):
 
 @dataclass
 class TrainingBatch:
-    """A step's batch for the trainer: its samples with GRPO advantages, and the groups left out of it."""
+    """A step's batch for the trainer: its samples with their advantages, and the groups left out of it."""
 
     samples: list[trainer_pb2.TrainSample] = field(default_factory=list)
     num_zero_signal: int = 0  # groups left out because all their rewards were equal
@@ -50,17 +48,20 @@ class TrainingBatch:
 
 
 def build_batch(group_ids: list[str], scheduler: GroupMembers, scored: dict[str, ScoredSample], *,
-                drop_zero_signal: bool, normalize_std: bool, mask_truncated: bool = False) -> TrainingBatch:
+                drop_zero_signal: bool, normalize_std: bool, advantage: str = "grpo",
+                mask_truncated: bool = False) -> TrainingBatch:
     """The train samples of the groups' surviving members, and the groups left out.
 
     Advantages are computed over each group's surviving (finished) members only; purged members
     are left out. No sample is trained without its reward: a group with a member whose row could
     not be scored is left out whole (its advantages would be made up), and any other failed
-    reward raises `RewardFailed` with its cause (see `reward_errors`). `mask_truncated`: a member cut at
-    max_new_tokens (finish reason length) counts in its group's advantages but is not trained on.
+    reward raises `RewardFailed` with its cause (see `reward_errors`). `advantage`: the estimator's name in
+    `algo.advantages`, given every kept group at once (REINFORCE++ normalizes over the batch). `mask_truncated`: a
+    member cut at max_new_tokens (finish reason length) counts in its group's advantages but is not trained on.
     """
-    estimate_advantages = get_advantage_estimator(ADVANTAGE_ESTIMATOR)
+    estimate_advantages = get_advantage_estimator(advantage)
     batch = TrainingBatch()
+    kept: list[tuple[list[str], list[ScoredSample]]] = []
     for group_id in group_ids:
         sample_ids = scheduler.surviving_samples(group_id)
         members = [scored[s] for s in sample_ids]
@@ -74,20 +75,22 @@ def build_batch(group_ids: list[str], scheduler: GroupMembers, scored: dict[str,
         if bad_rows:
             batch.unscorable[group_id] = bad_rows
             continue
-        rewards = [m.reward for m in members]
         if drop_zero_signal and not has_signal(members):
             batch.num_zero_signal += 1
             continue
-        advantages = estimate_advantages(rewards, normalize_std=normalize_std)
-        for sample_id, member, advantage in zip(sample_ids, members, advantages, strict=True):
+        kept.append((sample_ids, members))
+    advantages = estimate_advantages([[m.reward for m in members] for _, members in kept],
+                                     normalize_std=normalize_std)
+    for (sample_ids, members), group_advantages in zip(kept, advantages, strict=True):
+        for sample_id, member, sample_advantage in zip(sample_ids, members, group_advantages, strict=True):
             seq = member.proto()
             if mask_truncated and seq.finish_reason == common_pb2.FINISH_REASON_LENGTH:
                 batch.num_truncated_masked += 1
                 continue
-            batch.trained_advantages[sample_id] = advantage
+            batch.trained_advantages[sample_id] = sample_advantage
             batch.samples.append(trainer_pb2.TrainSample(
                 prompt_ids=seq.prompt_ids, output_ids=seq.output_ids, rollout_logprobs=seq.output_logprobs,
-                output_versions=seq.output_versions, advantage=advantage, reward=member.reward,
+                output_versions=seq.output_versions, advantage=sample_advantage, reward=member.reward,
                 routed_experts=seq.routed_experts, output_tool_mask=seq.output_tool_mask,
             ))
     return batch

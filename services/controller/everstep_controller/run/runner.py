@@ -1,4 +1,4 @@
-"""Runs one RL job: C3PO++ rollouts -> rewards -> GRPO advantages -> train step -> weight push.
+"""Runs one RL job: C3PO++ rollouts -> rewards -> advantages -> train step -> weight push.
 
 The runner drives the job's steps and owns its workers; the parts are their own modules:
 - `scheduler` (pure bookkeeping) decides what to start, when an iteration ends, what carries over
@@ -340,7 +340,8 @@ class JobRunner:
 
         batch = build_batch(end.outcome.trainable_groups, end, scored,
                             drop_zero_signal=self.spec.algorithm.drop_zero_signal_groups,
-                            normalize_std=self.spec.algorithm.normalize_std,
+                            normalize_std=self.spec.algorithm.normalize_group_std,
+                            advantage=self.spec.algorithm.advantage,
                             mask_truncated=self.spec.algorithm.mask_truncated_completions)
         rows = {g: end.prompt_indices[g] for g in batch.unscorable}
         record_changes = {"dataset": self.unscorable.report} if self.unscorable.note(batch.unscorable, rows) else {}

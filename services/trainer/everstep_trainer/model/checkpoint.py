@@ -64,6 +64,8 @@ class CheckpointMeta:
     config: TrainerConfig
     base_model_path: str = ""
     """LoRA checkpoints: the frozen base model the adapters apply to ("" for full weights)."""
+    kl_coef: float | None = None
+    """The KL coefficient of the next step, as adapted (config.kl_target); None: config.kl_coef."""
 
     def to_json(self) -> str:
         body = {**dataclasses.asdict(self), "config": self.config.model_dump(mode="json")}

@@ -78,11 +78,13 @@ def plan_micro_batches(batch: PaddedBatch, indices: Sequence[int], config: Train
     return micro
 
 
-def minibatch_normalizer(num_outputs: Sequence[int], aggregation: str) -> int:
+def minibatch_normalizer(num_outputs: Sequence[int], aggregation: str, *, max_new_tokens: int = 1) -> int:
     """`losses.loss_normalizer` of a whole minibatch from its samples' output lengths (every sample has
-    >= 1 output token, see `validate_samples`): samples, or output tokens."""
-    if aggregation == "seq-mean-token-mean":
+    >= 1 output token, see `validate_samples`): samples, output tokens, or samples * max_new_tokens."""
+    if aggregation in ("seq-mean-token-mean", "seq-mean-token-sum"):
         return len(num_outputs)
     if aggregation == "token-mean":
         return sum(num_outputs)
+    if aggregation == "seq-mean-token-sum-norm":
+        return len(num_outputs) * max_new_tokens
     raise ValueError(f"aggregation: must be one of {[a.value for a in Aggregation]}, got {aggregation!r}")

@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from everstep.settings.training import LrSchedule
 from everstep_trainer.model.distributed import to_local_scalar
 
 __all__ = ["build_adamw", "learning_rate_at", "optimizer_step", "set_learning_rate"]
@@ -24,20 +25,26 @@ def build_adamw(model: torch.nn.Module, *, learning_rate: float, weight_decay: f
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=learning_rate)
 
 
-def learning_rate_at(step: int, *, learning_rate: float, warmup_steps: int = 0, total_steps: int = 0) -> float:
+def learning_rate_at(step: int, *, learning_rate: float, warmup_steps: int = 0, total_steps: int = 0,
+                     schedule: str = "cosine", min_lr_ratio: float = 0.0) -> float:
     """Learning rate of the 0-based train step `step`.
 
-    Linear warmup: step s < warmup_steps uses learning_rate * (s + 1) / warmup_steps. Afterwards
-    constant when total_steps == 0, else cosine decay reaching 0 at step total_steps (and staying 0).
+    Linear warmup: step s < warmup_steps uses learning_rate * (s + 1) / warmup_steps. Afterwards constant when
+    total_steps == 0 or `schedule` is constant; else, with progress p = (s - warmup_steps) / (total_steps -
+    warmup_steps) capped at 1 and floor m = min_lr_ratio, learning_rate * (m + (1 - m) * f(p)) with f(p) = 1 - p
+    (linear) or (1 + cos(pi p)) / 2 (cosine): the floor is reached at step total_steps and kept.
     """
     if step < 0:
         raise ValueError(f"step: must be >= 0, got {step}")
+    if schedule not in tuple(LrSchedule):
+        raise ValueError(f"lr_schedule: must be one of {[s.value for s in LrSchedule]}, got {schedule!r}")
     if step < warmup_steps:
         return learning_rate * (step + 1) / warmup_steps
-    if total_steps <= 0:
+    if total_steps <= 0 or schedule == LrSchedule.constant:
         return learning_rate
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-    return learning_rate * 0.5 * (1.0 + math.cos(math.pi * progress))
+    decay = 1.0 - progress if schedule == LrSchedule.linear else 0.5 * (1.0 + math.cos(math.pi * progress))
+    return learning_rate * (min_lr_ratio + (1.0 - min_lr_ratio) * decay)
 
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, learning_rate: float) -> None:

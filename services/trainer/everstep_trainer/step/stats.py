@@ -58,6 +58,11 @@ class TrainStats:
     `PaddedBatch.flat_stale_routes`)."""
     routing_disagreement_stale: float = 0.0
     """routing_disagreement over the positions whose route an older version computed (carried-over rollouts)."""
+    reference_kl: float = 0.0
+    """The KL penalty's mean per-token estimate (kl_estimator) over the trained tokens of every pass; 0.0 without
+    a KL reference."""
+    kl_coef: float = 0.0
+    """The KL coefficient the step used (with kl_target, adapted after every step)."""
 
 
 @dataclass
@@ -79,6 +84,8 @@ class PassSums:
     """Prompt and output tokens of the samples."""
     distinct_positions: int = 0
     """Computed positions that hold a real token (fewer than `real_positions` with shared prompts)."""
+    kl_sum: float = 0.0
+    """The trained tokens' KL penalty estimates (0 without a KL reference)."""
 
     def values(self) -> list[float]:
         """The fields in order (what an all-reduce sums); `PassSums(*values)` is the same sums."""
@@ -104,7 +111,7 @@ class RoutingSums:
 def train_stats(*, passes: PassSums, num_optimizer_steps: int, grad_norms: Sequence[float], mismatch: MismatchSums,
                 fresh: MismatchSums, stale: MismatchSums, routing: RoutingSums, learning_rate: float,
                 num_tokens: int, logp_seconds: float, forward_backward_seconds: float,
-                optimizer_seconds: float) -> TrainStats:
+                optimizer_seconds: float, kl_coef: float = 0.0) -> TrainStats:
     """The step's `TrainStats` from its sums over every rank: `passes` over every epoch's passes, `mismatch`
     (and its `fresh` and `stale` shares) over the batch at theta_old; `num_tokens`: the batch's output tokens."""
     diagnostics, fresh_diagnostics, stale_diagnostics = (s.diagnostics() for s in (mismatch, fresh, stale))
@@ -133,6 +140,8 @@ def train_stats(*, passes: PassSums, num_optimizer_steps: int, grad_norms: Seque
         num_tokens_stale=stale.num_valid,
         padding_fraction=1.0 - distinct / computed if computed else 0.0,
         shared_prompt_fraction=1.0 - distinct / real if real else 0.0,
+        reference_kl=passes.kl_sum / max(passes.num_tokens, 1),
+        kl_coef=kl_coef,
         routing_disagreement=routing.differing / routing.routed if routing.routed else 0.0,
         routing_disagreement_fresh=(routing.differing - routing.differing_stale) / fresh_routed
         if fresh_routed > 0 else 0.0,

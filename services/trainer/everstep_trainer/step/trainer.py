@@ -1,5 +1,5 @@
 """The policy trainer: one `train_step` = recompute log-probs, PPO epochs over minibatches of the
-batch with the IcePop/TIS-corrected loss, one optimizer step per minibatch, version + 1.
+batch with the IcePop/TIS-corrected loss of `config.mode` (`losses`), one optimizer step per minibatch, version + 1.
 
 Gradient accumulation over token-budgeted micro-batches divides every micro-batch's loss by the
 normaliser of its whole minibatch (samples or tokens, per the aggregation), so the accumulated
@@ -83,8 +83,9 @@ from everstep_trainer.model.lora import (
 from everstep_trainer.model.routing import RouteCounts, check_replay_supported, replay_routes, route_spec
 from everstep_trainer.step.losses import (
     MismatchSums,
+    adaptive_kl_coef,
     aggregate_token_loss,
-    k3_divergence,
+    kl_divergence,
     mismatch_sums,
     staleness_masks,
     token_policy_loss,
@@ -172,6 +173,8 @@ class PolicyTrainer:
                                      weight_decay=config.weight_decay)
         self.version = version
         self.num_train_steps = 0
+        self.kl_coef = config.kl_coef
+        """The KL coefficient of the next step: config.kl_coef, adapted after every step with config.kl_target."""
         self._shuffle = torch.Generator().manual_seed(config.seed)
         pad = getattr(self.model.config, "pad_token_id", None)
         self.pad_token_id = pad if isinstance(pad, int) else 0
@@ -216,7 +219,8 @@ class PolicyTrainer:
             meta = CheckpointMeta(train_step=self.num_train_steps, version=self.version, data_position=data_position,
                                   world_size=self.ranks.world_size,
                                   reference_model_path=str(self.reference_model_dir.absolute()), config=self.config,
-                                  base_model_path=str(self.model_dir.absolute()) if lora else "")
+                                  base_model_path=str(self.model_dir.absolute()) if lora else "",
+                                  kl_coef=self.kl_coef if self.config.kl_target is not None else None)
 
             def write_model(directory: Path) -> None:
                 if lora:
@@ -261,6 +265,8 @@ class PolicyTrainer:
         load_full_optimizer_state_dict(trainer.model, trainer.optimizer, optimizer_state)
         rng.restore(trainer._shuffle)
         trainer.num_train_steps = meta.train_step
+        if meta.kl_coef is not None and config.kl_target is not None:
+            trainer.kl_coef = meta.kl_coef  # as adapted by the saved run's steps
         return trainer, meta
 
     # -- the train step ---------------------------------------------------------------------------------
@@ -281,7 +287,8 @@ class PolicyTrainer:
         cfg = self.config
         self.check_samples(samples)
         learning_rate = learning_rate_at(self.num_train_steps, learning_rate=cfg.learning_rate,
-                                         warmup_steps=cfg.warmup_steps, total_steps=cfg.total_steps)
+                                         warmup_steps=cfg.warmup_steps, total_steps=cfg.total_steps,
+                                         schedule=cfg.lr_schedule, min_lr_ratio=cfg.min_lr_ratio)
         set_learning_rate(self.optimizer, learning_rate)
         own_rows = assign_rows([s.num_tokens for s in samples], self.ranks)
         local_row = {row: i for i, row in enumerate(own_rows)}
@@ -307,7 +314,8 @@ class PolicyTrainer:
         grad_norms: list[float] = []
         for _ in range(cfg.ppo_epochs):
             for minibatch in shuffled_minibatches(len(samples), cfg.num_minibatches, self._shuffle):
-                normalizer = minibatch_normalizer([num_outputs[row] for row in minibatch], cfg.aggregation)
+                normalizer = minibatch_normalizer([num_outputs[row] for row in minibatch], cfg.aggregation,
+                                                  max_new_tokens=cfg.max_new_tokens)
                 local = [local_row[row] for row in minibatch if row in local_row]
                 start = self._now()
                 results.append(self._accumulate_gradients(batch, local, normalizer, old_logp, reference_logp))
@@ -318,8 +326,13 @@ class PolicyTrainer:
 
         self.num_train_steps += 1
         self.version += 1
+        passes = PassSums(*all_reduce_sum(PassSums.total(results).values(), self.ranks, self.device))
+        step_kl_coef = self.kl_coef
+        if cfg.kl_target is not None:  # kl_coef > 0, so there is a reference
+            self.kl_coef = adaptive_kl_coef(self.kl_coef, passes.kl_sum / max(passes.num_tokens, 1),
+                                            target=cfg.kl_target, horizon=cfg.kl_horizon, num_samples=len(samples))
         stats = train_stats(
-            passes=PassSums(*all_reduce_sum(PassSums.total(results).values(), self.ranks, self.device)),
+            passes=passes, kl_coef=step_kl_coef,
             num_optimizer_steps=len(results), grad_norms=grad_norms, mismatch=mismatch, fresh=fresh, stale=stale,
             routing=routing, learning_rate=learning_rate, num_tokens=sum(num_outputs), logp_seconds=logp_seconds,
             forward_backward_seconds=forward_backward_seconds, optimizer_seconds=optimizer_seconds)
@@ -387,14 +400,14 @@ class PolicyTrainer:
                 logp, entropy = compute_token_logprobs_and_entropy(
                     self.model, micro.input_ids, micro.attention_mask, micro.output_mask, cfg.temperature,
                     differentiable_entropy=cfg.entropy_coef > 0, packed=packed)
-            token_loss = token_policy_loss(
-                logp, old_logp[rows, :length], micro.rollout_logp, micro.advantages, micro.output_mask,
-                correction=cfg.correction, alpha=cfg.alpha, beta=cfg.beta, tis_cap=cfg.tis_cap,
-                clip_low=cfg.clip_low, clip_high=cfg.clip_high)
+            token_loss = token_policy_loss(logp, old_logp[rows, :length], micro.rollout_logp, micro.advantages,
+                                           micro.output_mask, cfg)
             per_token = token_loss.per_token
+            kl = None
             if reference_logp is not None:
-                log_ratio = reference_logp[rows, :length] - logp
-                per_token = per_token + cfg.kl_coef * k3_divergence(log_ratio, max_log_ratio=_MAX_REFERENCE_LOG_RATIO)
+                kl = kl_divergence(reference_logp[rows, :length] - logp, cfg.kl_estimator,
+                                   max_log_ratio=_MAX_REFERENCE_LOG_RATIO)
+                per_token = per_token + self.kl_coef * kl
             if cfg.entropy_coef > 0:
                 per_token = per_token - cfg.entropy_coef * entropy
             loss = aggregate_token_loss(per_token, micro.output_mask, cfg.aggregation, normalizer=normalizer)
@@ -406,6 +419,8 @@ class PolicyTrainer:
             result.num_tokens += int(micro.output_mask.sum())
             result.num_clipped += int(token_loss.clipped.sum())
             result.entropy_sum += float(entropy.detach()[micro.output_mask].sum())
+            if kl is not None:
+                result.kl_sum += float(kl.detach()[micro.output_mask].sum())
             result.computed_positions += (packed or micro).input_ids.numel()
             result.real_positions += int(micro.attention_mask.sum())
             result.distinct_positions += (packed.num_real_positions if isinstance(packed, SharedPromptRows)
