@@ -66,6 +66,11 @@ def test_tool_jobs_through_all_services(tmp_path: Path) -> None:
                 assert m["turns_per_sample"] >= 1.0 and 0.0 <= m["tool_use_rate"] <= 1.0
                 assert m["tool_errors"] == {}  # every call ran in the sandbox
             assert sum(m["num_tool_calls"] for m in history) > 0
+            # only the model's tokens have an age: a tool's reply (version -1) is not stale (docs/controller.md)
+            bound = scheduler.get("overlap", 0) + scheduler.get("retention", 0)
+            assert all(m["staleness_max"] <= bound for m in history), [m["staleness_max"] for m in history]
+            if scheduler["mode"] == "sync":
+                assert all(m["staleness_max"] == 0 and m["staleness_mean"] == 0 for m in history)
             assert any(m["num_samples_trained"] for m in history)  # calls (reward 1) and answers (0) differ
 
             samples = api.get(f"/v1/jobs/{job['id']}/samples", params={"step": 3}).json()
