@@ -12,7 +12,8 @@ def _indent(text: str, prefix: str = "    ") -> str:
 
 
 def format_samples(samples: list[dict[str, Any]]) -> str:
-    """Each sample: its prompt, its model and tool segments in order, its tool calls and its reward."""
+    """Each sample: its prompt (the row's text, then as the model saw it, rendered with the chat template), its
+    model and tool segments in order, its tool calls and its reward."""
     out = []
     for sample in samples:
         reward = "failed" if sample["reward"] is None else f"{sample['reward']:.3f}"
@@ -20,6 +21,9 @@ def format_samples(samples: list[dict[str, Any]]) -> str:
                    f"tool calls {len(sample['tool_calls'])}  ({sample['finish_reason']})")
         out.append("prompt:")
         out.append(_indent(sample["prompt"]))
+        if sample.get("rendered_prompt"):  # absent from samples kept by an older controller
+            out.append("rendered prompt:")
+            out.append(_indent(sample["rendered_prompt"]))
         for segment in sample["segments"]:
             out.append(f"{segment['role']}:")
             out.append(_indent(segment["text"]))
