@@ -80,6 +80,11 @@ def test_tool_jobs_through_all_services(tmp_path: Path) -> None:
             assert with_call["reward"] == 1.0 and [seg["role"] for seg in with_call["segments"]][:3] == [
                 "model", "tool", "model"]
             assert "42" in with_call["segments"][1]["text"] and "<tool_response>" in with_call["segments"][1]["text"]
+            # the prompt the model saw, rendered by Qwen2.5's template and decoded by the word-level tokenizer:
+            # the system turn (the tools' definitions are words it does not know), the user's, the generation prompt
+            rendered = with_call["rendered_prompt"].split()
+            assert rendered[:2] == ["<|im_start|>", "system"] and rendered[-2:] == ["<|im_start|>", "assistant"]
+            assert "user" in rendered and rendered != with_call["prompt"].split()
             shown = subprocess.run([EVERSTEP, "samples", job["id"], "--step", "3", "--url",
                                     f"http://127.0.0.1:{port}"], env=env, capture_output=True, text=True, timeout=60)
             assert shown.returncode == 0, shown.stderr
