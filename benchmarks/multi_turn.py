@@ -438,7 +438,8 @@ def main(argv: list[str] | None = None) -> int:
             runs, pairs = run_pairs(args, model, calculator.url, Path(tmp))
             c3po = runs[0]
             sync_eval, c3po_eval = c3po["sync"]["eval_after"], c3po["c3po"]["eval_after"]
-            print(f"(b) c3po rollout speedup {c3po['rollout_speedup']}; held-out reward of the final policies: sync "
+            print(f"(b) {'first pair: ' if args.pairs > 1 else ''}c3po rollout speedup {c3po['rollout_speedup']}; "
+                  f"held-out reward of the final policies: sync "
                   f"{sync_eval['reward']}, c3po {c3po_eval['reward']}, ratio {c3po['reward_ratio_eval']} +- "
                   f"{c3po['reward_ratio_eval_se']} (base models: {c3po['base_reward_ratio_eval']}); trained samples' "
                   f"reward ratio: last 20% {c3po['reward_ratio']}, all {c3po['reward_ratio_trained']}", flush=True)
