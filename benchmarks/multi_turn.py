@@ -39,6 +39,15 @@ the loop (tool latency, batching), not about a model's decode cost.
     trained sample). The two step-0 evaluations score the same base model: `base_reward_ratio` is the evaluation's
     own noise.
 
+    `--pairs N` runs (b) N times, seeds `--seed`, `--seed` + 1, ..., each pair sync then c3po, so that the jobs
+    alternate (sync, c3po, sync, c3po, ...) and load that comes and goes falls on both modes. Then
+    `c3po_rollout_speedup` is the median of the pairs' speedups, and `c3po_reward_ratio` the pooled held-out ratio
+    (the sum of c3po's final rewards over sync's) with a standard error that is the larger of the pairs' spread
+    (paired, delta method: seed-to-seed training noise included) and the evaluations' own binomial error.
+    `--target-se` stops after the third pair or later, once that error is at most the target. `reward_verdict`:
+    `holds` (no loss at two standard errors: ratio + 2 se >= 1), `loses`, or `undecided` while the error is above
+    0.03.
+
 The last line of output is one JSON object with `concurrent_vs_serial_ratio`, `c3po_rollout_speedup`,
 `c3po_reward_ratio`, every run, the settings and the load average before and after.
 """
@@ -93,6 +102,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="(b): samples per held-out prompt (default 8; quick 4)")
     p.add_argument("--retention", type=int, default=2, help="(b): sigma")
     p.add_argument("--learning-rate", type=float, default=1e-4, help="(b) (1e-3 destabilised the tool model)")
+    p.add_argument("--pairs", type=int, default=1,
+                   help="(b): sync/c3po pairs, seeds --seed, --seed + 1, ... (jobs alternate sync, c3po, sync, ...); "
+                        "the speedup is their median, the reward ratio pooled")
+    p.add_argument("--target-se", type=float, default=0.0,
+                   help="(b): stop once at least 3 pairs ran and the pooled reward ratio's standard error is at most "
+                        "this (0: run every pair)")
     p.add_argument("--skip-c3po", action="store_true", help="run (a) only")
     p.add_argument("--skip-loop", action="store_true", help="run (b) only")
     p.add_argument("--seed", type=int, default=1)
@@ -115,6 +130,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--call-share must be in (0, 1)")
     if args.tool_latency < 0:
         p.error("--tool-latency must be >= 0")
+    if args.pairs < 1:
+        p.error("--pairs must be >= 1")
+    if args.target_se < 0:
+        p.error("--target-se must be >= 0")
     return args
 
 
@@ -304,7 +323,7 @@ def bench_loop(args: argparse.Namespace, model: Path, url: str) -> dict[str, Any
 # -- (b) ------------------------------------------------------------------------------------------------------
 
 
-def bench_c3po(args: argparse.Namespace, model: Path, url: str, work: Path) -> dict[str, Any]:
+def bench_c3po(args: argparse.Namespace, model: Path, url: str, work: Path, *, seed: int) -> dict[str, Any]:
     from benchmarks.c3po.real import RealConfig, run_real
 
     dataset = work / "rows.jsonl"
@@ -318,11 +337,85 @@ def bench_c3po(args: argparse.Namespace, model: Path, url: str, work: Path) -> d
         model=str(model), dataset=str(dataset), group_size=args.group_size,
         prompts_per_iteration=args.prompts_per_iteration, trained_samples=args.trained_samples,
         max_new_tokens=args.max_new_tokens, retention=args.retention, learning_rate=args.learning_rate,
-        seed=args.seed, workers="shared", threads_per_worker=1, keep_zero_signal_groups=True,
+        seed=seed, workers="shared", threads_per_worker=1, keep_zero_signal_groups=True,
         verifiers=(("tool_use", 1.0),), verifier_params={"tool_use": {"min_calls": 1}},
         tools=tools_section(url, args.max_turns), eval_dataset=str(eval_rows), eval_prompts=args.eval_prompts,
         eval_samples_per_prompt=args.eval_samples_per_prompt)
     return run_real(config)
+
+
+VERDICT_SE = 0.03
+"""The reward ratio's standard error above which `reward_verdict` is `undecided`."""
+
+
+def pooled_ratio(pairs: list[dict[str, Any]], when: str) -> tuple[float | None, float | None]:
+    """c3po's over sync's held-out reward (`when`: eval_before or eval_after), summed over the pairs, and its
+    standard error: the larger of the pairs' spread (the paired ratio estimator's delta method; two pairs or more)
+    and the evaluations' binomial errors."""
+    sync = [p["sync"][when] for p in pairs]
+    c3po = [p["c3po"][when] for p in pairs]
+    n = len(pairs)
+    sync_mean = statistics.fmean(e["reward"] for e in sync)
+    c3po_mean = statistics.fmean(e["reward"] for e in c3po)
+    if not sync_mean:
+        return None, None
+    ratio = c3po_mean / sync_mean
+    binomial = ratio * math.hypot(
+        math.sqrt(sum(e["standard_error"] ** 2 for e in c3po)) / n / c3po_mean if c3po_mean else 0.0,
+        math.sqrt(sum(e["standard_error"] ** 2 for e in sync)) / n / sync_mean)
+    spread = 0.0
+    if n >= 2:
+        residuals = [c["reward"] - ratio * s["reward"] for c, s in zip(c3po, sync, strict=True)]
+        spread = math.sqrt(sum(r * r for r in residuals) / (n - 1) / n) / sync_mean
+    return round(ratio, 3), round(max(binomial, spread), 3)
+
+
+def reward_verdict(ratio: float | None, se: float | None) -> str:
+    """`holds`: no loss of reward at two standard errors; `loses`: a loss; `undecided`: the error is too large."""
+    if ratio is None or se is None or se > VERDICT_SE:
+        return "undecided"
+    return "holds" if ratio + 2 * se >= 1.0 else "loses"
+
+
+def summarize_pairs(pairs: list[dict[str, Any]]) -> dict[str, Any]:
+    """(b) over its pairs: the median speedups, the pooled reward ratios, the verdict and each pair's figures."""
+    evaluated = all("reward_ratio_eval" in p for p in pairs)
+    ratio, se = pooled_ratio(pairs, "eval_after") if evaluated else (None, None)
+    base_ratio, base_se = pooled_ratio(pairs, "eval_before") if evaluated else (None, None)
+    return {
+        "num_pairs": len(pairs),
+        "rollout_speedup_median": round(statistics.median(p["rollout_speedup"] for p in pairs), 3),
+        "e2e_speedup_median": round(statistics.median(p["e2e_speedup"] for p in pairs), 3),
+        "reward_ratio": ratio, "reward_ratio_se": se, "base_reward_ratio": base_ratio, "base_reward_ratio_se": base_se,
+        "reward_verdict": reward_verdict(ratio, se),
+        "per_pair": [{"seed": p["config"]["seed"], "rollout_speedup": p["rollout_speedup"],
+                      "e2e_speedup": p["e2e_speedup"], "reward_ratio_eval": p.get("reward_ratio_eval"),
+                      "sync_eval_after": p["sync"].get("eval_after", {}).get("reward"),
+                      "c3po_eval_after": p["c3po"].get("eval_after", {}).get("reward"),
+                      "sync_max_staleness": p["sync"]["max_staleness"],
+                      "c3po_max_staleness": p["c3po"]["max_staleness"]} for p in pairs],
+    }
+
+
+def run_pairs(args: argparse.Namespace, model: Path, url: str, work: Path) -> tuple[list[dict[str, Any]], dict]:
+    """(b) `--pairs` times (fewer with `--target-se`), each pair in its own folder with its own seed."""
+    pairs: list[dict[str, Any]] = []
+    summary: dict[str, Any] = {}
+    for i in range(args.pairs):
+        folder = work / f"pair-{i}"
+        folder.mkdir()
+        log.info("(b) pair %d/%d, seed %d", i + 1, args.pairs, args.seed + i)
+        pairs.append(bench_c3po(args, model, url, folder, seed=args.seed + i))
+        summary = summarize_pairs(pairs)
+        print(f"(b) after {len(pairs)} pair(s): rollout speedup median {summary['rollout_speedup_median']} "
+              f"(pairs {[p['rollout_speedup'] for p in summary['per_pair']]}); reward ratio "
+              f"{summary['reward_ratio']} +- {summary['reward_ratio_se']} (base {summary['base_reward_ratio']} +- "
+              f"{summary['base_reward_ratio_se']}): {summary['reward_verdict']}; load {os.getloadavg()[0]:.1f}",
+              flush=True)
+        se = summary["reward_ratio_se"]
+        if args.target_se and len(pairs) >= 3 and se is not None and se <= args.target_se:
+            break
+    return pairs, summary
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -339,25 +432,33 @@ def main(argv: list[str] | None = None) -> int:
             print(f"(a) model tokens/s: {loop['tokens_per_s']}; concurrent / turn_sync = "
                   f"{loop['concurrent_vs_serial_ratio']}, concurrent / step_sync = "
                   f"{loop['concurrent_vs_step_sync_ratio']}", flush=True)
-        c3po = None
+        c3po = pairs = None
         if not args.skip_c3po:
             log.info("(b) C3PO++ against sync, %d trained samples each", args.trained_samples)
-            c3po = bench_c3po(args, model, calculator.url, Path(tmp))
+            runs, pairs = run_pairs(args, model, calculator.url, Path(tmp))
+            c3po = runs[0]
             sync_eval, c3po_eval = c3po["sync"]["eval_after"], c3po["c3po"]["eval_after"]
-            print(f"(b) c3po rollout speedup {c3po['rollout_speedup']}; held-out reward of the final policies: sync "
+            print(f"(b) {'first pair: ' if args.pairs > 1 else ''}c3po rollout speedup {c3po['rollout_speedup']}; "
+                  f"held-out reward of the final policies: sync "
                   f"{sync_eval['reward']}, c3po {c3po_eval['reward']}, ratio {c3po['reward_ratio_eval']} +- "
                   f"{c3po['reward_ratio_eval_se']} (base models: {c3po['base_reward_ratio_eval']}); trained samples' "
                   f"reward ratio: last 20% {c3po['reward_ratio']}, all {c3po['reward_ratio_trained']}", flush=True)
+    # one pair: its own figures, as before --pairs; more: the median speedup and the pooled ratio
+    many = pairs is not None and args.pairs > 1
     report = {
         "benchmark": "multi_turn",
         "concurrent_vs_serial_ratio": loop["concurrent_vs_serial_ratio"] if loop else None,
-        "c3po_rollout_speedup": c3po["rollout_speedup"] if c3po else None,
-        "c3po_reward_ratio": c3po["reward_ratio_eval"] if c3po else None,
-        "c3po_reward_ratio_se": c3po["reward_ratio_eval_se"] if c3po else None,
-        "base_reward_ratio": c3po["base_reward_ratio_eval"] if c3po else None,
+        "c3po_rollout_speedup": (pairs["rollout_speedup_median"] if many else c3po["rollout_speedup"]) if c3po
+        else None,
+        "c3po_reward_ratio": (pairs["reward_ratio"] if many else c3po["reward_ratio_eval"]) if c3po else None,
+        "c3po_reward_ratio_se": (pairs["reward_ratio_se"] if many else c3po["reward_ratio_eval_se"]) if c3po
+        else None,
+        "base_reward_ratio": (pairs["base_reward_ratio"] if many else c3po["base_reward_ratio_eval"]) if c3po
+        else None,
+        "reward_verdict": pairs["reward_verdict"] if pairs else None,
         "reward_ratio_last_20pct": c3po["reward_ratio"] if c3po else None,
         "reward_ratio_trained": c3po["reward_ratio_trained"] if c3po else None,
-        "loop": loop, "c3po": c3po,
+        "loop": loop, "c3po": c3po, "pairs": pairs,
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "wall_seconds": round(time.monotonic() - started, 1),
         "loadavg_before": [round(x, 2) for x in load_before],

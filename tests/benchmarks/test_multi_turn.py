@@ -4,6 +4,7 @@ reward service, a rollout engine and a trainer) and the last line is the JSON su
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -53,3 +54,29 @@ def test_multi_turn_benchmark_reports_its_three_figures(tmp_path: Path) -> None:
     c3po = result["c3po"]
     assert c3po["reached_trained_samples"] is True
     assert c3po["sync"]["num_tool_calls"] > 0 and c3po["c3po"]["num_tool_calls"] > 0
+
+
+def _pair(seed: int, sync: float, c3po: float, speedup: float) -> dict:
+    def run(reward: float) -> dict:
+        evaluation = {"reward": reward, "standard_error": 0.01}
+        return {"eval_before": {"reward": 0.5, "standard_error": 0.01}, "eval_after": evaluation, "max_staleness": 0}
+
+    return {"config": {"seed": seed}, "rollout_speedup": speedup, "e2e_speedup": speedup, "reward_ratio_eval": 0.0,
+            "sync": run(sync), "c3po": run(c3po)}
+
+
+def test_pairs_give_a_median_speedup_a_pooled_ratio_and_a_verdict() -> None:
+    from benchmarks.multi_turn import reward_verdict, summarize_pairs
+
+    summary = summarize_pairs([_pair(1, 0.70, 0.70, 1.2), _pair(2, 0.60, 0.63, 2.0), _pair(3, 0.80, 0.77, 1.5)])
+    assert summary["rollout_speedup_median"] == 1.5 and summary["num_pairs"] == 3
+    assert summary["reward_ratio"] == 1.0 and summary["base_reward_ratio"] == 1.0
+    # the pairs' spread (residuals 0, 0.03, -0.03 around a ratio of 1) is above the evaluations' binomial error
+    assert summary["reward_ratio_se"] == round(math.sqrt(0.0018 / 2 / 3) / 0.7, 3)
+    assert summary["reward_verdict"] == "holds"
+    assert [p["seed"] for p in summary["per_pair"]] == [1, 2, 3]
+    assert reward_verdict(0.9, 0.03) == "loses" and reward_verdict(0.95, 0.031) == "undecided"
+    assert reward_verdict(0.96, 0.025) == "holds"
+    # one pair: the evaluations' binomial error alone
+    single = summarize_pairs([_pair(1, 0.5, 0.5, 1.0)])
+    assert single["reward_ratio_se"] == round(math.hypot(0.01 / 0.5, 0.01 / 0.5), 3)

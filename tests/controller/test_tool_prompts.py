@@ -15,7 +15,7 @@ from test_chat_template import SMOLLM2_TEMPLATE, _model_dir
 from tool_fixtures import LLAMA31_STYLE_TEMPLATE, QWEN25_TEMPLATE
 
 from everstep.rest.job_spec import JobSpec, VerifierWeight
-from everstep.rest.step_samples import SampleSegment
+from everstep.rest.step_samples import SampleSegment, StepSample
 from everstep.settings.tools import ToolSettings
 from everstep.v1 import common_pb2, reward_pb2
 from everstep_cli.samples import format_samples
@@ -133,7 +133,9 @@ def test_step_samples_and_tool_metrics_are_served_by_rest_and_shown_by_the_cli(r
     assert stats.tool_errors == {"malformed": 1} and stats.tool_seconds_mean == pytest.approx(0.3)
     assert not TrajectoryStats.of([plain]).has_tools
 
-    words = {1: "<tool_call>", 2: "<|im_end|>", 3: "<tool_response>", 4: "42", 5: "done", 7: "hello"}
+    words = {1: "<tool_call>", 2: "<|im_end|>", 3: "<tool_response>", 4: "42", 5: "done", 7: "hello",
+             8: "<|im_start|>", 9: "user"}
+    sequence.prompt_ids[:] = [8, 9, 2, 8]
     sequence.output_versions.extend([3, 3, -1, -1, 4])  # a tool reply's tokens have no version
     samples = [render_sample("s1", row, sequence, 1.0, lambda ids: " ".join(words[i] for i in ids), group_id="g7",
                              advantage=0.5),
@@ -141,6 +143,9 @@ def test_step_samples_and_tool_metrics_are_served_by_rest_and_shown_by_the_cli(r
     assert [(s.role, s.text) for s in samples[0].segments] == [
         ("model", "<tool_call> <|im_end|>"), ("tool", "<tool_response> 42"), ("model", "done")]
     assert samples[1].segments == [SampleSegment(role="model", text="hello")] and samples[1].num_turns == 1
+    # the row's text, and the prompt as the model saw it (control tokens kept)
+    assert samples[0].prompt == "What is 6 * 7?"
+    assert samples[0].rendered_prompt == "<|im_start|> user <|im_end|> <|im_start|>"
 
     store = JobStore(redis.Redis.from_url(redis_url))
     manager = JobManager(store, SharedLauncher(rollout="127.0.0.1:1", trainer="127.0.0.1:1"), "127.0.0.1:1", tmp_path)
@@ -170,6 +175,10 @@ def test_step_samples_and_tool_metrics_are_served_by_rest_and_shown_by_the_cli(r
     assert "== s1  reward 1.000  turns 2  tool calls 2  (stop)\n   group g7  advantage +0.500  policy version 3-4\n" \
         in text
     assert "   group ?  advantage not trained  policy version ?\n" in text  # s2: no group, versions or advantage
+    assert "prompt:\n    What is 6 * 7?\nrendered prompt:\n    <|im_start|> user <|im_end|> <|im_start|>\n" in text
+    older = {k: v for k, v in served[0].items() if k != "rendered_prompt"}  # kept before the field was added
+    assert StepSample.model_validate(older).rendered_prompt == ""
+    assert "rendered prompt:" not in format_samples([older])
 
 
 def test_a_tool_jobs_metrics_row_is_tracked_as_numbers() -> None:

@@ -6,9 +6,9 @@ import pytest
 
 from everstep.rest.job_spec import JobSpec
 from everstep.settings.training import SchedulerMode
-from everstep.v1 import common_pb2
+from everstep.v1 import common_pb2, trainer_pb2
 from everstep_controller.algo.scheduler import C3POScheduler, SchedulerConfig
-from everstep_controller.algo.training_batch import build_batch, trainer_config
+from everstep_controller.algo.training_batch import build_batch, sampled_token_staleness, trainer_config
 from everstep_controller.data.reward_errors import RewardFailed
 from everstep_controller.store.progress_store import ScoredSample
 
@@ -107,3 +107,18 @@ def test_the_trainer_gets_the_loss_mode_schedule_and_max_new_tokens() -> None:
     config = trainer_config(spec)
     assert config.max_new_tokens == 64 and config.clip_ratio_c == 3.0
     assert config.mode == config.DESCRIPTOR.fields_by_name["mode"].enum_type.values_by_name["LOSS_MODE_GSPO"].number
+
+
+def test_staleness_counts_only_the_tokens_the_model_sampled() -> None:
+    """A tool's reply (tool-masked, version -1) is not stale: a sync step at version 5 whose model tokens are all
+    version 5 has staleness 0, where counting the reply gave 5 - (-1) = 6."""
+    multi_turn = trainer_pb2.TrainSample(output_ids=[1, 2, 3, 4, 5], output_versions=[5, -1, -1, 5, 5],
+                                         output_tool_mask=[False, True, True, False, False])
+    assert sampled_token_staleness([multi_turn], 5) == [0, 0, 0]
+    carried = trainer_pb2.TrainSample(output_ids=[1, 2, 3, 4], output_versions=[3, -1, 4, 5],
+                                      output_tool_mask=[False, True, False, False])
+    single_turn = trainer_pb2.TrainSample(output_ids=[1, 2], output_versions=[4, 5])
+    unknown = trainer_pb2.TrainSample(output_ids=[1, 2], output_versions=[])
+    assert sampled_token_staleness([carried, single_turn, unknown], 5) == [2, 1, 0, 1, 0]
+    # a model token of unknown version (-1, an engine that records none) has no age either
+    assert sampled_token_staleness([trainer_pb2.TrainSample(output_ids=[1], output_versions=[-1])], 5) == []

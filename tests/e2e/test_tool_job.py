@@ -66,6 +66,11 @@ def test_tool_jobs_through_all_services(tmp_path: Path) -> None:
                 assert m["turns_per_sample"] >= 1.0 and 0.0 <= m["tool_use_rate"] <= 1.0
                 assert m["tool_errors"] == {}  # every call ran in the sandbox
             assert sum(m["num_tool_calls"] for m in history) > 0
+            # only the model's tokens have an age: a tool's reply (version -1) is not stale (docs/controller.md)
+            bound = scheduler.get("overlap", 0) + scheduler.get("retention", 0)
+            assert all(m["staleness_max"] <= bound for m in history), [m["staleness_max"] for m in history]
+            if scheduler["mode"] == "sync":
+                assert all(m["staleness_max"] == 0 and m["staleness_mean"] == 0 for m in history)
             assert any(m["num_samples_trained"] for m in history)  # calls (reward 1) and answers (0) differ
 
             samples = api.get(f"/v1/jobs/{job['id']}/samples", params={"step": 3}).json()
@@ -75,6 +80,11 @@ def test_tool_jobs_through_all_services(tmp_path: Path) -> None:
             assert with_call["reward"] == 1.0 and [seg["role"] for seg in with_call["segments"]][:3] == [
                 "model", "tool", "model"]
             assert "42" in with_call["segments"][1]["text"] and "<tool_response>" in with_call["segments"][1]["text"]
+            # the prompt the model saw, rendered by Qwen2.5's template and decoded by the word-level tokenizer:
+            # the system turn (the tools' definitions are words it does not know), the user's, the generation prompt
+            rendered = with_call["rendered_prompt"].split()
+            assert rendered[:2] == ["<|im_start|>", "system"] and rendered[-2:] == ["<|im_start|>", "assistant"]
+            assert "user" in rendered and rendered != with_call["prompt"].split()
             shown = subprocess.run([EVERSTEP, "samples", job["id"], "--step", "3", "--url",
                                     f"http://127.0.0.1:{port}"], env=env, capture_output=True, text=True, timeout=60)
             assert shown.returncode == 0, shown.stderr

@@ -7,13 +7,17 @@ import math
 import pytest
 import torch
 
+from everstep_trainer.batch.samples import TrainSample, pad_samples
 from everstep_trainer.model.hf_model import entropy_from_logits
 from everstep_trainer.step.losses import (
     aggregate_token_loss,
     k3_divergence,
+    loss_settings,
+    mismatch_sums,
     mismatch_weight,
     policy_loss,
     staleness_masks,
+    token_policy_loss,
 )
 
 LN2 = math.log(2.0)
@@ -192,3 +196,36 @@ def test_staleness_masks_split_valid_tokens_by_version() -> None:
     assert fresh.tolist() == [[True, False, False, False], [True, True, False, False]]
     assert stale.tolist() == [[False, True, True, False], [False, False, False, False]]
     assert not (fresh & stale).any() and ((fresh | stale) == mask).all()
+
+
+@pytest.mark.parametrize("correction", ["icepop", "tis", "none"])
+def test_tool_reply_tokens_enter_no_per_token_statistic(correction: str) -> None:
+    """A tool's reply (output_tool_mask: engine log-prob 0.0, version -1) is out of `pad_samples`' output_mask, and
+    with it out of every per-token figure: the IcePop / TIS weights and the loss, the clip fraction, the masked
+    fraction and mismatch, and the fresh/stale split. Its k = exp(-6) and ratio e^+-3 would mask, weigh and clip
+    it were it counted; the figures equal those of the model's two tokens alone."""
+    sample = TrainSample(prompt_ids=[1, 2], output_ids=[3, 4, 5, 6], rollout_logprobs=[-1.0, 0.0, 0.0, -1.2],
+                         advantage=1.0, output_versions=[0, -1, -1, 0], output_tool_mask=[False, True, True, False])
+    batch = pad_samples([sample], pad_token_id=0)
+    mask = batch.output_mask
+    assert mask.tolist() == [[False, False, True, False, False, True]]
+    old = _t([[0.0, 0.0, -1.1, -6.0, -6.0, -1.0]])
+    logp = old + _t([[0.0, 0.0, 0.05, 3.0, -3.0, -0.1]])
+    rollout, advantages = batch.rollout_logp.double(), batch.advantages.double()
+
+    token_loss = token_policy_loss(logp, old, rollout, advantages, mask, loss_settings(correction=correction))
+    assert token_loss.per_token[0, 3:5].tolist() == [0.0, 0.0] and not token_loss.clipped[0, 3:5].any()
+    model = [2, 5]
+    loss, stats = policy_loss(logp, old, rollout, advantages, mask, correction=correction)
+    alone_loss, alone_stats = policy_loss(logp[:, model], old[:, model], rollout[:, model], advantages,
+                                          torch.ones((1, 2), dtype=torch.bool), correction=correction)
+    assert float(loss) == pytest.approx(float(alone_loss))
+    assert stats.as_dict() == pytest.approx(alone_stats.as_dict())
+    assert stats.masked_fraction == 0.0 and stats.clip_fraction == 0.0
+
+    sums = mismatch_sums(old, rollout, mask)
+    assert (sums.num_valid, sums.num_masked) == (2, 0) and sums.logp_diff_max == pytest.approx(0.2)
+    fresh, stale = staleness_masks(mask, batch.output_versions, current_version=1)
+    assert stale.tolist() == mask.tolist() and not fresh.any()  # the model's tokens are one version behind
+    fresh, stale = staleness_masks(mask, batch.output_versions, current_version=0)
+    assert fresh.tolist() == mask.tolist() and not stale.any()

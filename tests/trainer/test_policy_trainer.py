@@ -10,7 +10,7 @@ import torch
 
 from everstep.settings.training import TrainerConfig
 from everstep_trainer.batch.samples import TrainSample, pad_samples
-from everstep_trainer.model.hf_model import compute_token_logprobs
+from everstep_trainer.model.hf_model import compute_token_logprobs, compute_token_logprobs_and_entropy
 from everstep_trainer.step.trainer import PolicyTrainer
 
 PROMPTS = [[1, 11, 4, 12], [1, 20, 5, 21, 6], [1, 30]]
@@ -189,9 +189,17 @@ def test_tool_reply_tokens_count_in_no_loss_and_no_mismatch_statistic(tiny_model
                               output_tool_mask=tool_mask), *exact[1:]]
     batch = pad_samples(with_tools, pad_token_id=trainer.pad_token_id)
     assert batch.output_mask[0].tolist()[len(PROMPTS[0]):len(PROMPTS[0]) + 4] == [True, False, False, True]
+    with torch.no_grad():
+        _, entropy = compute_token_logprobs_and_entropy(trainer.model, batch.input_ids, batch.attention_mask,
+                                                        batch.output_mask, trainer.config.temperature)
     _, stats = trainer.train_step(with_tools)
     assert stats.num_tokens == sum(map(len, OUTPUTS)) - 2
     assert stats.masked_fraction == 0.0 and stats.mismatch_kl == pytest.approx(0.0, abs=1e-5)
     assert stats.logp_diff_max == pytest.approx(0.0, abs=1e-4)
+    # the fresh/stale split, the clip fraction and the entropy count the model's tokens only (one epoch, one
+    # minibatch: the entropy is that of the weights before the step)
+    assert (stats.num_tokens_fresh, stats.num_tokens_stale) == (stats.num_tokens, 0)
+    assert stats.masked_fraction_fresh == 0.0 and stats.clip_fraction == 0.0
+    assert stats.entropy == pytest.approx(float(entropy[batch.output_mask].mean()), rel=1e-4)
     with pytest.raises(ValueError, match=r"samples\[0\]\.output_tool_mask"):
         trainer.train_step([TrainSample(PROMPTS[0], OUTPUTS[0], [0.0] * 4, 1.0, output_tool_mask=[True])])

@@ -37,6 +37,10 @@ class StepSample(BaseModel):
     model_config = ConfigDict(frozen=True)
     sample_id: str
     prompt: str = Field(description="The row's prompt (the user's text).")
+    rendered_prompt: str = Field(default="", description="The prompt as the model saw it: the row's prompt rendered "
+                                                         "with the chat template (the system turn, the tools' "
+                                                         "definitions, the generation prompt), decoded with its "
+                                                         "control tokens ('' in samples kept before it was added).")
     segments: list[SampleSegment]
     final_answer: str = Field(description="What the verifiers scored as the answer (the last model turn).")
     reward: float | None = Field(description="None when the sample's reward failed.")

@@ -21,8 +21,8 @@ def _provenance(sample: dict[str, Any]) -> str:
 
 
 def format_samples(samples: list[dict[str, Any]]) -> str:
-    """Each sample: its reward, group, advantage and policy versions, its prompt, its model and tool segments in order,
-    its tool calls and its answer."""
+    """Each sample: its reward, group, advantage and policy versions, its prompt (the row's text, then as the model
+    saw it, rendered with the chat template), its model and tool segments in order, its tool calls and its answer."""
     out = []
     for sample in samples:
         reward = "failed" if sample["reward"] is None else f"{sample['reward']:.3f}"
@@ -31,6 +31,9 @@ def format_samples(samples: list[dict[str, Any]]) -> str:
         out.append(_provenance(sample))
         out.append("prompt:")
         out.append(_indent(sample["prompt"]))
+        if sample.get("rendered_prompt"):  # absent from samples kept by an older controller
+            out.append("rendered prompt:")
+            out.append(_indent(sample["rendered_prompt"]))
         for segment in sample["segments"]:
             out.append(f"{segment['role']}:")
             out.append(_indent(segment["text"]))

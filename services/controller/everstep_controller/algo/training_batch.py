@@ -94,3 +94,17 @@ def build_batch(group_ids: list[str], scheduler: GroupMembers, scored: dict[str,
                 routed_experts=seq.routed_experts, output_tool_mask=seq.output_tool_mask,
             ))
     return batch
+
+
+def sampled_token_staleness(samples: list[trainer_pb2.TrainSample], version: int) -> list[int]:
+    """Versions behind `version` (the policy about to be trained), per output token the model sampled.
+
+    A tool's reply and the template's wrapper tokens around it (`output_tool_mask`, version -1) are context the
+    model did not sample, and a token of unknown version (-1) has no age: both are left out, as the trainer leaves
+    them out of its fresh/stale split (`losses.staleness_masks`)."""
+    ages = []
+    for sample in samples:
+        tool_mask = sample.output_tool_mask or [False] * len(sample.output_versions)
+        ages.extend(version - v for v, is_tool in zip(sample.output_versions, tool_mask, strict=True)
+                    if not is_tool and v >= 0)
+    return ages

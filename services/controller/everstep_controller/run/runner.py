@@ -37,7 +37,7 @@ from everstep.rest.step_samples import SAMPLES_PER_STEP
 from everstep.settings.codec import SAMPLING_PARAMS
 from everstep.settings.training import RoutingReplay, SchedulerMode
 from everstep.v1 import common_pb2
-from everstep_controller.algo.training_batch import build_batch
+from everstep_controller.algo.training_batch import build_batch, sampled_token_staleness
 from everstep_controller.data.dataset import PromptRow
 from everstep_controller.data.reward_items import RewardItemBuilder
 from everstep_controller.launchers import Launcher, WorkerRequest, Workers
@@ -345,7 +345,7 @@ class JobRunner:
                             mask_truncated=self.spec.algorithm.mask_truncated_completions)
         rows = {g: end.prompt_indices[g] for g in batch.unscorable}
         record_changes = {"dataset": self.unscorable.report} if self.unscorable.note(batch.unscorable, rows) else {}
-        staleness = [state.version - v for s in batch.samples for v in s.output_versions]
+        staleness = sampled_token_staleness(batch.samples, state.version)
         t2 = time.monotonic()
         stats = None
         push_seconds = 0.0

@@ -49,9 +49,9 @@ class TrajectoryStats:
 def render_sample(sample_id: str, row: PromptRow, sequence: common_pb2.Sequence, reward: float | None,
                   decode: Callable[[list[int]], str], *, engine: str = "", group_id: str = "",
                   advantage: float | None = None) -> StepSample:
-    """A trajectory as people read it: its runs of model and tool tokens, each decoded with `decode` (control tokens
-    kept, so that the turns show as the model saw them), its group, advantage and the policy versions that sampled
-    it."""
+    """A trajectory as people read it: the rendered prompt and its runs of model and tool tokens, each decoded with
+    `decode` (control tokens kept, so that the prompt and the turns show as the model saw them), its group, advantage
+    and the policy versions that sampled it."""
     mask = list(sequence.output_tool_mask) or [False] * len(sequence.output_ids)
     segments, start = [], 0
     for is_tool, run in groupby(mask):
@@ -65,7 +65,8 @@ def render_sample(sample_id: str, row: PromptRow, sequence: common_pb2.Sequence,
              for c in trajectory.calls]
     versions = [v for v, tool in zip(sequence.output_versions, mask, strict=False) if not tool]
     reason = common_pb2.FinishReason.Name(sequence.finish_reason).removeprefix("FINISH_REASON_").lower()
-    return StepSample(sample_id=sample_id, prompt=row.prompt, segments=segments, final_answer=final_answer(sequence),
+    return StepSample(sample_id=sample_id, prompt=row.prompt, rendered_prompt=decode(list(sequence.prompt_ids)),
+                      segments=segments, final_answer=final_answer(sequence),
                       reward=reward, num_turns=trajectory.num_turns if sequence.HasField("tool_trajectory") else 1,
                       tool_calls=calls, finish_reason=reason, engine=engine, group_id=group_id, advantage=advantage,
                       version_min=min(versions, default=None), version_max=max(versions, default=None))
