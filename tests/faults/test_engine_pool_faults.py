@@ -1,10 +1,10 @@
 """A job's pool of rollout engines losing an engine, and resized while it runs (docs/reliability.md).
 
-- One of two engines killed (SIGKILL) in the middle of an iteration: the rollouts it had not returned go on the
-  other engine within the same iteration, the launcher replaces it before the next one (a new process, given the
-  trainer's weights before it gets work), and the job goes on without a restart. Counted from the trainer's own
-  record of what it trained (its sample log): every step trains its full batch, every prompt exactly as often as the
-  job draws it, no step twice.
+- One of two engines killed (SIGKILL), or hung (SIGSTOP) until its Generate stream passes its deadline, in the
+  middle of an iteration: the rollouts it had not returned go on the other engine within the same iteration, the
+  launcher replaces it before the next one (a new process, given the trainer's weights before it gets work), and
+  the job goes on without a restart. Counted from the trainer's own record of what it trained (its sample log):
+  every step trains its full batch, every prompt exactly as often as the job draws it, no step twice.
 - `PATCH /v1/jobs/{id}` 1 -> 2 -> 1 engines: the engine started joins at the current weights and gets work, the one
   removed stops, and the job finishes on one.
 """
@@ -35,9 +35,12 @@ def _check_trained_once(steps: list[dict]) -> None:
     assert len(drawn) == NUM_ROWS and set(drawn.values()) == {STEPS * PROMPTS_PER_STEP // NUM_ROWS}, drawn
 
 
-def test_a_killed_engine_of_two_loses_no_sample_and_is_replaced_while_the_job_goes_on(
-        start_sample_logged_stack: StartStack, tiny_model_dir: Path) -> None:
-    stack = start_sample_logged_stack(num_rows=NUM_ROWS)
+@pytest.mark.parametrize("fault", ["killed", "hung"])
+def test_a_lost_engine_of_two_loses_no_sample_and_is_replaced_while_the_job_goes_on(
+        start_sample_logged_stack: StartStack, tiny_model_dir: Path, fault: str) -> None:
+    # hung: given up on at the Generate deadline (a tiny job's iteration takes well under a second)
+    stack = start_sample_logged_stack(*(["--generate-deadline-seconds", "10"] if fault == "hung" else []),
+                                      num_rows=NUM_ROWS)
     api, client = stack.api, stack.client
     spec = tiny_job("pool-kill", tiny_model_dir, stack.train, steps=STEPS,
                     sampling={"max_new_tokens": 32, "stop": ["1"]}, resources={"rollout": {"replicas": 2}})
@@ -52,7 +55,9 @@ def test_a_killed_engine_of_two_loses_no_sample_and_is_replaced_while_the_job_go
     # engine 0 stopped while some of the step's rollouts are back and some are not (those of its group, or part)
     freeze_while(workers["rollout-0"], lambda: 0 < scored() < PROMPTS_PER_STEP * GROUP_SIZE, settle_seconds=0.3)
     killed_at = api.get(f"/v1/jobs/{job_id}").json()["step"]
-    kill_processes([workers["rollout-0"]])
+    if fault == "killed":
+        kill_processes([workers["rollout-0"]])
+    # hung: left stopped; the launcher kills it when it replaces it
 
     job = wait_job(api, job_id, lambda j: j["state"] == "SUCCEEDED")
     assert killed_at < STEPS

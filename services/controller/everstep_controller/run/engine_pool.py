@@ -14,6 +14,9 @@ pool only decides which engine decodes what.
   deadline) leaves the pool for the rest of the stream: the sequences it had not returned go, as they were sent
   (batch by batch, so a group stays together), to the least-loaded engine left; once the pool is draining they come
   back at once as ABORTED partials instead, as that engine would have returned them, carried to the next iteration.
+  Moved sequences go on a new stream (its own deadline: the others started with the lost one's). A stream that
+  passes its deadline with nothing of its own outstanding is idle, not hung (the iteration outlasted it): its
+  engine stays, and later sends to it take a new stream.
   Nothing it had returned is sent again, so no rollout is lost or decoded twice. `lost` names the engines that left,
   and `on_lost` tells the pool's owner at once (who stops pushing weights to them and has them replaced between
   iterations). Only when no engine is left is the error raised.
@@ -27,6 +30,8 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+
+import grpc
 
 from everstep.v1 import common_pb2
 from everstep_controller.run.clients import GenerateStream, RolloutClient, ServiceUnavailable
@@ -60,6 +65,7 @@ class _Sent:
     sequence: common_pb2.Sequence  # as sent: what another engine starts from if this one is lost
     sampling: common_pb2.SamplingParams
     batch: int  # the send it was part of (a group goes on together)
+    stream: GenerateStream
 
 
 class _Closing(Enum):
@@ -87,6 +93,8 @@ class PoolStream:
     _num_open: int = field(init=False, default=0)
     _num_batches: int = field(init=False, default=0)
     _closing: _Closing = field(init=False, default=_Closing.open)
+    _expired: set[int] = field(init=False, default_factory=set)
+    """ids of streams that passed their deadline with nothing outstanding (idle, not hung): sends take a new one."""
 
     _END = object()
 
@@ -118,12 +126,16 @@ class PoolStream:
             return None
         with self._lock:
             target = engine if engine in self._outstanding else least_loaded(self._outstanding)
+        stream = self._streams[target][-1]
+        if id(stream) in self._expired:
+            stream = self._open_stream(target)
+        with self._lock:
             self._num_batches += 1
             for seq in sequences:
                 budget = max(0, sampling.max_new_tokens - len(seq.output_ids)) if sampling.max_new_tokens else 1
-                self._sent[seq.id] = _Sent(target, budget, seq, sampling, self._num_batches)
+                self._sent[seq.id] = _Sent(target, budget, seq, sampling, self._num_batches, stream)
                 self._outstanding[target] += budget
-        self._streams[target][-1].send(list(sequences), sampling)
+        stream.send(list(sequences), sampling)
         return target
 
     def send_carried(self, sequences: Iterable[common_pb2.Sequence], sampling: common_pb2.SamplingParams,
@@ -159,10 +171,12 @@ class PoolStream:
             if item is self._END:
                 self._num_open -= 1
                 continue
-            address, payload = item
+            address, stream, payload = item
             if isinstance(payload, BaseException):
                 if not isinstance(payload, ServiceUnavailable):
                     raise payload
+                if self._idle_expired(stream, payload):
+                    continue
                 yield from self._lose(address, payload)
                 continue
             with self._lock:
@@ -170,6 +184,17 @@ class PoolStream:
                 if sent is not None:
                     self._outstanding[sent.engine] -= sent.budget
             yield address, payload
+
+    def _idle_expired(self, stream: GenerateStream, error: ServiceUnavailable) -> bool:
+        """True for a stream that passed its deadline with nothing sent on it outstanding: the iteration outlasted it
+        (e.g. waiting for a hung engine's rollouts), its engine is not taken for hung; later sends take a new one."""
+        if error.code != grpc.StatusCode.DEADLINE_EXCEEDED:
+            return False
+        with self._lock:
+            if any(sent.stream is stream for sent in self._sent.values()):
+                return False
+        self._expired.add(id(stream))
+        return True
 
     def _lose(self, address: str, error: ServiceUnavailable) -> Iterator[tuple[str, common_pb2.Sequence]]:
         """Takes a failed engine out of the pool and moves what it had not returned (see the module docstring)."""
@@ -201,16 +226,15 @@ class PoolStream:
                 self._resend([sent.sequence for sent in batch], batch[0].sampling)
 
     def _resend(self, batch: list[common_pb2.Sequence], sampling: common_pb2.SamplingParams) -> None:
-        """A lost engine's batch to the least-loaded engine left; on a stream of its own when the pool is closing
-        (a half-closed stream takes nothing more)."""
-        if self._closing == _Closing.open:
-            self.send(batch, sampling)
-            return
+        """A lost engine's batch to the least-loaded engine left, on a new stream: with a deadline of its own (the
+        iteration's streams may be as near theirs as the lost one was), half-closed at once when the pool is
+        closing (a half-closed stream takes nothing more), else the one later sends to that engine take."""
         with self._lock:
             target = least_loaded(self._outstanding)
         stream = self._open_stream(target)
         self.send(batch, sampling, engine=target)
-        stream.close()
+        if self._closing != _Closing.open:
+            stream.close()
 
     def close(self) -> None:
         """Half-closes every stream: each ends once everything sent to it has come back."""
@@ -231,13 +255,14 @@ class PoolStream:
 
     def _live_streams(self) -> list[GenerateStream]:
         with self._lock:
-            return [stream for address in self._outstanding for stream in self._streams[address]]
+            return [stream for address in self._outstanding for stream in self._streams[address]
+                    if id(stream) not in self._expired]
 
     def _read(self, address: str, stream: GenerateStream) -> None:
         try:
             for seq in stream.results():
-                self._results.put((address, seq))
+                self._results.put((address, stream, seq))
         except BaseException as e:  # noqa: BLE001 (handed to the consumer, which raises it or moves the work)
-            self._results.put((address, e))
+            self._results.put((address, stream, e))
         finally:
             self._results.put(self._END)
