@@ -140,6 +140,28 @@ def test_cancel_pending_and_actions_on_ended_jobs(client: TestClient) -> None:
     assert client.post(f"/v1/jobs/{job_id}/pause").status_code == 409
 
 
+def test_a_job_s_rollout_pool_is_resized_by_patch_and_nothing_else_is(client: TestClient, redis_url: str) -> None:
+    job_id = client.post("/v1/jobs", json=SPEC).json()["id"]
+    resized = client.patch(f"/v1/jobs/{job_id}", json={"resources": {"rollout": {"replicas": 3}}})
+    assert resized.status_code == 200, resized.text
+    assert resized.json()["spec"]["resources"]["rollout"]["replicas"] == 3
+    assert client.get(f"/v1/jobs/{job_id}").json()["spec"]["resources"]["rollout"]["replicas"] == 3
+    assert JobStore(redis.Redis.from_url(redis_url)).requested_replicas(job_id) == 3, "for the runner"
+    for body, loc in (({"resources": {"rollout": {"replicas": 0}}}, ["body", "resources", "rollout", "replicas"]),
+                      ({"steps": 5, "resources": {"rollout": {"replicas": 2}}}, ["body", "steps"]),
+                      ({"resources": {"rollout": {"replicas": 2, "cpu": "4"}}},
+                       ["body", "resources", "rollout", "cpu"]),
+                      ({"resources": {"trainer": {"replicas": 2}, "rollout": {"replicas": 2}}},
+                       ["body", "resources", "trainer"])):
+        refused = client.patch(f"/v1/jobs/{job_id}", json=body)
+        assert refused.status_code == 422 and loc in [e["loc"] for e in refused.json()["detail"]], refused.text
+    assert client.get(f"/v1/jobs/{job_id}").json()["spec"]["resources"]["rollout"]["replicas"] == 3
+    assert client.patch("/v1/jobs/nope", json={"resources": {"rollout": {"replicas": 2}}}).status_code == 404
+    client.post(f"/v1/jobs/{job_id}/cancel")
+    ended = client.patch(f"/v1/jobs/{job_id}", json={"resources": {"rollout": {"replicas": 2}}})
+    assert ended.status_code == 409 and "CANCELLED" in ended.json()["detail"]
+
+
 def test_bearer_token(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EVERSTEP_API_TOKEN", "s3cret")
     assert client.get("/v1/jobs").status_code == 401

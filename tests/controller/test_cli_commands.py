@@ -1,4 +1,4 @@
-"""The `everstep` CLI's job commands (list, logs, pause, resume, cancel, status, submit --set) run through
+"""The `everstep` CLI's job commands (list, logs, pause, resume, cancel, scale, status, submit --set) run through
 its main() against the REST app on a real Redis; the job manager's loop is not started."""
 
 from __future__ import annotations
@@ -72,8 +72,22 @@ def test_submit_list_pause_resume_cancel(store: JobStore, job_file: Path, capsys
     assert code == 1 and f"job {job_id} is CANCELLED; it cannot resume" in err
 
 
+def test_scale_resizes_a_job_s_rollout_pool(store: JobStore, job_file: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    job_id = _run(["submit", str(job_file)], capsys)[1].strip()
+    assert _run(["scale", job_id, "--rollout", "3"], capsys)[:2] == (0, f"{job_id}: 3 rollout engine(s) from the next "
+                                                                         "iteration\n")
+    assert store.requested_replicas(job_id) == 3 and store.get(job_id).spec.resources.rollout.replicas == 3
+    code, _, err = _run(["scale", job_id, "--rollout", "0"], capsys)
+    assert code == 1 and "--rollout must be at least 1" in err
+    store.update(job_id, state=JobState.SUCCEEDED)
+    code, _, err = _run(["scale", job_id, "--rollout", "2"], capsys)
+    assert code == 1 and f"job {job_id} is SUCCEEDED; its rollout pool cannot change" in err
+
+
 @pytest.mark.parametrize("command", [["pause", "nope"], ["resume", "nope"], ["cancel", "nope"], ["status", "nope"],
-                                     ["logs", "nope"], ["logs", "nope", "--follow"]])
+                                     ["logs", "nope"], ["logs", "nope", "--follow"],
+                                     ["scale", "nope", "--rollout", "2"]])
 def test_an_unknown_job_exits_1_naming_it(store: JobStore, command: list[str],
                                           capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = _run(command, capsys)

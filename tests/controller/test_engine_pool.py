@@ -1,16 +1,20 @@
 """Placement over a job's pool of engines (`engine_pool.PoolStream`): a group goes whole to the engine with the
 fewest outstanding tokens, a carried sequence back to its engine (or, when that engine left the pool, to the
-least-loaded one), and results of every engine come back on one iterator. The engines here are recording
-stand-ins of `RolloutClient`; tests/e2e/test_engine_pool_job.py runs a job on two real engines."""
+least-loaded one), results of every engine come back on one iterator, and an engine that fails leaves the pool with
+its unfinished sequences moved to the others. The engines here are recording stand-ins of `RolloutClient`;
+tests/e2e/test_engine_pool_job.py runs a job on two real engines, tests/faults/test_engine_pool_faults.py kills one."""
 
 from __future__ import annotations
 
 import queue
+import threading
 from collections.abc import Iterator
 
+import grpc
 import pytest
 
 from everstep.v1 import common_pb2
+from everstep_controller.run.clients import Service, ServiceUnavailable
 from everstep_controller.run.engine_pool import PoolStream, least_loaded
 
 
@@ -47,10 +51,48 @@ class RecordingStream:
 class RecordingEngine:
     def __init__(self, address: str) -> None:
         self.address = address
-        self.stream = RecordingStream()
+        self.streams: list[RecordingStream] = []
+
+    @property
+    def stream(self) -> RecordingStream:
+        return self.streams[0]
+
+    @property
+    def sent(self) -> list[list[str]]:
+        return [batch for stream in self.streams for batch in stream.sent]
 
     def generate(self, tools: common_pb2.ToolConfig | None = None) -> RecordingStream:
-        return self.stream
+        self.streams.append(RecordingStream())
+        return self.streams[-1]
+
+
+class _Unavailable(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return "Socket closed"
+
+
+class DyingEngine(RecordingEngine):
+    """An engine killed once it returned `returns` sequences: its stream then fails with `ServiceUnavailable`."""
+
+    def __init__(self, address: str, returns: int) -> None:
+        super().__init__(address)
+        self.returns = returns
+        self.returned = threading.Event()
+
+    def generate(self, tools: common_pb2.ToolConfig | None = None) -> RecordingStream:
+        stream = super().generate(tools)
+        stream.results = lambda: self._results(stream)  # type: ignore[method-assign]
+        return stream
+
+    def _results(self, stream: RecordingStream) -> Iterator[common_pb2.Sequence]:
+        while len(stream._pending) < self.returns:
+            threading.Event().wait(0.01)
+        yield from stream._pending[:self.returns]
+        raise ServiceUnavailable(Service.ROLLOUT, self.address, "Generate", _Unavailable(), deadline_seconds=1,
+                                 role=Service.ROLLOUT)
 
 
 def _group(name: str, size: int, *, output_tokens: int = 0) -> list[common_pb2.Sequence]:
@@ -94,14 +136,18 @@ def test_a_carried_sequence_goes_back_to_its_engine_or_to_the_least_loaded_one_w
     assert all(s.finish_reason == common_pb2.FINISH_REASON_ABORTED for _, s in pool.results())
 
 
-def test_an_engine_failing_its_stream_fails_the_iteration() -> None:
-    engines = [RecordingEngine("a"), RecordingEngine("b")]
+def test_an_engine_failing_its_stream_for_a_bug_fails_the_iteration() -> None:
+    class BrokenEngine(RecordingEngine):
+        def generate(self, tools: common_pb2.ToolConfig | None = None) -> RecordingStream:
+            stream = super().generate(tools)
+            stream.results = broken  # type: ignore[method-assign]
+            return stream
 
     def broken() -> Iterator[common_pb2.Sequence]:
         raise RuntimeError("engine b died")
         yield  # pragma: no cover
 
-    engines[1].stream.results = broken  # type: ignore[method-assign]
+    engines = [RecordingEngine("a"), BrokenEngine("b")]
     pool = PoolStream(engines)
     pool.close()
     with pytest.raises(RuntimeError, match="engine b died"):
@@ -111,3 +157,56 @@ def test_an_engine_failing_its_stream_fails_the_iteration() -> None:
 def test_a_pool_needs_an_engine() -> None:
     with pytest.raises(ValueError, match="at least one engine"):
         PoolStream([])
+
+
+def test_a_lost_engine_s_unfinished_sequences_go_whole_to_an_engine_left() -> None:
+    engines = [DyingEngine("a", returns=1), RecordingEngine("b"), RecordingEngine("c")]
+    told: list[str] = []
+    pool = PoolStream(engines, on_lost=lambda address, error: told.append(address))
+    sampling = common_pb2.SamplingParams(max_new_tokens=10)
+    pool.send(_group("g0", 4), sampling, engine="a")
+    pool.send(_group("g1", 4), sampling, engine="b")
+    pool.send(_group("g2", 2), sampling, engine="c")
+    pool.close()  # closed: the lost engine's sequences go on a stream of their own
+    back = list(pool.results())
+    assert sorted(s.id for _, s in back) == sorted([f"g0-{i}" for i in range(4)] + [f"g1-{i}" for i in range(4)]
+                                                   + ["g2-0", "g2-1"]), "every sequence once"
+    assert [e for e, s in back if s.id == "g0-0"] == ["a"]  # returned before it died: not sent again
+    resent = [engine.sent[1:] for engine in engines[1:]]
+    assert sorted(resent) == [[], [["g0-1", "g0-2", "g0-3"]]], "as one batch, to one engine"
+    assert set(pool.lost) == {"a"} and told == ["a"] and "a" not in pool.outstanding()
+    assert pool.outstanding() == {"b": 0, "c": 0}
+
+
+def test_an_engine_lost_while_the_pool_is_open_has_its_sequences_sent_on_the_live_streams() -> None:
+    engines = [DyingEngine("a", returns=0), RecordingEngine("b")]
+    pool = PoolStream(engines)
+    sampling = common_pb2.SamplingParams(max_new_tokens=10)
+    pool.send(_group("g0", 2), sampling, engine="a")
+    threading.Timer(0.3, pool.close).start()
+    back = list(pool.results())
+    assert sorted((e, s.id) for e, s in back) == [("b", "g0-0"), ("b", "g0-1")]
+    assert engines[1].sent == [["g0-0", "g0-1"]]
+
+
+def test_an_engine_lost_while_the_pool_drains_gives_its_sequences_back_as_partials_as_sent() -> None:
+    engines = [DyingEngine("a", returns=1), RecordingEngine("b")]
+    pool = PoolStream(engines)
+    sampling = common_pb2.SamplingParams(max_new_tokens=10)
+    pool.send(_group("g0", 3, output_tokens=2), sampling, engine="a")
+    pool.drain_and_close()
+    back = {s.id: (e, s) for e, s in pool.results()}
+    assert sorted(back) == ["g0-0", "g0-1", "g0-2"]
+    for seq_id in ("g0-1", "g0-2"):
+        engine, seq = back[seq_id]
+        assert engine == "a" and seq.finish_reason == common_pb2.FINISH_REASON_ABORTED
+        assert list(seq.output_ids) == [5, 5], "as sent"
+    assert engines[1].sent == [], "partials are carried to the next iteration, not decoded now"
+
+
+def test_the_last_engine_lost_fails_the_iteration() -> None:
+    pool = PoolStream([DyingEngine("a", returns=0)])
+    pool.send(_group("g0", 2), common_pb2.SamplingParams(max_new_tokens=10))
+    pool.close()
+    with pytest.raises(ServiceUnavailable, match="rollout at a failed Generate"):
+        list(pool.results())

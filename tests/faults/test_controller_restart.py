@@ -57,7 +57,7 @@ def test_two_jobs_on_their_own_workers_survive_a_killed_controller(
     api.post(f"/v1/jobs/{job_a}/pause")  # after its first checkpoint
     b = wait_job(api, job_b, lambda j: j["state"] == "RUNNING" and j["step"] >= 1)
     assert a["state"] == "RUNNING", "A and B run at the same time"
-    addresses = {a["workers"]["rollout"], a["workers"]["trainer"], b["workers"]["rollout"], b["workers"]["trainer"]}
+    addresses = {*a["workers"]["rollouts"], a["workers"]["trainer"], *b["workers"]["rollouts"], b["workers"]["trainer"]}
     assert len(addresses) == 4
     pids_a, pids_b = _pids(client, job_a), _pids(client, job_b)
     assert len(set(pids_a + pids_b)) == 4

@@ -51,13 +51,18 @@ class EngineState(StrEnum):
     """At the job's current policy version."""
     behind = "behind"
     """At an older version (its last push failed): it gets the weights before it decodes again."""
+    lost = "lost"
+    """Its stream failed in the last iteration (killed, hung): its rollouts went on the other engines, and the
+    launcher replaces it before the next iteration."""
 
 
 class EngineInfo(BaseModel):
     """One rollout engine of the job's pool, as of the latest step."""
 
     address: str = Field(description="The engine's gRPC address.")
-    state: EngineState = Field(description="serving (at the job's policy version) or behind.")
+    state: EngineState = Field(description="serving (at the job's policy version), behind (an older version: it gets "
+                                           "the weights before it decodes again) or lost (failed in the last "
+                                           "iteration: being replaced).")
     weight_version: int = Field(description="Policy version of the weights it holds (-1: none loaded yet).")
     tokens_generated: int = Field(description="Output tokens the model decoded on it for this job (tool replies "
                                               "not counted), since the job's runner attached it.")

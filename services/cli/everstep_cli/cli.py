@@ -1,4 +1,4 @@
-"""The `everstep` command line: demo, up, down, submit, status, list, logs, pause, resume, cancel, serve,
+"""The `everstep` command line: demo, up, down, submit, status, list, logs, pause, resume, cancel, scale, serve,
 model import."""
 
 from __future__ import annotations
@@ -81,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
         command = sub.add_parser(action, help=text)
         command.add_argument("job")
         _add_url(command)
+
+    scale = sub.add_parser("scale", help="resize a running job's rollout pool: engines start (and take the current "
+                                         "weights) or drain and stop between two iterations")
+    scale.add_argument("job")
+    scale.add_argument("--rollout", type=int, required=True, metavar="M", help="rollout engines of the pool (>= 1)")
+    _add_url(scale)
 
     model = sub.add_parser("model", help="prepare a model for everstep")
     model_sub = model.add_subparsers(dest="model_command", required=True)
@@ -239,6 +245,12 @@ def _dispatch(args: argparse.Namespace, extra: list[str]) -> None:
         print(json.dumps(rows, indent=2) if args.json else format_samples(rows), end="" if not args.json else "\n")
     elif args.command in ("pause", "resume", "cancel"):
         print(client.action(args.job, args.command)["state"])
+    elif args.command == "scale":
+        if args.rollout < 1:
+            sys.exit("everstep scale: --rollout must be at least 1")
+        job = client.scale(args.job, rollout=args.rollout)
+        print(f"{job['id']}: {job['spec']['resources']['rollout']['replicas']} rollout engine(s) from the next "
+              "iteration")
 
 
 if __name__ == "__main__":

@@ -52,9 +52,9 @@ class ControllerClient:
             raise ApiError(f"{method} {path} -> {response.status_code}: {response.text}", response.status_code, detail)
         return response.json()
 
-    def _job_call(self, job_id: str, method: str, path: str) -> Any:
+    def _job_call(self, job_id: str, method: str, path: str, **kwargs: Any) -> Any:
         try:
-            return self._call(method, path)
+            return self._call(method, path, **kwargs)
         except ApiError as e:
             if e.status == 404:
                 raise UnknownJob(f"no job {job_id!r} at {self.url}", 404, e.detail) from None
@@ -89,6 +89,12 @@ class ControllerClient:
         """pause, resume or cancel; UnknownJob, or ApiError with the controller's reason (409: the job's
         state does not allow it)."""
         return self._job_call(job_id, "POST", f"/v1/jobs/{quote(job_id, safe='')}/{action}")
+
+    def scale(self, job_id: str, *, rollout: int) -> dict[str, Any]:
+        """The job's rollout pool resized to `rollout` engines (between two iterations); UnknownJob, or ApiError
+        with the controller's reason (409: the job ended; 422: a size it refuses)."""
+        return self._job_call(job_id, "PATCH", f"/v1/jobs/{quote(job_id, safe='')}",
+                              json={"resources": {"rollout": {"replicas": rollout}}})
 
     def close(self) -> None:
         self._http.close()

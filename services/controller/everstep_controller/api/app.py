@@ -14,7 +14,9 @@ import os
 from fastapi import Depends, FastAPI, HTTPException, Query, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
 
+from everstep.rest.job_change import JobChange
 from everstep.rest.job_record import JobRecord
 from everstep.rest.job_spec import JobSpec
 from everstep.rest.step_metrics import StepMetrics
@@ -87,6 +89,18 @@ def create_app(manager: JobManager, store: JobStore, *, max_request_bytes: int =
             raise HTTPException(status_code=404, detail=f"job {job_id!r} has no samples of step {wanted} (steps "
                                                         f"committed: {record.step})")
         return samples
+
+    @app.patch("/v1/jobs/{job_id}", response_model=JobRecord, dependencies=v1)
+    def change_job(job_id: str, change: JobChange) -> JobRecord:
+        """Changes a job while it runs: `{"resources": {"rollout": {"replicas": M}}}` resizes its rollout pool
+        between two iterations (any other field: 422 naming it; a job that ended: 409)."""
+        get_job(job_id)
+        try:
+            return manager.resize_pool(job_id, change.resources.rollout.replicas)
+        except ValidationError as e:
+            raise HTTPException(status_code=422, detail=e.errors(include_url=False, include_context=False)) from None
+        except ValueError as e:
+            raise HTTPException(status_code=409, detail=str(e)) from e
 
     def act(job_id: str, action: Action) -> JobRecord:
         get_job(job_id)

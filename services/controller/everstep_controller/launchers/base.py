@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Collection
 
 from pydantic import BaseModel, Field
 
@@ -84,15 +85,27 @@ class Launcher(ABC):
     def stop(self, workers: Workers) -> None:
         """Stops the workers of the record (nothing for ones already gone)."""
 
-    def replace(self, workers: Workers, request: WorkerRequest, roles: set[str]) -> tuple[Workers, set[str]]:
-        """Starts anew the workers of `roles` ('rollout': every engine of the pool, 'trainer': e.g. one that hung)
-        and any that is not running; returns the new record and the roles started anew.
+    def replace(self, workers: Workers, request: WorkerRequest, roles: set[str],
+                engines: Collection[str] = ()) -> tuple[Workers, set[str]]:
+        """Starts anew the workers of `roles` ('rollout': every engine of the pool, 'trainer': e.g. one that hung),
+        the engines at the addresses `engines` (one that failed) and any worker that is not running; returns the
+        new record and the roles of the workers started anew.
 
         This default starts both anew; launchers that can replace one worker alone override it, so
-        that a trainer that is fine keeps its state when only the rollout engine died.
+        that a trainer that is fine keeps its state when only a rollout engine died, and the other engines of the
+        pool keep theirs.
         """
         self.stop(workers)
         return self.launch(request), {"rollout", "trainer"}
+
+    def resize(self, workers: Workers, request: WorkerRequest) -> tuple[Workers, set[str]]:
+        """The pool brought to `request.resources.rollout.replicas` engines (a running job scaled): engines started
+        or stopped, the rest kept; returns the new record and the roles of the workers started anew.
+
+        This default starts every worker anew (the job then continues from its checkpoint); launchers that can
+        add and remove engines alone override it.
+        """
+        return self.replace(workers, request, {"rollout", "trainer"})
 
     def close(self) -> None:  # noqa: B027 (optional hook: most launchers keep nothing)
         """Stops whatever this launcher keeps for itself (clients, threads)."""

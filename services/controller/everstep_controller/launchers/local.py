@@ -17,6 +17,7 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Collection
 from pathlib import Path
 
 from everstep.processes import (
@@ -74,21 +75,55 @@ class LocalLauncher(Launcher):
                             "on this machine)", request.job_id, role)
         return self._workers(self._start(request, self._names(request)))
 
-    def replace(self, workers: Workers, request: WorkerRequest, roles: set[str]) -> tuple[Workers, set[str]]:
-        """Only the workers of `roles` and the dead ones are started anew: a live trainer keeps its state, and the
-        live engines of a pool keep serving. Those of `roles` are killed, not asked to stop: they failed, and a hung
-        one would not stop."""
-        handles = {p.name: _managed(p) for p in workers.processes}
-        names = self._names(request)
-        renew = [n for n in names if _role(n) in roles or n not in handles or not is_alive(handles[n])]
-        if any(_role(n) == "trainer" for n in renew):  # the nodes of a trainer share one process group
-            renew = [n for n in names if n in renew or _role(n) == "trainer"]
-        killed = kill_processes(doomed := [handles[n] for n in renew if n in handles])
-        self._forget(doomed)
+    def replace(self, workers: Workers, request: WorkerRequest, roles: set[str],
+                engines: Collection[str] = ()) -> tuple[Workers, set[str]]:
+        """Only the workers of `roles`, the engines at `engines` and the dead ones are started anew (under the same
+        names, on new ports): a live trainer keeps its state, and the other engines of a pool keep serving. Those
+        named are killed, not asked to stop: they failed, and a hung one would not stop."""
+        handles = [_managed(p) for p in workers.processes]
+        renew = [h for h in handles if _role(h.name) in roles or h.grpc_address in engines or not is_alive(h)]
+        if any(_role(h.name) == "trainer" for h in renew):  # the nodes of a trainer share one process group
+            renew = [h for h in handles if h in renew or _role(h.name) == "trainer"]
+        started = {p.name: p for p in self.restart(request, renew)}
+        return self._workers([started.get(h.name) or h for h in handles]), {_role(h.name) for h in renew}
+
+    def restart(self, request: WorkerRequest, processes: list[ManagedProcess]) -> list[ManagedProcess]:
+        """Kills `processes` (failed ones: a hung one would not stop when asked) and starts each anew under its
+        name, on new ports, serving gRPC."""
+        killed = kill_processes(processes)
+        self._forget(processes)
         if killed:
             log.info("job %s: killed %s to start anew", request.job_id, ", ".join(killed))
-        started = {p.name: p for p in self._start(request, renew)}
-        return self._workers([started.get(n) or handles[n] for n in names]), {_role(n) for n in renew}
+        return self._start(request, [p.name for p in processes])
+
+    def resize(self, workers: Workers, request: WorkerRequest) -> tuple[Workers, set[str]]:
+        """Engines beyond `request.resources.rollout.replicas` stop (the last ones of the pool); missing ones start
+        under names the pool does not use yet (`rollout-<i>`), with the threads of a pool of the new size; the rest,
+        and the trainer, keep running."""
+        handles = [_managed(p) for p in workers.processes]
+        engines = [h for h in handles if _role(h.name) == "rollout"]
+        trainer = [h for h in handles if _role(h.name) != "rollout"]
+        wanted = request.resources.rollout.replicas
+        if wanted < len(engines):
+            stopped = self._stop_processes(engines[wanted:])
+            log.info("job %s: pool of %d engine(s): stopped %s", request.job_id, wanted, ", ".join(stopped))
+            return self._workers([*engines[:wanted], *trainer]), set()
+        started = self.start_more_engines(request, engines, wanted - len(engines))
+        return self._workers([*engines, *started, *trainer]), {"rollout"} if started else set()
+
+    def start_more_engines(self, request: WorkerRequest, engines: list[ManagedProcess],
+                           count: int) -> list[ManagedProcess]:
+        """`count` engines more for a pool that has `engines`, named `rollout-<i>` with the first i it does not
+        use, serving gRPC."""
+        used = {e.name for e in engines}
+        names = [n for n in (f"rollout-{i}" for i in range(count + len(used))) if n not in used]
+        return self._start(request, names[:count])
+
+    def stop_engines(self, processes: list[ManagedProcess]) -> None:
+        """Stops engines of a pool that shrank (asked to stop first: they were drained)."""
+        stopped = self._stop_processes(processes)
+        if stopped:
+            log.info("stopped %s (pids %s)", ", ".join(stopped), [p.pid for p in processes])
 
     @staticmethod
     def _names(request: WorkerRequest) -> list[str]:

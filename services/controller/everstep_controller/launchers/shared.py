@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections.abc import Collection
 
 from everstep.processes import ManagedProcess, is_alive, wait_grpc_address
 from everstep_controller.launchers.base import Launcher, ProcessHandle, WorkerRequest, Workers
@@ -88,15 +89,9 @@ class SharedLauncher(Launcher):
         standing = available[:wanted]
         extra: list[ManagedProcess] = []
         if wanted > len(standing):
-            if self.engines_on_demand is None:
-                raise ValueError(
-                    f"resources.rollout.replicas: the job asks for {wanted} rollout engines and the shared launcher "
-                    f"has {len(available)} (--rollout); give the controller more --rollout addresses, or "
-                    "--engines-on-demand to start the rest for the job")
-            extra = self.engines_on_demand.start_engines(request, range(len(standing), wanted))
+            extra = self._on_demand(request).start_engines(request, range(len(standing), wanted))
             log.info("job %s: %d standing engine(s) and %d started for it", request.job_id, len(standing), len(extra))
-        return Workers(launcher=self.kind, rollouts=[*standing, *(p.grpc_address for p in extra)],
-                       trainer=self.trainer, dedicated=False, processes=[ProcessHandle(**vars(p)) for p in extra])
+        return self._record(standing, extra)
 
     def alive(self, workers: Workers) -> bool:
         standing = workers.rollouts[:len(workers.rollouts) - len(workers.processes)]
@@ -108,15 +103,52 @@ class SharedLauncher(Launcher):
         if workers.processes and self.engines_on_demand is not None:
             self.engines_on_demand.stop(workers)
 
-    def replace(self, workers: Workers, request: WorkerRequest, roles: set[str]) -> tuple[Workers, set[str]]:
-        """Waits until the standing workers serve again (whoever runs them restarts them; TimeoutError after
-        `ready_timeout_seconds`); the job's own engines are started anew, all of them."""
-        self.stop(workers)
-        for role, address in [*(("rollout", a) for a in self.rollouts[:request.resources.rollout.replicas]),
-                              ("trainer", self.trainer)]:
+    def replace(self, workers: Workers, request: WorkerRequest, roles: set[str],
+                engines: Collection[str] = ()) -> tuple[Workers, set[str]]:
+        """Waits until the standing workers of the job serve again (whoever runs them restarts them; TimeoutError
+        after `ready_timeout_seconds`); the engines started for the job that failed (all of them for the role
+        'rollout', those at `engines`) or died are started anew, the others keep serving."""
+        own = [ManagedProcess(**p.model_dump()) for p in workers.processes]
+        standing = workers.rollouts[:len(workers.rollouts) - len(own)]
+        for role, address in [*(("rollout", a) for a in standing), ("trainer", self.trainer)]:
             wait_grpc_address(address, self.ready_timeout_seconds, what=f"shared {role}")
-        fresh = self.launch(request)
-        return fresh, ({"rollout"} if fresh.processes else set())
+        renew = [p for p in own if "rollout" in roles or p.grpc_address in engines or not is_alive(p)]
+        if not renew:
+            return workers, set()
+        started = {p.name: p for p in self._on_demand(request).restart(request, renew)}
+        own = [started.get(p.name) or p for p in own]
+        return self._record(standing, own), {"rollout"}
+
+    def resize(self, workers: Workers, request: WorkerRequest) -> tuple[Workers, set[str]]:
+        """A smaller pool leaves out its last engines (those started for the job stop; standing ones just serve
+        other jobs again); a larger one takes the standing engines it did not use, then has the rest started
+        (`engines_on_demand`; ValueError without it)."""
+        wanted = request.resources.rollout.replicas
+        own = [ManagedProcess(**p.model_dump()) for p in workers.processes]
+        standing = workers.rollouts[:len(workers.rollouts) - len(own)]
+        if wanted <= len(workers.rollouts):
+            keep = max(0, wanted - len(standing))
+            if own[keep:]:
+                self._on_demand(request).stop_engines(own[keep:])
+            return self._record(standing[:wanted], own[:keep]), set()
+        if not own:
+            standing = self.rollouts[:wanted]
+        started = []
+        if wanted > len(standing) + len(own):
+            started = self._on_demand(request).start_more_engines(request, own, wanted - len(standing) - len(own))
+        return self._record(standing, [*own, *started]), {"rollout"} if started else set()
+
+    def _on_demand(self, request: WorkerRequest) -> LocalLauncher:
+        if self.engines_on_demand is None:
+            raise ValueError(
+                f"resources.rollout.replicas: the job asks for {request.resources.rollout.replicas} rollout engines "
+                f"and the shared launcher has {len(self.rollouts)} (--rollout); give the controller more --rollout "
+                "addresses, or --engines-on-demand to start the rest for the job")
+        return self.engines_on_demand
+
+    def _record(self, standing: list[str], own: list[ManagedProcess]) -> Workers:
+        return Workers(launcher=self.kind, rollouts=[*standing, *(p.grpc_address for p in own)], trainer=self.trainer,
+                       dedicated=False, processes=[ProcessHandle(**vars(p)) for p in own])
 
     def close(self) -> None:
         if self.engines_on_demand is not None:

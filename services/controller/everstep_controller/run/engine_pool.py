@@ -10,19 +10,35 @@ pool only decides which engine decodes what.
   engine is no longer in the pool, to the least-loaded one, which prefills it again: its token versions and
   routing-replay segments travel in the sequence itself.
 - Results of every engine come back on one iterator; each sequence is known by the engine that served it.
+- An engine whose stream fails for a cause a restart may fix (`ServiceUnavailable`: killed, hung past the Generate
+  deadline) leaves the pool for the rest of the stream: the sequences it had not returned go, as they were sent
+  (batch by batch, so a group stays together), to the least-loaded engine left; once the pool is draining they come
+  back at once as ABORTED partials instead, as that engine would have returned them, carried to the next iteration.
+  Moved sequences go on a new stream (its own deadline: the others started with the lost one's). A stream that
+  passes its deadline with nothing of its own outstanding is idle, not hung (the iteration outlasted it): its
+  engine stays, and later sends to it take a new stream.
+  Nothing it had returned is sent again, so no rollout is lost or decoded twice. `lost` names the engines that left,
+  and `on_lost` tells the pool's owner at once (who stops pushing weights to them and has them replaced between
+  iterations). Only when no engine is left is the error raised.
 """
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
+
+import grpc
 
 from everstep.v1 import common_pb2
-from everstep_controller.run.clients import GenerateStream, RolloutClient
+from everstep_controller.run.clients import GenerateStream, RolloutClient, ServiceUnavailable
 
 __all__ = ["EngineStats", "PoolStream", "least_loaded"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -46,7 +62,16 @@ def least_loaded(outstanding: dict[str, int]) -> str:
 class _Sent:
     engine: str
     budget: int  # output tokens this sequence may still decode when sent
-    tokens_at_send: int = 0
+    sequence: common_pb2.Sequence  # as sent: what another engine starts from if this one is lost
+    sampling: common_pb2.SamplingParams
+    batch: int  # the send it was part of (a group goes on together)
+    stream: GenerateStream
+
+
+class _Closing(Enum):
+    open = "open"
+    close = "close"
+    drain = "drain"
 
 
 @dataclass
@@ -55,24 +80,39 @@ class PoolStream:
 
     engines: Sequence[RolloutClient]
     tools: common_pb2.ToolConfig | None = None
-    _streams: dict[str, GenerateStream] = field(init=False)
+    on_lost: Callable[[str, ServiceUnavailable], None] | None = None
+    """Called (from the consumer's thread) with each engine that leaves the pool and its error."""
+    lost: dict[str, ServiceUnavailable] = field(init=False, default_factory=dict)
+    """The engines that left the pool (their stream failed) and why."""
+    _clients: dict[str, RolloutClient] = field(init=False)
+    _streams: dict[str, list[GenerateStream]] = field(init=False)
     _outstanding: dict[str, int] = field(init=False)
     _sent: dict[str, _Sent] = field(init=False, default_factory=dict)
     _results: queue.Queue = field(init=False, default_factory=queue.Queue)
     _lock: threading.Lock = field(init=False, default_factory=threading.Lock)
+    _num_open: int = field(init=False, default=0)
+    _num_batches: int = field(init=False, default=0)
+    _closing: _Closing = field(init=False, default=_Closing.open)
+    _expired: set[int] = field(init=False, default_factory=set)
+    """ids of streams that passed their deadline with nothing outstanding (idle, not hung): sends take a new one."""
 
     _END = object()
 
     def __post_init__(self) -> None:
         if not self.engines:
             raise ValueError("a rollout pool needs at least one engine")
-        self._streams = {e.address: e.generate(self.tools) for e in self.engines}
-        self._outstanding = dict.fromkeys(self._streams, 0)
-        self._readers = [threading.Thread(target=self._read, args=(address, stream), daemon=True,
-                                          name=f"generate-{address}")
-                         for address, stream in self._streams.items()]
-        for reader in self._readers:
-            reader.start()
+        self._clients = {e.address: e for e in self.engines}
+        self._streams = {address: [] for address in self._clients}
+        self._outstanding = dict.fromkeys(self._clients, 0)
+        for address in self._clients:
+            self._open_stream(address)
+
+    def _open_stream(self, address: str) -> GenerateStream:
+        stream = self._clients[address].generate(self.tools)
+        self._streams[address].append(stream)
+        self._num_open += 1
+        threading.Thread(target=self._read, args=(address, stream), daemon=True, name=f"generate-{address}").start()
+        return stream
 
     @property
     def addresses(self) -> list[str]:
@@ -85,13 +125,17 @@ class PoolStream:
         if not sequences:
             return None
         with self._lock:
-            target = engine if engine in self._streams else least_loaded(self._outstanding)
+            target = engine if engine in self._outstanding else least_loaded(self._outstanding)
+        stream = self._streams[target][-1]
+        if id(stream) in self._expired:
+            stream = self._open_stream(target)
+        with self._lock:
+            self._num_batches += 1
             for seq in sequences:
-                tokens = len(seq.output_ids)
-                budget = max(0, sampling.max_new_tokens - tokens) if sampling.max_new_tokens else 1
-                self._sent[seq.id] = _Sent(target, budget, tokens)
+                budget = max(0, sampling.max_new_tokens - len(seq.output_ids)) if sampling.max_new_tokens else 1
+                self._sent[seq.id] = _Sent(target, budget, seq, sampling, self._num_batches, stream)
                 self._outstanding[target] += budget
-        self._streams[target].send(list(sequences), sampling)
+        stream.send(list(sequences), sampling)
         return target
 
     def send_carried(self, sequences: Iterable[common_pb2.Sequence], sampling: common_pb2.SamplingParams,
@@ -111,50 +155,114 @@ class PoolStream:
             return dict(self._outstanding)
 
     def running(self) -> dict[str, int]:
-        """Sequences sent to each engine and not back yet."""
+        """Sequences sent to each engine of the pool and not back yet."""
         with self._lock:
-            counts = dict.fromkeys(self._streams, 0)
+            counts = dict.fromkeys(self._outstanding, 0)
             for sent in self._sent.values():
                 counts[sent.engine] += 1
             return counts
 
     def results(self) -> Iterator[tuple[str, common_pb2.Sequence]]:
-        """(engine, sequence) as each comes back from any engine, until every stream has ended; the first
-        stream's error (e.g. `ServiceUnavailable` of an engine that died) is raised here."""
-        ended = 0
-        while ended < len(self._streams):
+        """(engine, sequence) as each comes back from any engine, until every stream has ended. An engine whose
+        stream fails with `ServiceUnavailable` leaves the pool and its sequences go on elsewhere (the module
+        docstring); the error is raised when it was the last engine, and any other error at once."""
+        while self._num_open:
             item = self._results.get()
             if item is self._END:
-                ended += 1
+                self._num_open -= 1
                 continue
-            if isinstance(item, BaseException):
-                raise item
-            address, seq = item
+            address, stream, payload = item
+            if isinstance(payload, BaseException):
+                if not isinstance(payload, ServiceUnavailable):
+                    raise payload
+                if self._idle_expired(stream, payload):
+                    continue
+                yield from self._lose(address, payload)
+                continue
             with self._lock:
-                sent = self._sent.pop(seq.id, None)
+                sent = self._sent.pop(payload.id, None)
                 if sent is not None:
                     self._outstanding[sent.engine] -= sent.budget
-            yield address, seq
+            yield address, payload
+
+    def _idle_expired(self, stream: GenerateStream, error: ServiceUnavailable) -> bool:
+        """True for a stream that passed its deadline with nothing sent on it outstanding: the iteration outlasted it
+        (e.g. waiting for a hung engine's rollouts), its engine is not taken for hung; later sends take a new one."""
+        if error.code != grpc.StatusCode.DEADLINE_EXCEEDED:
+            return False
+        with self._lock:
+            if any(sent.stream is stream for sent in self._sent.values()):
+                return False
+        self._expired.add(id(stream))
+        return True
+
+    def _lose(self, address: str, error: ServiceUnavailable) -> Iterator[tuple[str, common_pb2.Sequence]]:
+        """Takes a failed engine out of the pool and moves what it had not returned (see the module docstring)."""
+        with self._lock:
+            if address not in self._outstanding:  # a second stream of an engine already lost
+                return
+            if len(self._outstanding) == 1:
+                raise error
+            del self._outstanding[address]
+            self.lost[address] = error
+            orphans = [sent for sent in self._sent.values() if sent.engine == address]
+        log.warning("%s; its %d unfinished rollout(s) %s", error, len(orphans),
+                    "come back as partials" if self._closing == _Closing.drain else "go on the other engines")
+        if self.on_lost is not None:
+            self.on_lost(address, error)
+        batches: dict[int, list[_Sent]] = {}
+        for sent in orphans:
+            batches.setdefault(sent.batch, []).append(sent)
+        for batch in batches.values():
+            if self._closing == _Closing.drain:  # as the lost engine would have handed them back
+                for sent in batch:
+                    with self._lock:
+                        self._sent.pop(sent.sequence.id)
+                    partial = common_pb2.Sequence()
+                    partial.CopyFrom(sent.sequence)
+                    partial.finish_reason = common_pb2.FINISH_REASON_ABORTED
+                    yield address, partial
+            else:
+                self._resend([sent.sequence for sent in batch], batch[0].sampling)
+
+    def _resend(self, batch: list[common_pb2.Sequence], sampling: common_pb2.SamplingParams) -> None:
+        """A lost engine's batch to the least-loaded engine left, on a new stream: with a deadline of its own (the
+        iteration's streams may be as near theirs as the lost one was), half-closed at once when the pool is
+        closing (a half-closed stream takes nothing more), else the one later sends to that engine take."""
+        with self._lock:
+            target = least_loaded(self._outstanding)
+        stream = self._open_stream(target)
+        self.send(batch, sampling, engine=target)
+        if self._closing != _Closing.open:
+            stream.close()
 
     def close(self) -> None:
         """Half-closes every stream: each ends once everything sent to it has come back."""
-        for stream in self._streams.values():
+        self._closing = _Closing.close
+        for stream in self._live_streams():
             stream.close()
 
     def drain_and_close(self) -> None:
         """Asks every engine for its unfinished sequences back as partials, then half-closes."""
-        for stream in self._streams.values():
+        self._closing = _Closing.drain
+        for stream in self._live_streams():
             stream.drain_and_close()
 
     def cancel(self) -> None:
-        for stream in self._streams.values():
-            stream.cancel()
+        for streams in self._streams.values():
+            for stream in streams:
+                stream.cancel()
+
+    def _live_streams(self) -> list[GenerateStream]:
+        with self._lock:
+            return [stream for address in self._outstanding for stream in self._streams[address]
+                    if id(stream) not in self._expired]
 
     def _read(self, address: str, stream: GenerateStream) -> None:
         try:
             for seq in stream.results():
-                self._results.put((address, seq))
-        except BaseException as e:  # noqa: BLE001 (handed to the consumer, which raises it)
-            self._results.put(e)
+                self._results.put((address, stream, seq))
+        except BaseException as e:  # noqa: BLE001 (handed to the consumer, which raises it or moves the work)
+            self._results.put((address, stream, e))
         finally:
             self._results.put(self._END)

@@ -136,6 +136,16 @@ class JobManager:
             return self.store.update(job_id, state=JobState.CANCELLED)
         return self.store.get(job_id) or record
 
+    def resize_pool(self, job_id: str, replicas: int) -> JobRecord:
+        """A job's rollout pool set to `replicas` engines: a running (or paused) one's runner applies it between
+        iterations, a pending one starts with it. KeyError for an unknown job; ValueError for a job that ended."""
+        record = self.store.get(job_id)
+        if record is None:
+            raise KeyError(job_id)
+        if record.state in TERMINAL_STATES:
+            raise ValueError(f"job {job_id} is {record.state.value}; its rollout pool cannot change")
+        return self.store.resize_pool(job_id, replicas)
+
     # -- the loop ----------------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -189,6 +189,7 @@ class JobRunner:
                 self._checkpoint()
             return True
         self._honour_requests()
+        self._change_pool()
         self._train_iteration(self.next_step + 1)
         return False
 
@@ -235,12 +236,15 @@ class JobRunner:
         self._continue(trainer_kept="trainer" not in restarted, reason=reason)
 
     def _use_workers(self, record: Workers) -> None:
-        self.store.set_workers(self.job_id, record.model_dump_json())
-        self.store.update(self.job_id, fence=self.owner, workers=WorkerAddresses(
-            launcher=record.launcher, rollouts=record.rollouts, trainer=record.trainer))
+        self._store_workers(record)
         if self.workers is not None:
             self.workers.close()
         self.workers = JobWorkers(record, self.spec, self._worker_request(), self.settings.deadlines)
+
+    def _store_workers(self, record: Workers) -> None:
+        self.store.set_workers(self.job_id, record.model_dump_json())
+        self.store.update(self.job_id, fence=self.owner, workers=WorkerAddresses(
+            launcher=record.launcher, rollouts=record.rollouts, trainer=record.trainer))
 
     def _recover(self, error: ServiceUnavailable) -> None:
         """After a failed call: a pause, then the failed worker, and any that died, started anew, and the
@@ -250,12 +254,47 @@ class JobRunner:
         if error.service is Service.REWARD:  # the shared pool: nothing to restart, the call is retried
             return
         self._stop_scorers()
-        roles = {error.role} if error.role else set()
-        workers, restarted = self.launcher.replace(self.workers.record, self._worker_request(), roles)
+        roles, engines = {error.role} if error.role else set(), set(self.workers.lost)
+        if error.role is Service.ROLLOUT and error.address in self.workers.record.rollouts:
+            roles, engines = set(), engines | {error.address}  # that engine alone: the others keep their state
+        workers, restarted = self.launcher.replace(self.workers.record, self._worker_request(), roles, engines)
         if restarted:
             log.info("job %s: started anew: %s", self.job_id, ", ".join(sorted(restarted)))
         self._use_workers(workers)
         self._continue(trainer_kept="trainer" not in restarted, reason=str(error))
+
+    def _change_pool(self) -> None:
+        """Between iterations, the pool mended and sized as asked, once the steps in flight are committed: engines
+        lost in the last iteration are replaced, a new size (`PATCH /v1/jobs/{id}`) starts or stops engines. New
+        engines load the model and take the current weights before they get work; a removed engine was drained at
+        the end of the iteration, and its partials go on the least-loaded engine left (`engine_pool`)."""
+        replicas = self.store.requested_replicas(self.job_id)
+        lost = set(self.workers.lost)
+        resize = replicas is not None and replicas != len(self.workers.record.rollouts)
+        if not lost and not resize:
+            return
+        self.in_flight.join()
+        record, restarted = self.workers.record, set()
+        if lost:
+            metrics.WORKER_FAILURES.labels(service=Service.ROLLOUT).inc(len(lost))
+            record, restarted = self.launcher.replace(record, self._worker_request(), set(), lost)
+            log.info("job %s: engine(s) at %s lost in the last iteration, replaced: the pool is %s", self.job_id,
+                     ", ".join(sorted(lost)), ", ".join(record.rollouts))
+        if resize:
+            resources = self.spec.resources.model_copy(update={
+                "rollout": self.spec.resources.rollout.model_copy(update={"replicas": replicas})})
+            self.spec = self.spec.model_copy(update={"resources": resources})
+            record, resized = self.launcher.resize(record, self._worker_request())
+            restarted |= resized
+            log.info("job %s: rollout pool of %d engine(s): %s", self.job_id, replicas, ", ".join(record.rollouts))
+        if "trainer" in restarted:  # a launcher that replaces every worker: continue as after a failure
+            self._stop_scorers()
+            self._use_workers(record)
+            self._continue(trainer_kept=False, reason="rollout pool changed")
+            return
+        self.workers.change_pool(record, self.state.version)
+        self._store_workers(record)
+        self._record_engines()
 
     def _continue(self, *, trainer_kept: bool, reason: str) -> None:
         self.state = self.recovery.continue_from(self.workers, self.rows_by_index, trainer_kept=trainer_kept,
@@ -389,16 +428,25 @@ class JobRunner:
     def _report_engines(self, rollout: RolloutResult, engine_of: dict[str, str]) -> None:
         """Each engine's tokens, finished rollouts and weight version: the job record's `engines` and the metrics
         labelled `engine`."""
-        workers, version = self.workers, self.state.version
+        workers = self.workers
         finished = Counter(engine_of.get(s, "") for s in rollout.finished_ids)
         for address, stats in workers.engine_stats.items():
             tokens = rollout.engine_tokens.get(address, 0)
             stats.tokens_generated += tokens
             stats.sequences_finished += finished.get(address, 0)
             metrics.count_engine_tokens(self.job_id, address, tokens, workers.engine_versions.get(address, -1))
-        engines = [EngineInfo(address=a, weight_version=workers.engine_versions.get(a, -1),
-                              state=(EngineState.serving if workers.engine_versions.get(a, -1) == version
-                                     else EngineState.behind),
+        self._record_engines()
+
+    def _record_engines(self) -> None:
+        """The job record's `engines`: the pool as it is now."""
+        workers, version = self.workers, self.state.version
+
+        def state(address: str) -> EngineState:
+            if address in workers.lost:
+                return EngineState.lost
+            return EngineState.serving if workers.engine_versions.get(address, -1) == version else EngineState.behind
+
+        engines = [EngineInfo(address=a, weight_version=workers.engine_versions.get(a, -1), state=state(a),
                               tokens_generated=s.tokens_generated, sequences_finished=s.sequences_finished)
                    for a, s in workers.engine_stats.items()]
         self.store.update(self.job_id, fence=self.owner, engines=engines)

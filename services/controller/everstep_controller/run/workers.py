@@ -1,4 +1,9 @@
-"""A job's rollout engines and trainer as its runner talks to them: the clients, and a policy loaded into all."""
+"""A job's rollout engines and trainer as its runner talks to them: the clients, and a policy loaded into all.
+
+The pool changes between iterations (`change_pool`): an engine lost mid-iteration (`lost`, reported by the
+iteration's `PoolStream`) gets no more work nor weight pushes until the launcher has replaced it, and the engines a
+resize starts or the replacements load the model and take the trainer's current weights before they get work.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ from everstep.rest.job_spec import JobSpec
 from everstep.v1 import common_pb2, trainer_pb2
 from everstep_controller.algo.training_batch import trainer_config
 from everstep_controller.launchers import WorkerRequest, Workers
-from everstep_controller.run.clients import Deadlines, RolloutClient, TrainerClient
+from everstep_controller.run.clients import Deadlines, RolloutClient, ServiceUnavailable, TrainerClient
 from everstep_controller.run.engine_pool import EngineStats, PoolStream
 
 __all__ = ["JobWorkers"]
@@ -22,16 +27,51 @@ log = logging.getLogger(__name__)
 class JobWorkers:
     def __init__(self, record: Workers, spec: JobSpec, request: WorkerRequest, deadlines: Deadlines) -> None:
         """record: the launcher's; request: what the job asked the launcher for (each engine's batch size)."""
-        self.record, self.spec, self.request = record, spec, request
+        self.record, self.spec, self.request, self.deadlines = record, spec, request, deadlines
         self.engines = [RolloutClient(address, deadlines) for address in record.rollouts]
         self.trainer = TrainerClient(record.trainer, deadlines)
         self.engine_stats = {address: EngineStats(address) for address in record.rollouts}
         self.engine_versions = dict.fromkeys(record.rollouts, -1)
         """Each engine's policy version, as the runner last loaded or pushed it (-1: not yet)."""
+        self.lost: dict[str, ServiceUnavailable] = {}
+        """Engines whose stream failed mid-iteration, not replaced yet: no work, no weight push."""
+
+    @property
+    def live_engines(self) -> list[RolloutClient]:
+        return [e for e in self.engines if e.address not in self.lost]
 
     def generate(self, tools: common_pb2.ToolConfig | None = None) -> PoolStream:
-        """One Generate stream per engine of the pool (`engine_pool.PoolStream`)."""
-        return PoolStream(self.engines, tools)
+        """One Generate stream per live engine of the pool (`engine_pool.PoolStream`); an engine it loses is
+        marked `lost`."""
+        return PoolStream(self.live_engines, tools, on_lost=self.lost.__setitem__)
+
+    def change_pool(self, record: Workers, version: int) -> None:
+        """The launcher's new record after a replacement or a resize (the same trainer): the clients of engines gone
+        are closed, the new engines load the model and take the trainer's `version` (`_bring_to`)."""
+        kept = [e for e in self.engines if e.address in record.rollouts and e.address not in self.lost]
+        for engine in self.engines:
+            if engine not in kept:
+                engine.close()
+        by_address = {e.address: e for e in kept}
+        new = [RolloutClient(a, self.deadlines) for a in record.rollouts if a not in by_address]
+        by_address.update({e.address: e for e in new})
+        self.record, self.lost = record, {}
+        self.engines = [by_address[a] for a in record.rollouts]
+        self.engine_stats = {a: self.engine_stats.get(a) or EngineStats(a) for a in record.rollouts}
+        self.engine_versions = {a: self.engine_versions.get(a, -1) for a in record.rollouts}
+        if new:
+            self._bring_to(new, version)
+
+    def _bring_to(self, engines: list[RolloutClient], version: int) -> None:
+        """Engines without the job's weights load the model, then one push of the trainer's weights to the whole
+        live pool (the same set of endpoints as every step's push, so a broadcast group is not formed twice);
+        RuntimeError when the trainer holds another version than `version`."""
+        self._each(engines, lambda engine: self._load_engine(engine, self.spec.model_path, 0, version))
+        pushed = self.push_weights().version
+        if pushed != version:
+            raise RuntimeError(f"the trainer holds version {pushed}, the job's progress {version}")
+        log.info("rollout engine(s) at %s given the trainer's weights (version %d)",
+                 ", ".join(e.address for e in engines), version)
 
     def load_model(self, model_path: str, *, version: int, start_step: int) -> None:
         """Every engine and the trainer load a Hugging Face directory afresh (the trainer with a new optimizer
@@ -60,8 +100,7 @@ class JobWorkers:
 
     def sync_rollout(self, version: int) -> None:
         """Brings every engine to the trainer's `version` with nothing in flight: the sequences a dead runner
-        left decoding are drained; engines that restarted (or missed a push) get the trainer's weights, by one push
-        to the whole pool."""
+        left decoding are drained; engines that restarted (or missed a push) get the trainer's weights (`_bring_to`)."""
         stale = []
         for engine in self.engines:
             status = engine.status()
@@ -70,20 +109,15 @@ class JobWorkers:
                 self.engine_versions[engine.address] = version
             else:
                 stale.append(engine)
-        if not stale:
-            return
-        self._each(stale, lambda engine: self._load_engine(engine, self.spec.model_path, 0, version))
-        pushed = self.push_weights().version
-        if pushed != version:
-            raise RuntimeError(f"the trainer holds version {pushed}, the job's progress {version}")
-        log.info("rollout engine(s) at %s given the trainer's weights (version %d)",
-                 ", ".join(e.address for e in stale), version)
+        if stale:
+            self._bring_to(stale, version)
 
     def push_weights(self) -> trainer_pb2.PushWeightsResponse:
-        """The trainer's weights to every engine of the pool in one push (one shared-memory segment per host, one
-        broadcast group across hosts); every engine is at the pushed version when it returns."""
-        reply = self.trainer.push_weights(list(self.record.rollouts))
-        self.engine_versions = dict.fromkeys(self.record.rollouts, reply.version)
+        """The trainer's weights to every live engine of the pool in one push (one shared-memory segment per host,
+        one broadcast group across hosts); every one is at the pushed version when it returns."""
+        live = [e.address for e in self.live_engines]
+        reply = self.trainer.push_weights(live)
+        self.engine_versions.update(dict.fromkeys(live, reply.version))
         return reply
 
     def close(self) -> None:

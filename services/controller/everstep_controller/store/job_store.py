@@ -116,6 +116,35 @@ class JobStore:
     def clear_request(self, job_id: str) -> None:
         self.redis.hset(self.key(job_id), "desired", "")
 
+    def resize_pool(self, job_id: str, replicas: int) -> JobRecord:
+        """A user's new size of the job's rollout pool: its spec says `replicas` engines from now on, and its runner
+        applies it between iterations (`requested_replicas`). KeyError for an unknown job; ValueError when the
+        spec refuses the size."""
+        key = self.key(job_id)
+        with self.redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    pipe.watch(key)
+                    raw = pipe.hget(key, "record")
+                    if not raw:
+                        raise KeyError(job_id)
+                    record = JobRecord.model_validate_json(raw)
+                    spec = record.spec.model_dump()
+                    spec["resources"]["rollout"]["replicas"] = replicas
+                    updated = record.model_copy(update={"spec": JobSpec.model_validate(spec),
+                                                        "updated_at": time.time()})
+                    pipe.multi()
+                    pipe.hset(key, mapping={"record": updated.model_dump_json(), "replicas": str(replicas)})
+                    pipe.execute()
+                    return updated
+                except redis.WatchError:
+                    continue
+
+    def requested_replicas(self, job_id: str) -> int | None:
+        """The rollout pool size a user last asked for (`resize_pool`); None: never changed since submission."""
+        value = _text(self.redis.hget(self.key(job_id), "replicas"))
+        return int(value) if value else None
+
     # -- metrics history (ProgressStore appends a step's row when it commits the step) -----
     def metrics(self, job_id: str) -> list[StepMetrics]:
         return [StepMetrics.model_validate_json(m) for m in self.redis.lrange(self.key(job_id, ":metrics"), 0, -1)]
