@@ -210,3 +210,18 @@ def test_the_last_engine_lost_fails_the_iteration() -> None:
     pool.close()
     with pytest.raises(ServiceUnavailable, match="rollout at a failed Generate"):
         list(pool.results())
+
+
+def test_groups_sent_together_go_to_each_engine_in_one_request() -> None:
+    """A schedule's groups are placed one by one on the least-loaded engine (counting those placed before them) and
+    each engine gets its groups in one request: the engine admits them together, whatever the timing."""
+    engines = [RecordingEngine("a"), RecordingEngine("b")]
+    pool = PoolStream(engines)
+    sampling = common_pb2.SamplingParams(max_new_tokens=10)
+    assert pool.send_groups([_group("g0", 2), _group("g1", 2), _group("g2", 4), _group("g3", 2)], sampling) == [
+        "a", "b", "a", "b"]
+    assert engines[0].stream.sent == [["g0-0", "g0-1", "g2-0", "g2-1", "g2-2", "g2-3"]]
+    assert engines[1].stream.sent == [["g1-0", "g1-1", "g3-0", "g3-1"]]
+    assert pool.outstanding() == {"a": 60, "b": 40}
+    pool.close()
+    assert len(list(pool.results())) == 10

@@ -53,6 +53,11 @@ class EngineStats:
     """Sequences sent to it and not back yet, at the last update."""
 
 
+def _budget(seq: common_pb2.Sequence, sampling: common_pb2.SamplingParams) -> int:
+    """The output tokens a sequence may still decode: its `max_new_tokens` less what it has."""
+    return max(0, sampling.max_new_tokens - len(seq.output_ids)) if sampling.max_new_tokens else 1
+
+
 def least_loaded(outstanding: dict[str, int]) -> str:
     """The engine with the fewest outstanding tokens; ties go to the first in pool order."""
     return min(outstanding, key=lambda address: outstanding[address])
@@ -132,11 +137,29 @@ class PoolStream:
         with self._lock:
             self._num_batches += 1
             for seq in sequences:
-                budget = max(0, sampling.max_new_tokens - len(seq.output_ids)) if sampling.max_new_tokens else 1
+                budget = _budget(seq, sampling)
                 self._sent[seq.id] = _Sent(target, budget, seq, sampling, self._num_batches, stream)
                 self._outstanding[target] += budget
         stream.send(list(sequences), sampling)
         return target
+
+    def send_groups(self, groups: Sequence[Sequence[common_pb2.Sequence]],
+                    sampling: common_pb2.SamplingParams) -> list[str]:
+        """Places each group, whole, on the least-loaded engine (counting the groups placed before it), then sends
+        each engine its groups in one request, so that the engine admits them together whatever the timing (a
+        deterministic job decodes the same batches run after run). Returns each group's engine."""
+        with self._lock:
+            outstanding = dict(self._outstanding)
+        placed: dict[str, list[common_pb2.Sequence]] = {}
+        targets = []
+        for group in groups:
+            target = least_loaded(outstanding)
+            outstanding[target] += sum(_budget(seq, sampling) for seq in group)
+            placed.setdefault(target, []).extend(group)
+            targets.append(target)
+        for target, sequences in placed.items():
+            self.send(sequences, sampling, engine=target)
+        return targets
 
     def send_carried(self, sequences: Iterable[common_pb2.Sequence], sampling: common_pb2.SamplingParams,
                      engine_of: dict[str, str]) -> None:

@@ -52,11 +52,12 @@ def evaluate(stream: PoolStream, reward: RewardClient, rows: list[PromptRow], sp
     sampled = {f"eval-s{i}-{k}": row for i, row in enumerate(rows) for k in range(spec.samples_per_prompt)}
     greedy = {f"eval-g{i}": row for i, row in enumerate(rows)} if spec.greedy else {}
     try:
-        for i, row in enumerate(rows):
-            stream.send([new_sequence(f"eval-s{i}-{k}", row, multi_turn) for k in range(spec.samples_per_prompt)],
-                        sampling)
-            if spec.greedy:
-                stream.send([new_sequence(f"eval-g{i}", row, multi_turn)], greedy_sampling)
+        # each engine gets its rows' samples in one request, and its greedy answers in another (as one engine did)
+        stream.send_groups([[new_sequence(f"eval-s{i}-{k}", row, multi_turn) for k in range(spec.samples_per_prompt)]
+                            for i, row in enumerate(rows)], sampling)
+        if spec.greedy:
+            stream.send_groups([[new_sequence(f"eval-g{i}", row, multi_turn)] for i, row in enumerate(rows)],
+                               greedy_sampling)
         stream.close()
         outputs = {seq.id: seq for _, seq in stream.results()}
     except BaseException:

@@ -132,7 +132,7 @@ class RolloutPhase:
             rows[row.index] = row
             return row.index
 
-        started: dict[str, int] = {}
+        groups = []
         for group in self.state.scheduler.schedule(next_prompt):
             row = rows[group.prompt_index]
             sequences = []
@@ -142,6 +142,6 @@ class RolloutPhase:
                 sequence = new_sequence(sample_id, row, self.spec.tools is not None)
                 sequence.seed = seed
                 sequences.append(sequence)
-            stream.send(sequences, sampling)
-            started.update({s.id: 0 for s in sequences})
-        return started
+            groups.append(sequences)
+        stream.send_groups(groups, sampling)
+        return {s.id: 0 for group in groups for s in group}
