@@ -52,8 +52,10 @@ class StandInStream:
         self.answers = answers
         self.sent: list[tuple[list[str], common_pb2.SamplingParams]] = []
 
-    def send(self, sequences: list[common_pb2.Sequence], sampling: common_pb2.SamplingParams) -> None:
-        self.sent.append(([s.id for s in sequences], sampling))
+    def send_groups(self, groups: list[list[common_pb2.Sequence]], sampling: common_pb2.SamplingParams) -> list[str]:
+        """One engine: every group in one request, as `PoolStream.send_groups` sends each engine its groups."""
+        self.sent.append(([s.id for group in groups for s in group], sampling))
+        return ["engine"] * len(groups)
 
     def close(self) -> None:
         pass
@@ -111,7 +113,8 @@ def test_evaluate_reports_avg_pass_and_maj_at_k_and_samples_with_evaluation_samp
     assert evaluation.accuracy == pytest.approx((1 + 2 + 0 + 3) / 15)
     assert evaluation.pass_at_k == pytest.approx(2 / 3) and evaluation.maj_at_k == pytest.approx(1 / 3)
     assert evaluation.greedy_accuracy == 1.0 and evaluation.num_unscored == 1 and evaluation.k == 4
-    assert [round(s.temperature, 4) for ids, s in stream.sent if ids[0].startswith("eval-s")] == [0.6] * 4
+    # one engine: the 4 rows' samples in one request at the evaluation's temperature, the greedy answers in another
+    assert [(len(ids), round(s.temperature, 4)) for ids, s in stream.sent] == [(16, 0.6), (4, 0.0)]
     assert math_answer_reader(RewardSpec(verifiers=[VerifierWeight(name="code")])) is None
 
 

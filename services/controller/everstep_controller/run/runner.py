@@ -31,7 +31,7 @@ from pathlib import Path
 import redis
 from tokenizers import Tokenizer
 
-from everstep.rest.job_record import EngineInfo, EngineState, JobState, WorkerAddresses
+from everstep.rest.job_record import JobState, WorkerAddresses
 from everstep.rest.job_spec import JobSpec
 from everstep.rest.step_samples import SAMPLES_PER_STEP
 from everstep.settings.codec import SAMPLING_PARAMS
@@ -426,30 +426,16 @@ class JobRunner:
             raise push_failure
 
     def _report_engines(self, rollout: RolloutResult, engine_of: dict[str, str]) -> None:
-        """Each engine's tokens, finished rollouts and weight version: the job record's `engines` and the metrics
-        labelled `engine`."""
-        workers = self.workers
+        """Each engine's tokens, finished rollouts and weight version: the metrics labelled `engine`, and the job
+        record's `engines`."""
         finished = Counter(engine_of.get(s, "") for s in rollout.finished_ids)
-        for address, stats in workers.engine_stats.items():
-            tokens = rollout.engine_tokens.get(address, 0)
-            stats.tokens_generated += tokens
-            stats.sequences_finished += finished.get(address, 0)
-            metrics.count_engine_tokens(self.job_id, address, tokens, workers.engine_versions.get(address, -1))
+        for address, tokens in self.workers.count_rollout(rollout.engine_tokens, finished).items():
+            metrics.count_engine_tokens(self.job_id, address, tokens, self.workers.engine_versions.get(address, -1))
         self._record_engines()
 
     def _record_engines(self) -> None:
         """The job record's `engines`: the pool as it is now."""
-        workers, version = self.workers, self.state.version
-
-        def state(address: str) -> EngineState:
-            if address in workers.lost:
-                return EngineState.lost
-            return EngineState.serving if workers.engine_versions.get(address, -1) == version else EngineState.behind
-
-        engines = [EngineInfo(address=a, weight_version=workers.engine_versions.get(a, -1), state=state(a),
-                              tokens_generated=s.tokens_generated, sequences_finished=s.sequences_finished)
-                   for a, s in workers.engine_stats.items()]
-        self.store.update(self.job_id, fence=self.owner, engines=engines)
+        self.store.update(self.job_id, fence=self.owner, engines=self.workers.engine_infos(self.state.version))
 
     def _decode(self, ids: list[int]) -> str:
         """Token ids as text, control tokens kept (a sample's turns as the model saw them)."""

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from everstep.rest.job_record import EngineInfo, EngineState
 from everstep.rest.job_spec import JobSpec
 from everstep.v1 import common_pb2, trainer_pb2
 from everstep_controller.algo.training_batch import trainer_config
@@ -119,6 +120,28 @@ class JobWorkers:
         reply = self.trainer.push_weights(live)
         self.engine_versions.update(dict.fromkeys(live, reply.version))
         return reply
+
+    def count_rollout(self, engine_tokens: dict[str, int], finished: dict[str, int]) -> dict[str, int]:
+        """Adds a rollout phase's decoded tokens and finished rollouts to each engine's totals; returns each
+        engine's tokens of the phase."""
+        phase = {}
+        for address, stats in self.engine_stats.items():
+            phase[address] = engine_tokens.get(address, 0)
+            stats.tokens_generated += phase[address]
+            stats.sequences_finished += finished.get(address, 0)
+        return phase
+
+    def engine_infos(self, version: int) -> list[EngineInfo]:
+        """The pool as the job record shows it: each engine's state against the job's policy `version`."""
+
+        def state(address: str) -> EngineState:
+            if address in self.lost:
+                return EngineState.lost
+            return EngineState.serving if self.engine_versions.get(address, -1) == version else EngineState.behind
+
+        return [EngineInfo(address=a, weight_version=self.engine_versions.get(a, -1), state=state(a),
+                           tokens_generated=s.tokens_generated, sequences_finished=s.sequences_finished)
+                for a, s in self.engine_stats.items()]
 
     def close(self) -> None:
         for engine in self.engines:
