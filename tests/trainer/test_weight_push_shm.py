@@ -6,6 +6,7 @@ child it started), so parallel test runs of other people do not interfere.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 from pathlib import Path
@@ -147,3 +148,45 @@ def test_the_parallel_copy_into_a_segment_writes_every_byte() -> None:
     finally:
         segment.release()
         transport.close()
+
+
+def test_the_engine_keeps_its_mappings_of_the_trainers_latest_segments() -> None:
+    """`SegmentCache`: a segment that comes back (the trainer alternates two) is the same mapping, page tables
+    filled once, and it shows what the trainer wrote since; an update's close leaves cached mappings alone; the
+    oldest falls out past the cache's size."""
+    from everstep.v1 import rollout_pb2
+    from everstep_rollout.weights import SegmentCache
+
+    placements, total = layout_tensors([("w", torch.zeros(256))])
+    segments = [SharedMemorySegment(total) for _ in range(3)]
+    cache = SegmentCache(size=2)
+
+    def message(segment: SharedMemorySegment) -> rollout_pb2.SharedMemoryWeights:
+        return rollout_pb2.SharedMemoryWeights(segment=segment.name, segment_bytes=segment.num_bytes,
+                                               tensors=[p.slot() for p in placements])
+
+    try:
+        for value, segment in ((1.0, segments[0]), (2.0, segments[1])):
+            segment.write(dataclasses.replace(placements[0], tensor=torch.full((256,), value)))
+        first = WeightUpdate(segments=cache)
+        first.add(rollout_pb2.WeightBucket(version=1, last=True, shared_memory=message(segments[0])))
+        assert torch.equal(first.tensors["w"], torch.full((256,), 1.0))
+        first.close()
+        mapped = cache.get(message(segments[0]), SHM_DIR)
+        assert mapped.buffer.numel() == segments[0].num_bytes  # still mapped after the update's close
+        segments[0].write(dataclasses.replace(placements[0], tensor=torch.full((256,), 3.0)))  # the next version
+        again = WeightUpdate(segments=cache)
+        again.add(rollout_pb2.WeightBucket(version=3, last=True, shared_memory=message(segments[0])))
+        assert torch.equal(again.tensors["w"], torch.full((256,), 3.0)) and cache.get(message(segments[0]),
+                                                                                    SHM_DIR) is mapped
+        again.close()
+        cache.get(message(segments[1]), SHM_DIR)
+        cache.get(message(segments[2]), SHM_DIR)  # three segments in a cache of two: the oldest goes
+        assert mapped.buffer.numel() == 0 and cache.get(message(segments[0]), SHM_DIR) is not mapped
+        with pytest.raises(ValueError, match="shared_memory.segment"):
+            cache.get(rollout_pb2.SharedMemoryWeights(segment="../etc/passwd", segment_bytes=4096), SHM_DIR)
+    finally:
+        cache.close()
+        for segment in segments:
+            segment.release()
+    assert segments_of(os.getpid()) == []

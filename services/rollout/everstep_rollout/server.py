@@ -34,7 +34,7 @@ from everstep_rollout.engine import (
 from everstep_rollout.model_files import read_config
 from everstep_rollout.proto_convert import request_from_proto, result_to_proto, sampling_from_proto
 from everstep_rollout.sequence import SequenceResult
-from everstep_rollout.weights import AdapterMerger, WeightGroupMember, WeightUpdate, receiver_info
+from everstep_rollout.weights import AdapterMerger, SegmentCache, WeightGroupMember, WeightUpdate, receiver_info
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         self._model_path = ""
         self._adapters: AdapterMerger | None = None
         self._weight_group: WeightGroupMember | None = None
+        self._segment_cache = SegmentCache()  # the trainer's shm segments, mapped once (weights/receiver.py)
         self._receiver_info = receiver_info(engine_defaults.device)
 
     # -- engine lifecycle -------------------------------------------------------------------------------
@@ -212,7 +213,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
 
     def UpdateWeights(self, request_iterator, context):
         loop = self._current(context)
-        update = WeightUpdate(engine_device=self._defaults.device, group=self._weight_group)
+        update = WeightUpdate(engine_device=self._defaults.device, group=self._weight_group,
+                              segments=self._segment_cache)
         start: float | None = None
         try:
             for bucket in request_iterator:

@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from everstep_rollout.weights.group import WeightGroupMember, rebuild_cuda_ipc_tensor
     from everstep_rollout.weights.lora import AdapterMerger
-    from everstep_rollout.weights.receiver import SHM_DIR, WeightUpdate, receiver_info
+    from everstep_rollout.weights.receiver import SHM_DIR, SegmentCache, WeightUpdate, receiver_info
 
-__all__ = ["SHM_DIR", "AdapterMerger", "WeightGroupMember", "WeightUpdate", "rebuild_cuda_ipc_tensor",
+__all__ = ["SHM_DIR", "AdapterMerger", "SegmentCache", "WeightGroupMember", "WeightUpdate", "rebuild_cuda_ipc_tensor",
            "receiver_info"]
 
 _HOME = {"WeightGroupMember": "group", "rebuild_cuda_ipc_tensor": "group", "AdapterMerger": "lora",
-         "SHM_DIR": "receiver", "WeightUpdate": "receiver", "receiver_info": "receiver"}
+         "SHM_DIR": "receiver", "SegmentCache": "receiver", "WeightUpdate": "receiver", "receiver_info": "receiver"}
 
 
 def __getattr__(name: str) -> Any:

@@ -21,6 +21,7 @@ import contextlib
 import mmap
 import os
 import re
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +33,7 @@ from everstep.transport.peer_identity import SHM_DIR, boot_id, shm_domain
 from everstep.v1 import rollout_pb2
 from everstep_rollout.weights.group import WeightGroupMember, cuda_device_uuid, rebuild_cuda_ipc_tensor
 
-__all__ = ["SHM_DIR", "WeightUpdate", "receiver_info"]
+__all__ = ["SHM_DIR", "SegmentCache", "WeightUpdate", "receiver_info"]
 
 _SEGMENT_NAME = re.compile(r"everstep-weights-[A-Za-z0-9_-]+")
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14+; Python names it from 3.13
@@ -114,6 +115,50 @@ class _MappedSegment:
             self._mapping.close()
 
 
+class SegmentCache:
+    """An engine's mappings of the trainer's latest segments, kept from one update to the next (at most `size`).
+
+    In steady state the trainer alternates two segments (the one the engines run on and the one it writes; three
+    when pushes go to different subsets of engines), so a segment comes back every other push. Mapped anew, its page tables are filled again, the main cost of a push on
+    the engine's side and one that each engine of a host pays on its own; kept, a push only reads the new bytes
+    through the same pages (the mapping is private and never written, so it sees the trainer's writes to the file).
+    A segment is known by its name, inode and size: a new file under an old name is mapped anew. A segment the
+    trainer released stays mapped until it falls out of the cache (at most `size` segments of memory held).
+    """
+
+    def __init__(self, size: int = 3) -> None:
+        if size < 1:
+            raise ValueError(f"size: at least 1, got {size}")
+        self.size = size
+        self._entries: OrderedDict[tuple[str, int, int], _MappedSegment] = OrderedDict()
+
+    def get(self, message: rollout_pb2.SharedMemoryWeights, directory: Path) -> _MappedSegment:
+        if not _SEGMENT_NAME.fullmatch(message.segment):
+            raise ValueError(f"shared_memory.segment: {message.segment!r} is not an everstep weight segment name")
+        try:
+            stat = os.stat(directory / message.segment)
+        except FileNotFoundError:
+            stat = None  # _MappedSegment says why
+        key = (message.segment, stat.st_ino, stat.st_size) if stat is not None else None
+        segment = self._entries.pop(key, None) if key is not None else None
+        if segment is None or segment.buffer.numel() != message.segment_bytes:
+            segment = _MappedSegment(message, directory)
+        if key is not None:
+            self._entries[key] = segment
+        while len(self._entries) > self.size:
+            _, oldest = self._entries.popitem(last=False)
+            oldest.close()
+        return segment
+
+    def __contains__(self, segment: _MappedSegment) -> bool:
+        return any(s is segment for s in self._entries.values())
+
+    def close(self) -> None:
+        for segment in self._entries.values():
+            segment.close()
+        self._entries.clear()
+
+
 class WeightUpdate:
     """Collects the buckets of one update; `tensors` is complete once a bucket with last=True was added.
 
@@ -122,10 +167,12 @@ class WeightUpdate:
     """
 
     def __init__(self, *, engine_device: str = "cpu", group: WeightGroupMember | None = None,
-                 shm_dir: Path = SHM_DIR) -> None:
+                 shm_dir: Path = SHM_DIR, segments: SegmentCache | None = None) -> None:
+        """`segments`: the engine's mappings kept between updates (None: each update maps and unmaps its own)."""
         self.engine_device = engine_device
         self.group = group
         self.shm_dir = shm_dir
+        self.segment_cache = segments
         self.version: int | None = None
         self.transport: str | None = None
         self.tensors: dict[str, torch.Tensor] = {}
@@ -174,7 +221,8 @@ class WeightUpdate:
         self.tensors = {}
         self._partial = None
         for segment in self._segments.values():
-            segment.close()
+            if self.segment_cache is None or segment not in self.segment_cache:
+                segment.close()
         self._segments.clear()
 
     # -- carriers ---------------------------------------------------------------------------------------
@@ -224,7 +272,8 @@ class WeightUpdate:
         self.engine_may_keep = message.engine_may_keep and (first or self.engine_may_keep)
         segment = self._segments.get(message.segment)
         if segment is None:
-            segment = _MappedSegment(message, self.shm_dir)
+            segment = (self.segment_cache.get(message, self.shm_dir) if self.segment_cache is not None
+                       else _MappedSegment(message, self.shm_dir))
             self._segments[message.segment] = segment
         for slot in message.tensors:
             self._put(slot.name, _view(segment.buffer, slot, f"segment {message.segment}"))
