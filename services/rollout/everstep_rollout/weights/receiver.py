@@ -121,9 +121,10 @@ class SegmentCache:
     In steady state the trainer alternates two segments (the one the engines run on and the one it writes; three
     when pushes go to different subsets of engines), so a segment comes back every other push. Mapped anew, its
     page tables are filled again, the main cost of a push on the engine's side and one that each engine of a host
-    pays on its own; kept, a push only reads the new bytes through the same pages (the mapping is private and never written, so it sees the trainer's writes to the file).
-    A segment is known by its name, inode and size: a new file under an old name is mapped anew. A segment the
-    trainer released stays mapped until it falls out of the cache (at most `size` segments of memory held).
+    pays on its own; kept, a push only reads the new bytes through the same pages (the mapping is private and never
+    written, so it sees the trainer's writes to the file). A segment is known by its name, inode and size: a new
+    file under an old name is mapped anew. A segment the trainer released stays mapped until it falls out of the
+    cache (at most `size` segments of memory held).
     """
 
     def __init__(self, size: int = 3) -> None:
