@@ -32,7 +32,6 @@ token; it tells a pool that wastes work (below 2) from a machine that lacked the
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
@@ -116,20 +115,14 @@ def process_cpu_seconds(pid: int) -> float:
 
 
 def read_prompt_ids(model: Path, prompts_path: Path, num_prompts: int) -> list[list[int]]:
-    """The first `num_prompts` prompts of `prompts_path`, tokenized as raw text by the model's tokenizer."""
+    """The first `num_prompts` prompts of `prompts_path` (`rollout_throughput.read_prompts`), tokenized as raw text
+    by the model's tokenizer."""
     from transformers import AutoTokenizer
 
+    from benchmarks.rollout_throughput import read_prompts
+
     tokenizer = AutoTokenizer.from_pretrained(model)
-    prompts = []
-    with prompts_path.open() as f:
-        for line in f:
-            if line.strip():
-                prompts.append(json.loads(line)["prompt"])
-            if len(prompts) == num_prompts:
-                break
-    if len(prompts) < num_prompts:
-        raise ValueError(f"{prompts_path} has {len(prompts)} prompts, {num_prompts} asked")
-    return [list(tokenizer(p).input_ids) for p in prompts]
+    return [list(tokenizer(str(p)).input_ids) for p in read_prompts(prompts_path, num_prompts)]
 
 
 def run_pool(clients: list, pids: list[int], prompt_ids: list[list[int]], workload: EngineWorkload, *,
