@@ -18,13 +18,12 @@ from kubernetes import client
 
 from everstep.rest.job_spec import ResourcesSpec
 from everstep_controller.launchers import WorkerRequest
+from everstep_controller.launchers.base import role_of, worker_names
 from everstep_controller.launchers.kubernetes import (
     KubernetesLauncher,
     build_worker_objects,
     object_name,
     pod_template_from_dict,
-    role_of,
-    worker_names,
 )
 
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "everstep"

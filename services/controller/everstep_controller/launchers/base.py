@@ -52,6 +52,17 @@ def trainer_names(replicas: int) -> list[str]:
     return ["trainer", *(f"trainer-node-{k}" for k in range(1, replicas))]
 
 
+def worker_names(request: WorkerRequest) -> list[str]:
+    """The job's workers: its engines (`engine_names`), then the trainer's nodes (`trainer_names`)."""
+    return [*engine_names(request.resources.rollout.replicas), *trainer_names(request.resources.trainer.replicas)]
+
+
+def role_of(worker: str) -> str:
+    """The role of a worker name: 'rollout' for every engine of the pool ('rollout', 'rollout-0', ...), 'trainer'
+    for every trainer node ('trainer', 'trainer-node-1', ...)."""
+    return "rollout" if worker.startswith("rollout") else "trainer" if worker.startswith("trainer") else worker
+
+
 def node_rank_of(worker: str) -> int:
     """The node index of a trainer worker name (`trainer_names`)."""
     return 0 if worker == "trainer" else int(worker.removeprefix("trainer-node-"))

@@ -43,9 +43,9 @@ from everstep_controller.launchers.base import (
     ObjectHandle,
     WorkerRequest,
     Workers,
-    engine_names,
     node_rank_of,
-    trainer_names,
+    role_of,
+    worker_names,
 )
 
 log = logging.getLogger(__name__)
@@ -54,13 +54,6 @@ COMPONENTS = ("rollout", "trainer")
 """The roles, each with its PodTemplate <prefix>-<role>."""
 
 
-def worker_names(request: WorkerRequest) -> list[str]:
-    """The job's workers: its engines (`engine_names`), then the trainer's nodes (`trainer_names`)."""
-    return [*engine_names(request.resources.rollout.replicas), *trainer_names(request.resources.trainer.replicas)]
-
-
-def role_of(worker: str) -> str:
-    return "rollout" if worker.startswith("rollout") else "trainer" if worker.startswith("trainer") else worker
 JOB_LABEL = "everstep.io/job-id"
 WORKER_LABEL = "everstep.io/worker"
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"

@@ -34,17 +34,12 @@ from everstep_controller.launchers.base import (
     ProcessHandle,
     WorkerRequest,
     Workers,
-    engine_names,
     node_rank_of,
-    trainer_names,
+    role_of,
+    worker_names,
 )
 
 log = logging.getLogger(__name__)
-
-
-def _role(name: str) -> str:
-    """'rollout' for every engine of the pool ('rollout', 'rollout-0', ...), 'trainer' for every trainer node."""
-    return "rollout" if name.startswith("rollout") else "trainer" if name.startswith("trainer") else name
 
 
 class LocalLauncher(Launcher):
@@ -73,7 +68,7 @@ class LocalLauncher(Launcher):
             if wanted.model_dump(exclude_none=True, exclude={"replicas"}):
                 log.warning("job %s: resources.%s cpu, memory and gpus are ignored by the local launcher (processes "
                             "on this machine)", request.job_id, role)
-        return self._workers(self._start(request, self._names(request)))
+        return self._workers(self._start(request, worker_names(request)))
 
     def replace(self, workers: Workers, request: WorkerRequest, roles: set[str],
                 engines: Collection[str] = ()) -> tuple[Workers, set[str]]:
@@ -81,11 +76,11 @@ class LocalLauncher(Launcher):
         names, on new ports): a live trainer keeps its state, and the other engines of a pool keep serving. Those
         named are killed, not asked to stop: they failed, and a hung one would not stop."""
         handles = [_managed(p) for p in workers.processes]
-        renew = [h for h in handles if _role(h.name) in roles or h.grpc_address in engines or not is_alive(h)]
-        if any(_role(h.name) == "trainer" for h in renew):  # the nodes of a trainer share one process group
-            renew = [h for h in handles if h in renew or _role(h.name) == "trainer"]
+        renew = [h for h in handles if role_of(h.name) in roles or h.grpc_address in engines or not is_alive(h)]
+        if any(role_of(h.name) == "trainer" for h in renew):  # the nodes of a trainer share one process group
+            renew = [h for h in handles if h in renew or role_of(h.name) == "trainer"]
         started = {p.name: p for p in self.restart(request, renew)}
-        return self._workers([started.get(h.name) or h for h in handles]), {_role(h.name) for h in renew}
+        return self._workers([started.get(h.name) or h for h in handles]), {role_of(h.name) for h in renew}
 
     def restart(self, request: WorkerRequest, processes: list[ManagedProcess]) -> list[ManagedProcess]:
         """Kills `processes` (failed ones: a hung one would not stop when asked) and starts each anew under its
@@ -101,8 +96,8 @@ class LocalLauncher(Launcher):
         under names the pool does not use yet (`rollout-<i>`), with the threads of a pool of the new size; the rest,
         and the trainer, keep running."""
         handles = [_managed(p) for p in workers.processes]
-        engines = [h for h in handles if _role(h.name) == "rollout"]
-        trainer = [h for h in handles if _role(h.name) != "rollout"]
+        engines = [h for h in handles if role_of(h.name) == "rollout"]
+        trainer = [h for h in handles if role_of(h.name) != "rollout"]
         wanted = request.resources.rollout.replicas
         if wanted < len(engines):
             stopped = self._stop_processes(engines[wanted:])
@@ -125,10 +120,6 @@ class LocalLauncher(Launcher):
         if stopped:
             log.info("stopped %s (pids %s)", ", ".join(stopped), [p.pid for p in processes])
 
-    @staticmethod
-    def _names(request: WorkerRequest) -> list[str]:
-        return [*engine_names(request.resources.rollout.replicas), *trainer_names(request.resources.trainer.replicas)]
-
     def engine_threads(self, replicas: int) -> int:
         """Torch threads of each engine of a pool of `replicas` (0: the process's own default)."""
         if self.threads_per_engine:
@@ -142,11 +133,11 @@ class LocalLauncher(Launcher):
         engine_threads = self.engine_threads(request.resources.rollout.replicas)
         logs = self.work_dir / request.job_id
         num_nodes = request.resources.trainer.replicas
-        master_port = free_port() if num_nodes > 1 and any(_role(n) == "trainer" for n in names) else 0
+        master_port = free_port() if num_nodes > 1 and any(role_of(n) == "trainer" for n in names) else 0
         started: list[ManagedProcess] = []
         try:
             for name in names:
-                role = _role(name)
+                role = role_of(name)
                 threads = engine_threads if role == "rollout" else self.threads_per_worker
                 env = {"OMP_NUM_THREADS": str(threads)} if threads else {}
                 if role == "rollout":
@@ -186,7 +177,7 @@ class LocalLauncher(Launcher):
 
     def _workers(self, processes: list[ManagedProcess]) -> Workers:
         trainer = next(p for p in processes if p.name == "trainer")
-        engines = [p for p in processes if _role(p.name) == "rollout"]
+        engines = [p for p in processes if role_of(p.name) == "rollout"]
         return Workers(launcher=self.kind, rollouts=[e.grpc_address for e in engines], trainer=trainer.grpc_address,
                        dedicated=True, processes=[ProcessHandle(**vars(p)) for p in processes])
 
