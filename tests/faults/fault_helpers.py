@@ -244,11 +244,15 @@ def freeze_while(process: ManagedProcess, wanted: Callable[[], bool], attempts: 
     stopped engine given 20 ms at a time emitted its results only in whole-step bursts, and the window
     never came)."""
     slices = random.Random(process.pid)
-    for _ in range(attempts):
+    for attempt in range(attempts):
         deadline = time.monotonic() + slices.uniform(0.005, 0.2)
         while time.monotonic() < deadline and not wanted():
             time.sleep(0.002)
-        os.kill(process.pid, signal.SIGSTOP)
+        try:
+            os.kill(process.pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            pytest.fail(f"{process.name} (pid {process.pid}) exited before the wanted moment came, after {attempt} "
+                        "tries: its job ended? (give it more steps)")
         time.sleep(settle_seconds)
         if wanted():
             return

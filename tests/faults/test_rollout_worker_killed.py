@@ -22,10 +22,11 @@ from everstep.processes import kill_processes
 
 pytestmark = pytest.mark.faults
 
-# 48 prompts drawn: each row exactly 8 times. The steps after the second are the chances to stop the engine with
+# 72 prompts drawn: each row exactly 12 times. The steps after the second are the chances to stop the engine with
 # some of a step's rollouts scored and some not: on a loaded machine the tiny engine often sends a whole step's
-# rollouts before it can be stopped, and six steps were too few chances (CI)
-STEPS, PROMPTS_PER_STEP, GROUP_SIZE, NUM_ROWS = 24, 2, 4, 6
+# rollouts before it can be stopped, and six steps, then 24, were too few chances (CI)
+STEPS, PROMPTS_PER_STEP, GROUP_SIZE, NUM_ROWS = 36, 2, 4, 6
+DOOMED_STEPS = 100_000
 
 
 def test_a_killed_rollout_engine_loses_no_sample_and_trains_none_twice(
@@ -36,7 +37,8 @@ def test_a_killed_rollout_engine_loses_no_sample_and_trains_none_twice(
     # one after another over many decode steps
     spec = tiny_job("rollout-kill", tiny_model_dir, train, steps=STEPS, sampling={"max_new_tokens": 32, "stop": ["1"]})
     job_id = api.post("/v1/jobs", json=spec).json()["id"]
-    doomed = api.post("/v1/jobs", json=tiny_job("doomed", tiny_model_dir, train, steps=100)).json()["id"]
+    # more steps than it can run before the test kills its engines (it ran 100 to the end once on a loaded machine)
+    doomed = api.post("/v1/jobs", json=tiny_job("doomed", tiny_model_dir, train, steps=DOOMED_STEPS)).json()["id"]
 
     wait_job(api, job_id, lambda j: j["step"] >= 2)
     workers = job_workers(client, job_id)
@@ -54,10 +56,16 @@ def test_a_killed_rollout_engine_loses_no_sample_and_trains_none_twice(
     wait_job(api, doomed, lambda j: j["step"] >= 1)
     first, doomed_trainer = job_workers(client, doomed)["rollout"], job_workers(client, doomed)["trainer"]
     kill_processes([first])
-    wait_until(lambda: job_workers(client, doomed)["rollout"].pid != first.pid, "a new engine for the job")
+    def replaced() -> bool:
+        if not client.exists(f"everstep:job:{doomed}:workers"):  # the job ended: say how
+            job = api.get(f"/v1/jobs/{doomed}").json()
+            raise AssertionError(f"job {doomed} ended {job['state']} before its engine was replaced: {job['error']}")
+        return job_workers(client, doomed)["rollout"].pid != first.pid
+
+    wait_until(replaced, "a new engine for the job")
     kill_processes([job_workers(client, doomed)["rollout"]])
     failed = wait_job(api, doomed, lambda j: j["state"] == "FAILED")
-    assert failed["error"].startswith("WorkersFailed: rollout at 127.0.0.1:") and failed["step"] < 100
+    assert failed["error"].startswith("WorkersFailed: rollout at 127.0.0.1:") and failed["step"] < DOOMED_STEPS
     assert "gave up after 1 restart(s) without a completed step" in failed["error"]
 
     job = wait_job(api, job_id, lambda j: j["state"] == "SUCCEEDED")
