@@ -84,3 +84,14 @@ def test_the_demo_plot_is_titled_after_the_spec_it_ran() -> None:
     assert titles == ["everstep demo smollm2-lora: GRPO + icepop (LoRA), sync rollouts",
                       "everstep demo smollm2-full: GRPO + icepop (full), sync rollouts",
                       "everstep demo demo: GRPO + icepop (full), C3PO++ rollouts"]
+
+
+def test_the_demo_summary_gives_each_engine_its_share_of_the_tokens() -> None:
+    from everstep_cli.demo import _engine_shares
+
+    engine = {"state": "serving", "weight_version": 30, "sequences_finished": 10}
+    record = {"engines": [{**engine, "address": "a:1", "tokens_generated": 300},
+                          {**engine, "address": "b:2", "tokens_generated": 100}]}
+    assert _engine_shares(record) == [{"address": "a:1", "tokens_generated": 300, "share": 0.75},
+                                      {"address": "b:2", "tokens_generated": 100, "share": 0.25}]
+    assert _engine_shares({"engines": []}) == []

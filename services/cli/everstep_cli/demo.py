@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from everstep.model_manifest import read_manifest, verify_manifest
+from everstep.rest.job_record import EngineInfo
 from everstep.rest.step_metrics import Evaluation, StepMetrics
 from everstep_cli.follow import follow_job
 from everstep_cli.job_file import load_job_file
@@ -163,6 +164,7 @@ def run_demo(spec_path: Path, out: Path, *, port: int = 0, rebuild: bool = False
         "response_tokens_first_steps": _mean([_response_tokens(m) for m in first]),
         "response_tokens_last_steps": _mean([_response_tokens(m) for m in last]),
         **_tool_use_summary(first, last),
+        "engines": _engine_shares(record),
         "job_seconds": round(job_seconds, 1),
         "wall_seconds": round(time.monotonic() - started, 1),
         "plot": str(out / "demo.png"),
@@ -172,6 +174,14 @@ def run_demo(spec_path: Path, out: Path, *, port: int = 0, rebuild: bool = False
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     plot_demo(steps, evaluation, out / "demo.png", title=demo_title(record["spec"]))
     return summary
+
+
+def _engine_shares(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each rollout engine of the pool: its address, the output tokens it decoded and their share of the pool's."""
+    engines = [EngineInfo.model_validate(e) for e in record.get("engines") or []]
+    total = sum(e.tokens_generated for e in engines)
+    return [{"address": e.address, "tokens_generated": e.tokens_generated,
+             "share": round(e.tokens_generated / total, 4) if total else 0.0} for e in engines]
 
 
 def demo_title(spec: dict[str, Any]) -> str:
