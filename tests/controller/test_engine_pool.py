@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from everstep.v1 import common_pb2
-from everstep_controller.run.clients import Service, ServiceUnavailable
+from everstep_controller.run.clients import Deadlines, Service, ServiceUnavailable
 from everstep_controller.run.engine_pool import PoolStream, least_loaded
 
 
@@ -48,10 +48,17 @@ class RecordingStream:
             yield seq
 
 
+NO_PROBE = Deadlines(engine_probe_seconds=0)
+
+
 class RecordingEngine:
-    def __init__(self, address: str) -> None:
-        self.address = address
+    def __init__(self, address: str, deadlines: Deadlines = NO_PROBE) -> None:
+        self.address, self.deadlines = address, deadlines
         self.streams: list[RecordingStream] = []
+        self.health_checks = 0
+
+    def check_health(self) -> None:
+        self.health_checks += 1
 
     @property
     def stream(self) -> RecordingStream:
@@ -64,6 +71,45 @@ class RecordingEngine:
     def generate(self, tools: common_pb2.ToolConfig | None = None) -> RecordingStream:
         self.streams.append(RecordingStream())
         return self.streams[-1]
+
+
+class _Hung(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+
+    def details(self) -> str:
+        return "Deadline Exceeded"
+
+
+PROBED = Deadlines(engine_probe_seconds=0.05, engine_probe_timeout_seconds=0.05, engine_probe_failures=3)
+
+
+class HungEngine(RecordingEngine):
+    """An engine that takes what it is sent and never answers, its health checks included (a stopped process); it
+    returns what it had once its streams are cancelled, as a late answer (which the pool must not take)."""
+
+    def __init__(self, address: str, *, answers_checks: bool = False) -> None:
+        super().__init__(address, PROBED)
+        self.answers_checks = answers_checks
+        self.cancelled = threading.Event()
+
+    def check_health(self) -> None:
+        self.health_checks += 1
+        if not self.answers_checks:
+            raise ServiceUnavailable(Service.ROLLOUT, self.address, "health Check", _Hung(), deadline_seconds=0.05,
+                                     role=Service.ROLLOUT)
+
+    def generate(self, tools: common_pb2.ToolConfig | None = None) -> RecordingStream:
+        stream = super().generate(tools)
+        stream.close = lambda: None  # type: ignore[method-assign]  # hung: a half-close changes nothing
+        stream.cancel = lambda: self._cancel(stream)  # type: ignore[method-assign]
+        return stream
+
+    def _cancel(self, stream: RecordingStream) -> None:
+        self.cancelled.set()
+        for seq in stream._pending:  # a late answer, after the pool gave up on it
+            stream._back.put(seq)
+        stream._back.put(None)
 
 
 class _Unavailable(grpc.RpcError):
@@ -225,3 +271,48 @@ def test_groups_sent_together_go_to_each_engine_in_one_request() -> None:
     assert pool.outstanding() == {"a": 60, "b": 40}
     pool.close()
     assert len(list(pool.results())) == 10
+
+
+def test_an_engine_that_fails_its_health_checks_leaves_the_pool_before_its_stream_deadline() -> None:
+    """A hung engine (its stream neither answers nor fails: a stopped process) is taken for hung after
+    engine_probe_failures failed health checks in a row: its sequences go on the other engine, its streams are
+    cancelled, and what it hands over after that is not taken (those sequences went on elsewhere)."""
+    hung, live = HungEngine("a"), RecordingEngine("b", PROBED)
+    told: list[tuple[str, str]] = []
+    pool = PoolStream([hung, live], on_lost=lambda address, error: told.append((address, str(error))))
+    sampling = common_pb2.SamplingParams(max_new_tokens=10)
+    pool.send(_group("g0", 3), sampling, engine="a")
+    pool.send(_group("g1", 2), sampling, engine="b")
+    pool.close()
+    back = list(pool.results())
+    assert sorted((e, s.id) for e, s in back) == [("b", "g0-0"), ("b", "g0-1"), ("b", "g0-2"), ("b", "g1-0"),
+                                                  ("b", "g1-1")], "every sequence once, from the live engine"
+    assert hung.cancelled.is_set() and hung.health_checks == 3
+    assert told == [("a", "rollout at a did not answer health Check within 0.05s (DEADLINE_EXCEEDED)")]
+    assert live.health_checks >= 0 and set(pool.lost) == {"a"}
+
+
+def test_an_engine_that_answers_its_health_checks_is_kept_however_long_it_decodes() -> None:
+    slow = HungEngine("a", answers_checks=True)
+    pool = PoolStream([slow, RecordingEngine("b", PROBED)])
+    pool.send(_group("g0", 2), common_pb2.SamplingParams(max_new_tokens=10), engine="a")
+    threading.Event().wait(0.5)  # ten probe intervals
+    assert slow.health_checks >= 3 and not pool.lost and not slow.cancelled.is_set()
+    pool.cancel()
+
+
+def test_a_hung_engine_with_nothing_out_is_taken_for_hung_too_so_the_iteration_can_end() -> None:
+    """Its stream would never end, though nothing of the iteration is on it."""
+    idle = HungEngine("a")
+    pool = PoolStream([idle, RecordingEngine("b", PROBED)])
+    pool.send(_group("g0", 2), common_pb2.SamplingParams(max_new_tokens=10), engine="b")
+    pool.close()
+    assert sorted((e, s.id) for e, s in pool.results()) == [("b", "g0-0"), ("b", "g0-1")]
+    assert set(pool.lost) == {"a"} and idle.cancelled.is_set()
+
+
+def test_the_probe_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="engine_probe_failures must be at least 1"):
+        Deadlines(engine_probe_failures=0)
+    with pytest.raises(ValueError, match="engine_probe_timeout_seconds must be positive"):
+        Deadlines(engine_probe_timeout_seconds=0)

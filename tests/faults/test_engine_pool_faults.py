@@ -1,6 +1,6 @@
 """A job's pool of rollout engines losing an engine, and resized while it runs (docs/reliability.md).
 
-- One of two engines killed (SIGKILL), or hung (SIGSTOP) until its Generate stream passes its deadline, in the
+- One of two engines killed (SIGKILL), or hung (SIGSTOP) until its health probe gives up on it, in the
   middle of an iteration: the rollouts it had not returned go on the other engine within the same iteration, the
   launcher replaces it before the next one (a new process, given the trainer's weights before it gets work), and
   the job goes on without a restart. Counted from the trainer's own record of what it trained (its sample log):
@@ -38,9 +38,10 @@ def _check_trained_once(steps: list[dict]) -> None:
 @pytest.mark.parametrize("fault", ["killed", "hung"])
 def test_a_lost_engine_of_two_loses_no_sample_and_is_replaced_while_the_job_goes_on(
         start_sample_logged_stack: StartStack, tiny_model_dir: Path, fault: str) -> None:
-    # hung: given up on at the Generate deadline (a tiny job's iteration takes well under a second)
-    stack = start_sample_logged_stack(*(["--generate-deadline-seconds", "10"] if fault == "hung" else []),
-                                      num_rows=NUM_ROWS)
+    # hung: taken for hung by its health probe (two checks in a row unanswered within 5 s), long before the Generate
+    # deadline (the default, an hour: were the probe not working, the test would time out)
+    probe = ["--engine-probe-seconds", "0.5", "--engine-probe-timeout-seconds", "5", "--engine-probe-failures", "2"]
+    stack = start_sample_logged_stack(*(probe if fault == "hung" else []), num_rows=NUM_ROWS)
     api, client = stack.api, stack.client
     spec = tiny_job("pool-kill", tiny_model_dir, stack.train, steps=STEPS,
                     sampling={"max_new_tokens": 32, "stop": ["1"]}, resources={"rollout": {"replicas": 2}})

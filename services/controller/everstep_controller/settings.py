@@ -101,6 +101,15 @@ class ControllerSettings:
         120.0, check=_positive, help="deadline of a unary call to a rollout engine (Load, GetStatus, Drain)")
     generate_deadline_seconds: float = _option(
         3600.0, check=_positive, help="deadline of one Generate stream: one iteration's rollouts, or one evaluation")
+    engine_probe_seconds: float = _option(
+        10.0, check=_at_least(0),
+        help="while a rollout engine has rollouts of the job out, its gRPC health service is asked this often; an "
+             "engine that fails --engine-probe-failures checks in a row is taken for hung and leaves the pool (its "
+             "rollouts go on the other engines) long before --generate-deadline-seconds (0: no probe)")
+    engine_probe_timeout_seconds: float = _option(
+        10.0, check=_positive, help="deadline of one health check of a rollout engine (--engine-probe-seconds)")
+    engine_probe_failures: int = _option(
+        3, check=_at_least(1), help="health checks failed in a row that make a rollout engine taken for hung")
     trainer_deadline_seconds: float = _option(
         600.0, check=_positive, help="deadline of a call to a trainer (Load, TrainStep, PushWeights, checkpoints)")
     reward_deadline_seconds: float = _option(300.0, check=_positive,

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from everstep.settings.quantization import Quantization, quantization_from_proto, quantization_to_proto
 from everstep.transport import channels
@@ -54,6 +55,9 @@ class Deadlines:
     generate_seconds: float = setting("generate_deadline_seconds")  # one Generate stream
     trainer_seconds: float = setting("trainer_deadline_seconds")  # one call to a trainer
     reward_seconds: float = setting("reward_deadline_seconds")  # one Score call to the reward service
+    engine_probe_seconds: float = setting("engine_probe_seconds")  # between health checks of a busy engine (0: none)
+    engine_probe_timeout_seconds: float = setting("engine_probe_timeout_seconds")  # one health check
+    engine_probe_failures: int = setting("engine_probe_failures")  # failed in a row: the engine is taken for hung
 
     def __post_init__(self) -> None:
         check_settings(self)
@@ -149,6 +153,7 @@ class RolloutClient:
         self.deadlines = deadlines or Deadlines()
         self._channel = channels.channel(address, options=_CHANNEL_OPTIONS)
         self._stub = rollout_pb2_grpc.RolloutStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
 
     def _calling(self, method: str) -> contextlib.AbstractContextManager[None]:
         return _calling(Service.ROLLOUT, self.address, method, self.deadlines.rollout_seconds, Service.ROLLOUT)
@@ -175,6 +180,16 @@ class RolloutClient:
     def generate(self, tools: common_pb2.ToolConfig | None = None) -> GenerateStream:
         """`tools`: the job's tool loop, for every sequence of the stream (None: single turn)."""
         return GenerateStream(self._stub, self.address, self.deadlines.generate_seconds, tools)
+
+    def check_health(self) -> None:
+        """Asks the engine's gRPC health service (`engine_probe_timeout_seconds`); ServiceUnavailable when it does not
+        answer in time (hung, stopped) or is down, RuntimeError when it answers other than SERVING."""
+        timeout = self.deadlines.engine_probe_timeout_seconds
+        with _calling(Service.ROLLOUT, self.address, "health Check", timeout, Service.ROLLOUT):
+            reply = self._health.Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+        if reply.status != health_pb2.HealthCheckResponse.SERVING:
+            status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+            raise RuntimeError(f"rollout engine at {self.address} is {status}")
 
     def status(self) -> rollout_pb2.RolloutStatus:
         with self._calling("GetStatus"):

@@ -17,6 +17,11 @@ pool only decides which engine decodes what.
   Moved sequences go on a new stream (its own deadline: the others started with the lost one's). A stream that
   passes its deadline with nothing of its own outstanding is idle, not hung (the iteration outlasted it): its
   engine stays, and later sends to it take a new stream.
+  A hung engine is found before its stream's deadline (an hour by default): while the pool's streams are open, a
+  probe thread asks each engine's gRPC health service every `engine_probe_seconds` (its `Deadlines`); after
+  `engine_probe_failures` checks in a row that fail (no answer within `engine_probe_timeout_seconds`: stopped, hung,
+  gone), the engine leaves the pool as if its stream had failed, and its streams are cancelled. A busy engine still
+  answers: its gRPC server serves health checks on threads of their own.
   Nothing it had returned is sent again, so no rollout is lost or decoded twice. `lost` names the engines that left,
   and `on_lost` tells the pool's owner at once (who stops pushing weights to them and has them replaced between
   iterations). Only when no engine is left is the error raised.
@@ -100,8 +105,12 @@ class PoolStream:
     _closing: _Closing = field(init=False, default=_Closing.open)
     _expired: set[int] = field(init=False, default_factory=set)
     """ids of streams that passed their deadline with nothing outstanding (idle, not hung): sends take a new one."""
+    _finished: threading.Event = field(init=False, default_factory=threading.Event)
+    """Set once every stream has ended or the pool was cancelled: the probes stop."""
 
     _END = object()
+    _PROBE = object()
+    """In place of a stream, for an engine its probe took for hung."""
 
     def __post_init__(self) -> None:
         if not self.engines:
@@ -111,6 +120,10 @@ class PoolStream:
         self._outstanding = dict.fromkeys(self._clients, 0)
         for address in self._clients:
             self._open_stream(address)
+        for engine in self.engines:
+            if engine.deadlines.engine_probe_seconds > 0:
+                threading.Thread(target=self._probe, args=(engine,), daemon=True,
+                                 name=f"probe-{engine.address}").start()
 
     def _open_stream(self, address: str) -> GenerateStream:
         stream = self._clients[address].generate(self.tools)
@@ -189,18 +202,29 @@ class PoolStream:
         """(engine, sequence) as each comes back from any engine, until every stream has ended. An engine whose
         stream fails with `ServiceUnavailable` leaves the pool and its sequences go on elsewhere (the module
         docstring); the error is raised when it was the last engine, and any other error at once."""
+        try:
+            yield from self._results_until_done()
+        finally:
+            self._finished.set()
+
+    def _results_until_done(self) -> Iterator[tuple[str, common_pb2.Sequence]]:
         while self._num_open:
             item = self._results.get()
             if item is self._END:
                 self._num_open -= 1
                 continue
             address, stream, payload = item
+            if address in self.lost:  # what its other streams still hand over: its sequences went on elsewhere
+                continue
             if isinstance(payload, BaseException):
                 if not isinstance(payload, ServiceUnavailable):
                     raise payload
-                if self._idle_expired(stream, payload):
+                if stream is not self._PROBE and self._idle_expired(stream, payload):
                     continue
                 yield from self._lose(address, payload)
+                if stream is self._PROBE:
+                    for lost_stream in self._streams[address]:
+                        lost_stream.cancel()
                 continue
             with self._lock:
                 sent = self._sent.pop(payload.id, None)
@@ -271,7 +295,29 @@ class PoolStream:
         for stream in self._live_streams():
             stream.drain_and_close()
 
+    def _probe(self, engine: RolloutClient) -> None:
+        """Health checks of `engine` while it is in the pool and any stream is open (the module docstring): a hung
+        engine with nothing out would also hold up the iteration's end, its stream never ending. Hands the last
+        failure to the consumer once `engine_probe_failures` fail in a row."""
+        deadlines, failures = engine.deadlines, 0
+        while not self._finished.wait(deadlines.engine_probe_seconds):
+            with self._lock:
+                if engine.address not in self._outstanding:
+                    return
+            try:
+                engine.check_health()
+                failures = 0
+            except ServiceUnavailable as e:
+                failures += 1
+                log.warning("%s (%d of %d in a row)", e, failures, deadlines.engine_probe_failures)
+                if failures >= deadlines.engine_probe_failures:
+                    self._results.put((engine.address, self._PROBE, e))
+                    return
+            except RuntimeError as e:  # answered, but not SERVING (shutting down): its stream ends on its own
+                log.warning("%s", e)
+
     def cancel(self) -> None:
+        self._finished.set()
         for streams in self._streams.values():
             for stream in streams:
                 stream.cancel()
