@@ -23,6 +23,7 @@ from everstep_controller.run.manager import JobManager
 from everstep_controller.run.step_record import StepTimes, step_record
 from everstep_controller.store.job_store import JobStore
 from everstep_controller.store.progress_store import JobProgress, ProgressStore
+from everstep_controller.tracking.trackers import step_values
 
 # A row as the dict-building step_record wrote it (json.dumps) for a step without a trained batch.
 OLD_UNTRAINED_ROW = {
@@ -86,6 +87,8 @@ def test_a_step_with_the_kl_in_the_reward_reports_its_kl_coefficient_and_mean_pe
     assert row == {**OLD_UNTRAINED_ROW, **ADDED, "reward_kl": 0.01, "reward_kl_coef": 0.5,
                    "reward_kl_penalty_mean": 0.21875}
     assert not set(REWARD_KL_FIELDS) & set(json.loads(_record(None).model_dump_json())), "left out without"
+    assert {"reward_kl": 0.01, "reward_kl_coef": 0.5, "reward_kl_penalty_mean": 0.21875}.items() <= step_values(
+        _record(None, reward_kl)).items(), "the experiment trackers get them too"
 
 
 @pytest.mark.parametrize("row", [OLD_UNTRAINED_ROW, {**OLD_UNTRAINED_ROW, **OLD_TRAIN_STATS}])
