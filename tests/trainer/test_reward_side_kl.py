@@ -112,3 +112,18 @@ def test_a_trainer_with_the_kl_in_the_loss_refuses_reference_kl(tiny_model_dir: 
     trainer = PolicyTrainer(tiny_model_dir, TrainerConfig(kl_coef=0.1), device="cpu")
     with pytest.raises(ValueError, match="^kl_in_reward: "):
         trainer.check_samples(_samples(), training=False)
+
+
+def test_a_lora_policy_measures_its_kl_against_its_own_base(tiny_model_dir: Path) -> None:
+    """The reference of a LoRA policy is its base with the adapters off (no second model): 0 while the adapters are
+    0 (B starts at 0), then the adapters' own KL."""
+    from everstep.settings.training import LoraSettings
+
+    config = TrainerConfig(learning_rate=3e-2, kl_coef=0.1, kl_in_reward=True, correction="none", seed=0,
+                           lora=LoraSettings(rank=4, alpha=8))
+    trainer = PolicyTrainer(tiny_model_dir, config, device="cpu")
+    assert trainer.reference is None
+    samples = _samples()
+    assert trainer.reference_kl(samples).kl_sums == [0.0] * len(samples)
+    trainer.train_step(samples)
+    assert min(trainer.reference_kl(samples).kl_sums) > 0  # k3: positive once the policy moved
