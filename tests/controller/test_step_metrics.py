@@ -82,10 +82,11 @@ def test_a_trained_step_reports_every_train_stat_of_the_trainer() -> None:
 
 
 def test_a_step_with_the_kl_in_the_reward_reports_its_kl_coefficient_and_mean_penalty() -> None:
-    reward_kl = RewardKl(kl_coef=0.5, kl_mean=0.01, penalties={"g0-0": 0.25, "g0-1": 0.0, "g1-0": 0.125, "g1-1": 0.5})
+    reward_kl = RewardKl(kl_coef=0.5, kl_mean=0.01, penalties={"g0-0": 0.25, "g0-1": 0.0, "g1-0": 0.125, "g1-1": 0.5},
+                         seconds=0.75)
     row = json.loads(_record(None, reward_kl).model_dump_json())
     assert row == {**OLD_UNTRAINED_ROW, **ADDED, "reward_kl": 0.01, "reward_kl_coef": 0.5,
-                   "reward_kl_penalty_mean": 0.21875}
+                   "reward_kl_penalty_mean": 0.21875, "reward_kl_seconds": 0.75}
     assert not set(REWARD_KL_FIELDS) & set(json.loads(_record(None).model_dump_json())), "left out without"
     assert {"reward_kl": 0.01, "reward_kl_coef": 0.5, "reward_kl_penalty_mean": 0.21875}.items() <= step_values(
         _record(None, reward_kl)).items(), "the experiment trackers get them too"

@@ -52,6 +52,7 @@ def test_the_kl_penalty_is_taken_off_the_rewards_before_the_advantages(tmp_path:
         shrunk = KL_COEF * (1 - 0.2 * min(1, GROUP_SIZE * PROMPTS / KL_HORIZON))
         assert second["reward_kl_coef"] == pytest.approx(shrunk, rel=1e-12)
         assert second["reward_kl"] > 0 and second["reward_kl_penalty_mean"] > 0
+        assert first["reward_kl_seconds"] > 0 and second["reward_kl_seconds"] > 0
 
         samples = api.get(f"/v1/jobs/{job['id']}/samples", params={"step": 2}).json()
         groups: dict[str, list[dict]] = defaultdict(list)

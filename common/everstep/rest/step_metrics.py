@@ -78,6 +78,10 @@ class _EveryStep(BaseModel):
     reward_kl_penalty_mean: float | None = Field(
         default=None, description="trainer.kl_in_reward: mean over the trained groups' members of the penalty "
                                   "reward_kl_coef * sum_t kl_t subtracted from their scores before the advantages.")
+    reward_kl_seconds: float | None = Field(
+        default=None, description="trainer.kl_in_reward: the trainer's ReferenceKl call (a forward of the policy and "
+                                  "one of the reference over those members), between reward_seconds and "
+                                  "train_seconds.")
 
 
 class StepMetrics(_EveryStep):
@@ -170,7 +174,7 @@ class Evaluation(BaseModel):
 REWARD_FUNCTION_FIELDS = ("reward_metrics",)
 """Reported by the steps of a job whose reward functions return extra values only."""
 
-REWARD_KL_FIELDS = ("reward_kl", "reward_kl_coef", "reward_kl_penalty_mean")
+REWARD_KL_FIELDS = ("reward_kl", "reward_kl_coef", "reward_kl_penalty_mean", "reward_kl_seconds")
 """Reported by the steps of a job with the KL term in the reward (trainer.kl_in_reward) only."""
 
 TOOL_FIELDS = ("turns_per_sample", "tool_use_rate", "num_tool_calls", "tool_errors", "tool_seconds_mean")

@@ -9,6 +9,7 @@ verl's REINFORCE++ instead gives token t the KL of the tokens from t on (returns
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -30,16 +31,20 @@ class RewardKl:
     """Mean kl_t per token over the penalised samples."""
     penalties: dict[str, float]
     """Sample id -> kl_coef * sum_t kl_t, subtracted from its score."""
+    seconds: float = 0.0
+    """The trainer's call (its two forward passes over the samples)."""
 
     @classmethod
     def measure(cls, sample_ids: Sequence[str], samples: list[trainer_pb2.TrainSample],
                 measure_kl: MeasureKl) -> RewardKl:
         """The trainer's measurement of `samples` (in `sample_ids` order)."""
+        start = time.monotonic()
         reply = measure_kl(samples)
+        seconds = time.monotonic() - start
         if len(reply.kl_sums) != len(sample_ids):
             raise RuntimeError(f"the trainer's ReferenceKl gave {len(reply.kl_sums)} KL sums for {len(sample_ids)} "
                                "samples")
-        return cls(kl_coef=reply.kl_coef, kl_mean=reply.kl_mean,
+        return cls(kl_coef=reply.kl_coef, kl_mean=reply.kl_mean, seconds=seconds,
                    penalties={s: reply.kl_coef * kl for s, kl in zip(sample_ids, reply.kl_sums, strict=True)})
 
     @property

@@ -38,7 +38,7 @@ def step_record(*, step: int, version: int, outcome: IterationOutcome, batch: Tr
     reward_kl = batch.reward_kl
     reward_kl_fields = {} if reward_kl is None else {
         "reward_kl": reward_kl.kl_mean, "reward_kl_coef": reward_kl.kl_coef,
-        "reward_kl_penalty_mean": reward_kl.penalty_mean}
+        "reward_kl_penalty_mean": reward_kl.penalty_mean, "reward_kl_seconds": reward_kl.seconds}
     return StepMetrics(
         step=step,
         policy_version=version,
