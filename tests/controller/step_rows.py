@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from everstep.rest.step_metrics import REWARD_FUNCTION_FIELDS, TOOL_FIELDS, TRAIN_STAT_FIELDS, Evaluation, StepMetrics
+from everstep.rest.step_metrics import (
+    REWARD_FUNCTION_FIELDS,
+    REWARD_KL_FIELDS,
+    TOOL_FIELDS,
+    TRAIN_STAT_FIELDS,
+    Evaluation,
+    StepMetrics,
+)
 
-_OPTIONAL = (*TRAIN_STAT_FIELDS, *TOOL_FIELDS, *REWARD_FUNCTION_FIELDS)
+_OPTIONAL = (*TRAIN_STAT_FIELDS, *TOOL_FIELDS, *REWARD_FUNCTION_FIELDS, *REWARD_KL_FIELDS)
 _COUNTS = dict.fromkeys((name for name in StepMetrics.model_fields if name not in _OPTIONAL), 0)
 
 

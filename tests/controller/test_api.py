@@ -289,6 +289,7 @@ def test_lora_target_modules_are_checked_against_the_models_weights(client: Test
         ({"trainer": {"kl_estimator": "k2"}}, ["kl_estimator", "kl_coef"]),
         ({"trainer": {"kl_target": 0.1}}, ["kl_target", "kl_coef"]),
         ({"trainer": {"kl_coef": 0.1, "kl_horizon": 100}}, ["kl_horizon", "kl_target"]),
+        ({"trainer": {"kl_in_reward": True}}, ["kl_in_reward", "kl_coef"]),
         ({"trainer": {"lr_schedule": "constant", "min_lr_ratio": 0.1}}, ["min_lr_ratio", "constant"]),
         ({"algorithm": {"advantage": "gae"}}, ["advantage", "rloo"]),
     ],

@@ -31,9 +31,11 @@ STEP_ROW = StepMetrics(
     num_finished_rollouts=8, finished_tokens=96, generated_tokens=120, tokens_per_s=60.0, staleness_mean=0.0,
     staleness_max=0, rollout_seconds=2.0, reward_seconds=0.25, train_seconds=0.5, weight_push_seconds=0.1,
     iteration_seconds=3.0, turns_per_sample=2.0, tool_use_rate=0.5, num_tool_calls=4, tool_errors={},
-    tool_seconds_mean=0.1)
+    tool_seconds_mean=0.1, reward_kl=0.01, reward_kl_coef=0.1, reward_kl_penalty_mean=0.05,
+    reward_kl_seconds=0.2)
 PER_JOB_NAMES = {"everstep_controller_job_step", "everstep_controller_policy_version",
                  "everstep_controller_reward_mean", "everstep_controller_eval_accuracy_ratio",
+                 "everstep_controller_reward_kl_penalty_mean", "everstep_controller_reward_kl_coef",
                  "everstep_controller_rollout_tokens", "everstep_controller_rollout_seconds",  # counters: _total
                  "everstep_controller_partial_buffer_size",
                  "everstep_controller_tool_calls", "everstep_controller_tool_turns_per_sample",  # tool_calls: _total

@@ -12,8 +12,9 @@ from fastapi.testclient import TestClient
 
 from everstep.rest.job_record import JobRecord
 from everstep.rest.job_spec import JobSpec
-from everstep.rest.step_metrics import TOOL_FIELDS, TRAIN_STAT_FIELDS, Evaluation, StepMetrics
+from everstep.rest.step_metrics import REWARD_KL_FIELDS, TOOL_FIELDS, TRAIN_STAT_FIELDS, Evaluation, StepMetrics
 from everstep.v1 import trainer_pb2
+from everstep_controller.algo.reward_kl import RewardKl
 from everstep_controller.algo.scheduler import IterationOutcome
 from everstep_controller.algo.training_batch import TrainingBatch
 from everstep_controller.api.app import create_app
@@ -22,6 +23,7 @@ from everstep_controller.run.manager import JobManager
 from everstep_controller.run.step_record import StepTimes, step_record
 from everstep_controller.store.job_store import JobStore
 from everstep_controller.store.progress_store import JobProgress, ProgressStore
+from everstep_controller.tracking.trackers import step_values
 
 # A row as the dict-building step_record wrote it (json.dumps) for a step without a trained batch.
 OLD_UNTRAINED_ROW = {
@@ -45,15 +47,18 @@ ROUTING_STATS = {"routing_disagreement": 0.125, "routing_disagreement_fresh": 0.
                  "routing_disagreement_stale": 0.25}
 """Mixture-of-experts routing mismatch, reported after those."""
 SHARING_STATS = {"shared_prompt_fraction": 0.5}
-"""Shared prompts (trainer.share_prompts), reported last."""
+"""Shared prompts (trainer.share_prompts), reported after those."""
+KL_STATS = {"reference_kl": 0.0625, "kl_coef": 0.125}
+"""The KL term in the loss (trainer.kl_coef), reported last."""
 
 
-def _record(stats: trainer_pb2.TrainStats | None) -> StepMetrics:
+def _record(stats: trainer_pb2.TrainStats | None, reward_kl: RewardKl | None = None) -> StepMetrics:
     outcome = IterationOutcome(trainable_groups=["g0", "g1"], dropped_groups=[], purged_samples=["g2-0"],
                                carried_samples=["g3-0", "g3-1", "g3-2"], finished_tokens=96)
     times = StepTimes(rollout_seconds=2.0, reward_seconds=0.25, train_seconds=0.0, weight_push_seconds=0.0,
                       iteration_seconds=2.5)
-    return step_record(step=3, version=2, outcome=outcome, batch=TrainingBatch(num_zero_signal=2), rewards=[],
+    return step_record(step=3, version=2, outcome=outcome, batch=TrainingBatch(num_zero_signal=2, reward_kl=reward_kl),
+                       rewards=[],
                        num_trained_samples_total=16, num_carried=3, num_finished=8, generated_tokens=120,
                        staleness=[], times=times, stats=stats)
 
@@ -66,14 +71,25 @@ def test_a_step_without_training_reports_what_the_dict_did_and_no_train_stats() 
 
 def test_a_trained_step_reports_every_train_stat_of_the_trainer() -> None:
     record = _record(trainer_pb2.TrainStats(**OLD_TRAIN_STATS, **STALENESS_STATS, **ROUTING_STATS, **SHARING_STATS,
-                                            num_tokens=40))
+                                            **KL_STATS, num_tokens=40))
     assert json.loads(record.model_dump_json()) == {**OLD_UNTRAINED_ROW, **ADDED, **OLD_TRAIN_STATS,
-                                                    **STALENESS_STATS, **ROUTING_STATS, **SHARING_STATS}
+                                                    **STALENESS_STATS, **ROUTING_STATS, **SHARING_STATS, **KL_STATS}
     assert list(record.model_dump()) == [*OLD_UNTRAINED_ROW, *ADDED, *OLD_TRAIN_STATS, *STALENESS_STATS,
-                                         *ROUTING_STATS, *SHARING_STATS], \
+                                         *ROUTING_STATS, *SHARING_STATS, *KL_STATS], \
         "the old key order, the new statistics after it"
     assert set(TRAIN_STAT_FIELDS) <= set(trainer_pb2.TrainStats.DESCRIPTOR.fields_by_name), \
         "each reported statistic is a TrainStats field of the same name"
+
+
+def test_a_step_with_the_kl_in_the_reward_reports_its_kl_coefficient_and_mean_penalty() -> None:
+    reward_kl = RewardKl(kl_coef=0.5, kl_mean=0.01, penalties={"g0-0": 0.25, "g0-1": 0.0, "g1-0": 0.125, "g1-1": 0.5},
+                         seconds=0.75)
+    row = json.loads(_record(None, reward_kl).model_dump_json())
+    assert row == {**OLD_UNTRAINED_ROW, **ADDED, "reward_kl": 0.01, "reward_kl_coef": 0.5,
+                   "reward_kl_penalty_mean": 0.21875, "reward_kl_seconds": 0.75}
+    assert not set(REWARD_KL_FIELDS) & set(json.loads(_record(None).model_dump_json())), "left out without"
+    assert {"reward_kl": 0.01, "reward_kl_coef": 0.5, "reward_kl_penalty_mean": 0.21875}.items() <= step_values(
+        _record(None, reward_kl)).items(), "the experiment trackers get them too"
 
 
 @pytest.mark.parametrize("row", [OLD_UNTRAINED_ROW, {**OLD_UNTRAINED_ROW, **OLD_TRAIN_STATS}])
@@ -113,7 +129,7 @@ def test_the_rest_api_serves_and_documents_the_rows(redis_url: str, tmp_path: Pa
     store.claim(job_id, "c")
     progress = ProgressStore(store)
     for step, stats in ((1, None), (2, trainer_pb2.TrainStats(**OLD_TRAIN_STATS, **STALENESS_STATS,
-                                                              **ROUTING_STATS, **SHARING_STATS))):
+                                                              **ROUTING_STATS, **SHARING_STATS, **KL_STATS))):
         row = _record(stats).model_copy(update={"step": step})
         state = JobProgress(step=step, version=step, prompt_epoch=0, prompt_cursor=step, group_counter=step,
                             scheduler={}, num_trained_samples=step)
@@ -122,7 +138,7 @@ def test_the_rest_api_serves_and_documents_the_rows(redis_url: str, tmp_path: Pa
     rows = client.get(f"/v1/jobs/{job_id}/metrics").json()
     assert rows == [{**OLD_UNTRAINED_ROW, **ADDED, "step": 1},
                     {**OLD_UNTRAINED_ROW, **ADDED, **OLD_TRAIN_STATS, **STALENESS_STATS, **ROUTING_STATS,
-                     **SHARING_STATS, "step": 2}]
+                     **SHARING_STATS, **KL_STATS, "step": 2}]
     assert client.get(f"/v1/jobs/{job_id}").json()["metrics"] == rows[-1]
 
     schema = client.get("/openapi.json").json()
@@ -132,5 +148,5 @@ def test_the_rest_api_serves_and_documents_the_rows(redis_url: str, tmp_path: Pa
         fields = schema["components"]["schemas"][name]["properties"]
         assert all(field.get("description") for field in fields.values()), f"every {name} field is described"
     assert set(schema["components"]["schemas"]["StepMetrics"]["properties"]) == {
-        *OLD_UNTRAINED_ROW, *ADDED, *OLD_TRAIN_STATS, *STALENESS_STATS, *ROUTING_STATS, *SHARING_STATS, *TOOL_FIELDS,
-        "reward_metrics"}
+        *OLD_UNTRAINED_ROW, *ADDED, *OLD_TRAIN_STATS, *STALENESS_STATS, *ROUTING_STATS, *SHARING_STATS, *KL_STATS,
+        *TOOL_FIELDS, *REWARD_KL_FIELDS, "reward_metrics"}

@@ -7,6 +7,7 @@ import pytest
 from everstep.rest.job_spec import JobSpec
 from everstep.settings.training import SchedulerMode
 from everstep.v1 import common_pb2, trainer_pb2
+from everstep_controller.algo.reward_kl import MeasureKl
 from everstep_controller.algo.scheduler import C3POScheduler, SchedulerConfig
 from everstep_controller.algo.training_batch import build_batch, sampled_token_staleness, trainer_config
 from everstep_controller.data.reward_errors import RewardFailed
@@ -122,3 +123,51 @@ def test_staleness_counts_only_the_tokens_the_model_sampled() -> None:
     assert sampled_token_staleness([carried, single_turn, unknown], 5) == [2, 1, 0, 1, 0]
     # a model token of unknown version (-1, an engine that records none) has no age either
     assert sampled_token_staleness([trainer_pb2.TrainSample(output_ids=[1], output_versions=[-1])], 5) == []
+
+
+def _kl_sums(sums: dict[str, float], coef: float, asked: list[list[int]]) -> MeasureKl:
+    """A ReferenceKl reply with the given sums, in the order the samples were asked (the arithmetic of the batch is
+    tested here; the trainer's own call in tests/trainer/test_reward_side_kl.py and tests/e2e/test_kl_reward_job.py)."""
+    def measure(samples: list[trainer_pb2.TrainSample]) -> trainer_pb2.ReferenceKlResponse:
+        asked.append([len(s.output_ids) for s in samples])
+        values = list(sums.values())[:len(samples)]
+        return trainer_pb2.ReferenceKlResponse(kl_sums=values, kl_coef=coef, kl_mean=sum(values) / 6)
+    return measure
+
+
+@pytest.mark.parametrize("advantage", ["grpo", "rloo"])
+def test_the_kl_in_the_reward_is_subtracted_before_the_advantages(scheduler: C3POScheduler, advantage: str) -> None:
+    """trainer.kl_in_reward: each kept member's reward is score - coef * sum_t kl_t, and the estimator sees that;
+    the zero-signal group is dropped on its scores and never measured."""
+    scored = {"a": _scored(1.0), "b": _scored(0.0), "c": _scored(0.0)} | {s: _scored(1.0) for s in "efgh"}
+    sums, coef, asked = {"a": 2.0, "b": 0.5, "c": 1.0}, 0.25, []
+    batch = build_batch(["g0", "g1"], scheduler, scored, drop_zero_signal=True, normalize_std=False,
+                        advantage=advantage, measure_kl=_kl_sums(sums, coef, asked))
+    assert len(asked) == 1 and len(asked[0]) == 3, "the kept group's three members, measured once"
+    rewards = [scored[s].reward - coef * sums[s] for s in "abc"]  # 0.5, -0.125, -0.25
+    if advantage == "grpo":
+        expected = [r - sum(rewards) / 3 for r in rewards]
+    else:
+        expected = [r - (sum(rewards) - r) / 2 for r in rewards]
+    assert [batch.trained_advantages[s] for s in "abc"] == pytest.approx(expected, rel=1e-9)
+    assert batch.reward_kl is not None and batch.reward_kl.kl_coef == coef
+    assert batch.reward_kl.penalties == pytest.approx({s: coef * sums[s] for s in "abc"})
+    assert batch.reward_kl.penalty_mean == pytest.approx((0.5 + 0.125 + 0.25) / 3)
+    assert [s.reward for s in batch.samples] == [1.0, 0.0, 0.0], "the samples carry their scores"
+    plain = build_batch(["g0"], scheduler, scored, drop_zero_signal=True, normalize_std=False, advantage=advantage)
+    assert [plain.trained_advantages[s] for s in "abc"] != pytest.approx(expected, rel=1e-3)
+
+
+def test_a_batch_with_no_group_kept_asks_the_trainer_for_no_kl(scheduler: C3POScheduler) -> None:
+    asked: list[list[int]] = []
+    scored = {s: _scored(1.0) for s in "efgh"}
+    batch = build_batch(["g1"], scheduler, scored, drop_zero_signal=True, normalize_std=False,
+                        measure_kl=_kl_sums({}, 0.1, asked))
+    assert not batch.samples and batch.reward_kl is None and asked == []
+
+
+def test_a_trainer_answer_of_the_wrong_length_fails_the_step(scheduler: C3POScheduler) -> None:
+    scored = {"a": _scored(1.0), "b": _scored(0.0), "c": _scored(0.0)}
+    with pytest.raises(RuntimeError, match="2 KL sums for 3 samples"):
+        build_batch(["g0"], scheduler, scored, drop_zero_signal=True, normalize_std=False,
+                    measure_kl=_kl_sums({"a": 1.0, "b": 1.0}, 0.1, []))

@@ -57,6 +57,8 @@ class RankRunResult:
     local_shapes: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     """Each parameter's shape on rank 0: its shard with several ranks, the whole tensor with one."""
     routing_disagreements: list[float] = dataclasses.field(default_factory=list)
+    reward_kl_sums: list[list[float]] = dataclasses.field(default_factory=list)
+    """trainer.kl_in_reward: `reference_kl`'s per-sample sums before each step (empty without)."""
 
 
 def _run(model_dir: Path, config: TrainerConfig, batches: Sequence[Sequence[TrainSample]], *,
@@ -67,8 +69,10 @@ def _run(model_dir: Path, config: TrainerConfig, batches: Sequence[Sequence[Trai
         trainer, _ = PolicyTrainer.resume(resume_from, config, device="cpu")
     else:
         trainer = PolicyTrainer(model_dir, config, device="cpu")
-    losses, grad_norms, kls, versions, disagreements = [], [], [], [], []
+    losses, grad_norms, kls, versions, disagreements, reward_kls = [], [], [], [], [], []
     for step, batch in enumerate(batches, start=1):
+        if config.kl_in_reward:
+            reward_kls.append(trainer.reference_kl(batch).kl_sums)
         version, stats = trainer.train_step(batch)
         losses.append(stats.loss)
         grad_norms.append(stats.grad_norm)
@@ -83,7 +87,8 @@ def _run(model_dir: Path, config: TrainerConfig, batches: Sequence[Sequence[Trai
     fsdp_units = [name for name, module in trainer.model.named_modules() if isinstance(module, FSDPModule)]
     local_shapes = {name: list(p.to_local().shape if hasattr(p, "to_local") else p.shape)
                     for name, p in trainer.model.named_parameters()}
-    return RankRunResult(losses, grad_norms, kls, versions, weights, fsdp_units, local_shapes, disagreements)
+    return RankRunResult(losses, grad_norms, kls, versions, weights, fsdp_units, local_shapes, disagreements,
+                         reward_kls)
 
 
 def train_on_one_rank(model_dir: Path, config: TrainerConfig, batches: Sequence[Sequence[TrainSample]], *,

@@ -35,6 +35,8 @@ MODEL_CLASSES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen
     ("qwen3", "seq-mean-token-mean", {"packing": True}),
     ("qwen3_moe", "seq-mean-token-mean", {"ppo_epochs": 2, "kl_coef": 0.05, "entropy_coef": 0.01}),
     ("qwen3_moe", "token-mean", {"packing": True, "correction": "tis"}),
+    # The KL in the reward: each rank scores its own rows, rank 0 returns every sample's sum.
+    ("llama", "seq-mean-token-mean", {"kl_coef": 0.05, "kl_in_reward": True, "kl_target": 0.01}),
 ])
 def test_two_ranks_give_the_one_rank_losses_and_weights(tiny_model_dirs, tmp_path: Path, architecture: str,
                                                         aggregation: str, extra: dict) -> None:
@@ -52,6 +54,11 @@ def test_two_ranks_give_the_one_rank_losses_and_weights(tiny_model_dirs, tmp_pat
     assert two.grad_norms == pytest.approx(one.grad_norms, rel=TOLERANCE)
     assert two.mismatch_kls == pytest.approx(one.mismatch_kls, rel=TOLERANCE)
     assert one.mismatch_kls[0] > 0.01  # the batch does carry a mismatch
+    if config.kl_in_reward:
+        assert [len(sums) for sums in two.reward_kl_sums] == [len(b) for b in batches]
+        assert [x for sums in two.reward_kl_sums for x in sums] == pytest.approx(
+            [x for sums in one.reward_kl_sums for x in sums], rel=TOLERANCE, abs=1e-9)
+        assert max(one.reward_kl_sums[0]) == 0.0 and min(one.reward_kl_sums[1]) > 0, "k3: 0 at the reference only"
     initial = train_on_one_rank(tiny_model_dir, config, [])
     assert relative_update_difference(initial.weights, one.weights, two.weights) < UPDATE_TOLERANCE
     assert {n: t.shape for n, t in two.weights.items()} == {n: t.shape for n, t in one.weights.items()}

@@ -50,6 +50,9 @@ def test_trainer_service_end_to_end(service_process, tiny_model_dir: Path, tmp_p
                            timeout=120)
         assert loaded.version == 5 and loaded.num_parameters > 10_000
 
+        error = _rpc_error(stub.ReferenceKl, trainer_pb2.ReferenceKlRequest(samples=[_sample(1.0)]))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and error.details().startswith("kl_in_reward: ")
+
         bad = trainer_pb2.TrainStepRequest(samples=[_sample(1.0), _sample(1.0, num_logprobs=3)])
         error = _rpc_error(stub.TrainStep, bad)
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -119,6 +122,8 @@ def test_trainer_service_end_to_end(service_process, tiny_model_dir: Path, tmp_p
             assert f'\neverstep_trainer_{name}_by_staleness{{tokens="{tokens}"}} ' in metrics, (name, tokens)
     assert '\neverstep_trainer_weight_push_bytes_total{transport="' in metrics
     assert f"everstep_trainer_learning_rate {1e-3}" in metrics
+    assert 'everstep_trainer_reference_kl{term="loss"} 0.0' in metrics  # no KL term: 0, coefficient 0
+    assert 'everstep_trainer_kl_coef{term="loss"} 0.0' in metrics
 
 
 @pytest.mark.faults  # make test-faults: a service killed mid-step (~10 s)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
-__all__ = ["REWARD_FUNCTION_FIELDS", "TOOL_FIELDS", "TRAIN_STAT_FIELDS", "Evaluation", "StepMetrics"]
+__all__ = ["REWARD_FUNCTION_FIELDS", "REWARD_KL_FIELDS", "TOOL_FIELDS", "TRAIN_STAT_FIELDS", "Evaluation",
+           "StepMetrics"]
 
 
 class _EveryStep(BaseModel):
@@ -66,6 +67,21 @@ class _EveryStep(BaseModel):
         default=None, description="Reward functions: the mean of each extra value they returned (a verl-style dict's "
                                   "keys besides `score`) over the step's scored samples, keyed "
                                   "`function:<file stem>.<name>/<key>`.")
+    # A job with the KL term in the reward (trainer.kl_in_reward) reports these; other jobs leave them out of their
+    # JSON (REWARD_KL_FIELDS). reward_mean stays the mean score, before the penalty.
+    reward_kl: float | None = Field(
+        default=None, description="trainer.kl_in_reward: mean per-token KL estimate (trainer.kl_estimator) to the "
+                                  "reference over the trained groups' members, under the policy the step trained.")
+    reward_kl_coef: float | None = Field(
+        default=None, description="trainer.kl_in_reward: the coefficient the step's rewards were penalised with "
+                                  "(kl_target: as adapted by the steps before).")
+    reward_kl_penalty_mean: float | None = Field(
+        default=None, description="trainer.kl_in_reward: mean over the trained groups' members of the penalty "
+                                  "reward_kl_coef * sum_t kl_t subtracted from their scores before the advantages.")
+    reward_kl_seconds: float | None = Field(
+        default=None, description="trainer.kl_in_reward: the trainer's ReferenceKl call (a forward of the policy and "
+                                  "one of the reference over those members), between reward_seconds and "
+                                  "train_seconds.")
 
 
 class StepMetrics(_EveryStep):
@@ -113,12 +129,19 @@ class StepMetrics(_EveryStep):
         default=None, description="trainer.share_prompts: of the real tokens of the forward-backward passes, the "
                                   "fraction not computed because another sample of the micro-batch carried the same "
                                   "prompt; 0 without.")
+    reference_kl: float | None = Field(
+        default=None, description="The KL term in the loss (trainer.kl_coef > 0, not kl_in_reward): mean per-token "
+                                  "KL estimate (trainer.kl_estimator) to the reference over the trained tokens; 0 "
+                                  "without (kl_in_reward: see reward_kl).")
+    kl_coef: float | None = Field(
+        default=None, description="The loss's KL coefficient of the step (kl_target: adapted after every step); 0 "
+                                  "without a KL term in the loss (kl_in_reward: see reward_kl_coef).")
 
     @model_serializer(mode="wrap")
     def _without_absent_train_stats(self, handler: SerializerFunctionWrapHandler):
         # no return annotation: the JSON schema stays this model's (a `dict` one would hide every field)
         data = handler(self)
-        for name in (*TRAIN_STAT_FIELDS, *TOOL_FIELDS, *REWARD_FUNCTION_FIELDS):
+        for name in (*TRAIN_STAT_FIELDS, *TOOL_FIELDS, *REWARD_FUNCTION_FIELDS, *REWARD_KL_FIELDS):
             if name in data and data[name] is None:
                 del data[name]
         return data
@@ -150,6 +173,9 @@ class Evaluation(BaseModel):
 
 REWARD_FUNCTION_FIELDS = ("reward_metrics",)
 """Reported by the steps of a job whose reward functions return extra values only."""
+
+REWARD_KL_FIELDS = ("reward_kl", "reward_kl_coef", "reward_kl_penalty_mean", "reward_kl_seconds")
+"""Reported by the steps of a job with the KL term in the reward (trainer.kl_in_reward) only."""
 
 TOOL_FIELDS = ("turns_per_sample", "tool_use_rate", "num_tool_calls", "tool_errors", "tool_seconds_mean")
 """Reported by the steps of a job with tools only."""

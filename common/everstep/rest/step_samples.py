@@ -54,6 +54,10 @@ class StepSample(BaseModel):
     advantage: float | None = Field(default=None, description="The advantage it was trained with; None when it "
                                                               "was not trained (its group left out, or truncated "
                                                               "with algorithm.mask_truncated_completions).")
+    kl_penalty: float | None = Field(default=None, description="trainer.kl_in_reward: the KL penalty subtracted from "
+                                                               "its reward before the advantages (the coefficient "
+                                                               "times its summed KL to the reference); None "
+                                                               "without, or when its group was left out.")
     version_min: int | None = Field(default=None, description="The oldest policy version that sampled its tokens "
                                                               "(output_versions; tool tokens left out).")
     version_max: int | None = Field(default=None, description="The newest: above version_min for a sample carried "

@@ -447,8 +447,17 @@ class TrainerSettings(Section):
         description="Optimizer steps per epoch; the batch is split into this many minibatches of samples.",
     )
     kl_coef: float = Field(default=0.0, ge=0, allow_inf_nan=False,
-                           description="KL penalty to the initial policy in the loss (0: off; the reference model is "
-                                       "loaded only when > 0).")
+                           description="KL penalty to the initial policy, in the loss or (kl_in_reward) in the reward "
+                                       "(0: off; the reference model is loaded only when > 0).")
+    kl_in_reward: bool = Field(
+        default=False,
+        description="Where the KL term goes (verl's algorithm.use_kl_in_reward; OpenRLHF without --use_kl_loss). "
+                    "false: in the loss, kl_coef * kl_t added to every token's loss. true: in the reward, each "
+                    "sample's reward becomes score - kl_coef * sum_t kl_t before the advantage estimator (kl_t: "
+                    "kl_estimator between the trainer's log-probs of the policy about to be trained and the frozen "
+                    "reference, over the sample's output tokens), and the loss has no KL term. Either place, never "
+                    "both; kl_target and kl_horizon adapt the coefficient the same way. Needs kl_coef > 0.",
+    )
     kl_target: float | None = Field(
         default=None, gt=0, allow_inf_nan=False,
         description="Adaptive KL coefficient (Ziegler et al., 2019; verl's kl_ctrl type adaptive): kl_coef is the "
@@ -476,6 +485,9 @@ class TrainerSettings(Section):
     @model_validator(mode="after")
     def _set_fields_apply(self) -> TrainerSettings:
         """A setting changed from its default that the other settings make the trainer ignore is refused."""
+        if self.kl_in_reward and self.kl_coef == 0:
+            raise ValueError("kl_in_reward: puts the KL term in the reward, but kl_coef is 0 (no KL term); set "
+                             "kl_coef > 0 (the reward's coefficient) or kl_in_reward: false (got True)")
         if self.kl_estimator != KlEstimator.k3 and self.kl_coef == 0:
             raise ValueError(f"kl_estimator: applies only with kl_coef > 0 (kl_coef is 0: no KL term) "
                              f"(got {self.kl_estimator.value})")

@@ -8,7 +8,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from everstep_trainer.step.stats import TrainStats
 
-__all__ = ["observe_checkpoint", "observe_train_step", "observe_weight_push"]
+__all__ = ["observe_checkpoint", "observe_reward_kl", "observe_train_step", "observe_weight_push"]
 
 STEP_SECONDS = Histogram(
     "everstep_trainer_step_seconds", "Seconds per phase of a train step or weight push.", ["phase"],
@@ -46,6 +46,13 @@ ROUTING_DISAGREEMENT_BY_STALENESS = Gauge(
     "everstep_trainer_routing_disagreement_ratio_by_staleness",
     "routing_disagreement over the latest step's fresh positions (routes computed by the version trained) or stale "
     "ones (an older version: carried over); 0 for a group without routes.", ["tokens"])
+REFERENCE_KL = Gauge("everstep_trainer_reference_kl",
+                     "Mean per-token KL estimate (kl_estimator) to the frozen reference of the latest batch, by "
+                     "where the KL term is: term=loss (the train step's) or term=reward (trainer.kl_in_reward: "
+                     "ReferenceKl's).",
+                     ["term"])
+KL_COEF = Gauge("everstep_trainer_kl_coef",
+                "The KL coefficient the latest batch used (kl_target: adapted), term=loss or term=reward.", ["term"])
 POLICY_VERSION = Gauge("everstep_trainer_policy_version", "Policy version of the trainer's current weights.")
 STEPS = Counter("everstep_trainer_steps", "Train steps completed.")
 WEIGHT_PUSH_BYTES = Counter("everstep_trainer_weight_push_bytes",
@@ -83,8 +90,16 @@ def observe_train_step(stats: TrainStats, version: int) -> None:
     PADDING_FRACTION.set(stats.padding_fraction)
     SHARED_PROMPT_FRACTION.set(stats.shared_prompt_fraction)
     ROUTING_DISAGREEMENT.set(stats.routing_disagreement)
+    REFERENCE_KL.labels(term="loss").set(stats.reference_kl)
+    KL_COEF.labels(term="loss").set(stats.kl_coef)
     POLICY_VERSION.set(version)
     STEPS.inc()
+
+
+def observe_reward_kl(kl_mean: float, kl_coef: float) -> None:
+    """trainer.kl_in_reward: a batch's KL to the reference, measured for its rewards, and its coefficient."""
+    REFERENCE_KL.labels(term="reward").set(kl_mean)
+    KL_COEF.labels(term="reward").set(kl_coef)
 
 
 def observe_weight_push(seconds: float, by_transport: Iterable[tuple[str, int, float]]) -> None:

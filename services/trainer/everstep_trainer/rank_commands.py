@@ -22,6 +22,7 @@ from everstep.settings.training import TrainerConfig
 from everstep_trainer.batch.samples import TrainSample
 from everstep_trainer.model.checkpoint import CheckpointMeta
 from everstep_trainer.model.distributed import RankContext
+from everstep_trainer.step.reference_kl import ReferenceKl
 from everstep_trainer.step.stats import TrainStats
 from everstep_trainer.step.trainer import PolicyTrainer, WeightsToPush
 
@@ -31,6 +32,7 @@ __all__ = [
     "LoadModel",
     "ResumeCheckpoint",
     "SaveCheckpoint",
+    "ScoreReferenceKl",
     "Shutdown",
     "TrainStep",
     "follow",
@@ -59,6 +61,13 @@ class TrainStep:
 
 
 @dataclass(frozen=True)
+class ScoreReferenceKl:
+    """kl_in_reward: the samples' KL to the reference (`PolicyTrainer.reference_kl`)."""
+
+    samples: list[TrainSample]
+
+
+@dataclass(frozen=True)
 class GatherWeights:
     """Gather what a weight push sends on rank 0: the full state dict, or a LoRA trainer's adapters."""
 
@@ -74,7 +83,7 @@ class Shutdown:
     """Followers return from `follow`."""
 
 
-Command = LoadModel | ResumeCheckpoint | TrainStep | GatherWeights | SaveCheckpoint | Shutdown
+Command = LoadModel | ResumeCheckpoint | TrainStep | ScoreReferenceKl | GatherWeights | SaveCheckpoint | Shutdown
 
 
 class _Executor:
@@ -100,6 +109,8 @@ class _Executor:
             raise RuntimeError(f"{type(command).__name__} before any model was loaded")
         if isinstance(command, TrainStep):
             return self.trainer.train_step(command.samples)
+        if isinstance(command, ScoreReferenceKl):
+            return self.trainer.reference_kl(command.samples)
         if isinstance(command, GatherWeights):
             return self.trainer.weights_to_push()
         if isinstance(command, SaveCheckpoint):
@@ -140,6 +151,11 @@ class CommandRunner:
 
     def train_step(self, samples: list[TrainSample]) -> tuple[int, TrainStats]:
         command = TrainStep(samples)
+        self._broadcast(command)
+        return self._executor.execute(command)
+
+    def reference_kl(self, samples: list[TrainSample]) -> ReferenceKl:
+        command = ScoreReferenceKl(samples)
         self._broadcast(command)
         return self._executor.execute(command)
 

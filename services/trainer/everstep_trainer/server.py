@@ -60,7 +60,7 @@ def stats_to_proto(stats: TrainStats) -> trainer_pb2.TrainStats:
                                      if f.name in proto_fields})
 
 
-def _samples_from_proto(request: trainer_pb2.TrainStepRequest) -> list[TrainSample]:
+def _samples_from_proto(request: trainer_pb2.TrainStepRequest | trainer_pb2.ReferenceKlRequest) -> list[TrainSample]:
     """The request's samples; their fields are checked by `PolicyTrainer.check_samples`."""
     return [TrainSample(prompt_ids=list(s.prompt_ids), output_ids=list(s.output_ids),
                         rollout_logprobs=list(s.rollout_logprobs), advantage=s.advantage,
@@ -162,6 +162,21 @@ class TrainerService(trainer_pb2_grpc.TrainerServicer):
             if self._sample_log is not None:
                 self._sample_log.append(version, reply.stats, request)
             return reply
+
+    def ReferenceKl(self, request: trainer_pb2.ReferenceKlRequest, context: grpc.ServicerContext):  # noqa: N802
+        with self._lock:
+            trainer = self._require_trainer(context)
+            try:
+                samples = _samples_from_proto(request)
+                trainer.check_samples(samples, training=False)  # on rank 0 alone, before any rank scores them
+                result = self._runner.reference_kl(samples)
+            except ValueError as e:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            metrics.observe_reward_kl(result.kl_mean, result.kl_coef)
+            log.info("reference KL of %d samples: %.5f per token, coefficient %g", len(samples), result.kl_mean,
+                     result.kl_coef)
+            return trainer_pb2.ReferenceKlResponse(kl_sums=result.kl_sums, kl_coef=result.kl_coef,
+                                                   kl_mean=result.kl_mean, num_tokens=result.num_tokens)
 
     def PushWeights(self, request: trainer_pb2.PushWeightsRequest, context: grpc.ServicerContext):  # noqa: N802
         if not request.endpoints:

@@ -10,6 +10,7 @@ from everstep.settings.codec import TRAINER_CONFIG
 from everstep.settings.training import TrainerConfig
 from everstep.v1 import common_pb2, trainer_pb2
 from everstep_controller.algo.advantages import get_advantage_estimator
+from everstep_controller.algo.reward_kl import MeasureKl, RewardKl, penalised_rewards
 from everstep_controller.data.reward_errors import ErrorClass, RewardFailed, describe
 from everstep_controller.store.progress_store import ScoredSample
 
@@ -45,11 +46,13 @@ class TrainingBatch:
     """Sample id -> the advantage it was trained with (what `everstep samples` shows)."""
     unscorable: dict[str, dict[str, ScoredSample]] = field(default_factory=dict)
     """Groups left out because a member's row could not be scored: group id -> those members by sample id."""
+    reward_kl: RewardKl | None = None
+    """trainer.kl_in_reward: the KL penalty subtracted from the kept groups' rewards before their advantages."""
 
 
 def build_batch(group_ids: list[str], scheduler: GroupMembers, scored: dict[str, ScoredSample], *,
                 drop_zero_signal: bool, normalize_std: bool, advantage: str = "grpo",
-                mask_truncated: bool = False) -> TrainingBatch:
+                mask_truncated: bool = False, measure_kl: MeasureKl | None = None) -> TrainingBatch:
     """The train samples of the groups' surviving members, and the groups left out.
 
     Advantages are computed over each group's surviving (finished) members only; purged members
@@ -58,6 +61,9 @@ def build_batch(group_ids: list[str], scheduler: GroupMembers, scored: dict[str,
     reward raises `RewardFailed` with its cause (see `reward_errors`). `advantage`: the estimator's name in
     `algo.advantages`, given every kept group at once (REINFORCE++ normalizes over the batch). `mask_truncated`: a
     member cut at max_new_tokens (finish reason length) counts in its group's advantages but is not trained on.
+    `measure_kl` (trainer.kl_in_reward): the trainer's KL sums of the kept groups' members, subtracted (times the
+    coefficient) from their rewards before the advantages (`reward_kl`); which groups are kept (drop_zero_signal)
+    is decided on the scores.
     """
     estimate_advantages = get_advantage_estimator(advantage)
     batch = TrainingBatch()
@@ -79,20 +85,24 @@ def build_batch(group_ids: list[str], scheduler: GroupMembers, scored: dict[str,
             batch.num_zero_signal += 1
             continue
         kept.append((sample_ids, members))
-    advantages = estimate_advantages([[m.reward for m in members] for _, members in kept],
-                                     normalize_std=normalize_std)
-    for (sample_ids, members), group_advantages in zip(kept, advantages, strict=True):
-        for sample_id, member, sample_advantage in zip(sample_ids, members, group_advantages, strict=True):
-            seq = member.proto()
-            if mask_truncated and seq.finish_reason == common_pb2.FINISH_REASON_LENGTH:
+    sequences = {s: m.proto() for sample_ids, members in kept for s, m in zip(sample_ids, members, strict=True)}
+    samples = {s: trainer_pb2.TrainSample(
+        prompt_ids=seq.prompt_ids, output_ids=seq.output_ids, rollout_logprobs=seq.output_logprobs,
+        output_versions=seq.output_versions, reward=scored[s].reward, routed_experts=seq.routed_experts,
+        output_tool_mask=seq.output_tool_mask) for s, seq in sequences.items()}
+    if measure_kl is not None and samples:
+        batch.reward_kl = RewardKl.measure(list(samples), list(samples.values()), measure_kl)
+    advantages = estimate_advantages(
+        [penalised_rewards(sample_ids, [m.reward for m in members], batch.reward_kl) for sample_ids, members in kept],
+        normalize_std=normalize_std)
+    for (sample_ids, _), group_advantages in zip(kept, advantages, strict=True):
+        for sample_id, sample_advantage in zip(sample_ids, group_advantages, strict=True):
+            if mask_truncated and sequences[sample_id].finish_reason == common_pb2.FINISH_REASON_LENGTH:
                 batch.num_truncated_masked += 1
                 continue
             batch.trained_advantages[sample_id] = sample_advantage
-            batch.samples.append(trainer_pb2.TrainSample(
-                prompt_ids=seq.prompt_ids, output_ids=seq.output_ids, rollout_logprobs=seq.output_logprobs,
-                output_versions=seq.output_versions, advantage=sample_advantage, reward=member.reward,
-                routed_experts=seq.routed_experts, output_tool_mask=seq.output_tool_mask,
-            ))
+            samples[sample_id].advantage = sample_advantage
+            batch.samples.append(samples[sample_id])
     return batch
 
 

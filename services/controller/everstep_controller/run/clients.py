@@ -226,6 +226,10 @@ class TrainerClient:
     def train_step(self, samples: list[trainer_pb2.TrainSample]) -> trainer_pb2.TrainStepResponse:
         return self._call("TrainStep", trainer_pb2.TrainStepRequest(samples=samples))
 
+    def reference_kl(self, samples: list[trainer_pb2.TrainSample]) -> trainer_pb2.ReferenceKlResponse:
+        """trainer.kl_in_reward: each sample's summed KL to the reference, and the coefficient of the step."""
+        return self._call("ReferenceKl", trainer_pb2.ReferenceKlRequest(samples=samples))
+
     def push_weights(self, endpoints: list[str]) -> trainer_pb2.PushWeightsResponse:
         # a failed push does not say whether the trainer or an engine failed: role None
         return self._call("PushWeights", trainer_pb2.PushWeightsRequest(endpoints=endpoints), role=None)

@@ -36,6 +36,11 @@ STEP = Gauge("everstep_controller_job_step", "Training steps completed.", ["job_
 POLICY_VERSION = Gauge("everstep_controller_policy_version", "Policy version the job's engines run.", ["job_id"])
 REWARD_MEAN = Gauge("everstep_controller_reward_mean", "Mean reward of the samples scored in the latest step.",
                     ["job_id"])
+REWARD_KL_PENALTY = Gauge("everstep_controller_reward_kl_penalty_mean",
+                          "trainer.kl_in_reward: mean KL penalty subtracted from the rewards of the latest step "
+                          "(reward_mean is before it).", ["job_id"])
+REWARD_KL_COEF = Gauge("everstep_controller_reward_kl_coef",
+                       "trainer.kl_in_reward: the coefficient of the latest step's KL penalty.", ["job_id"])
 EVAL_ACCURACY = Gauge("everstep_controller_eval_accuracy_ratio",
                       "Held-out accuracy (kind: sampled (avg@k), greedy, pass_at_k or maj_at_k).",
                       ["job_id", "kind"])
@@ -87,6 +92,9 @@ def observe_iteration(job_id: str, record: StepMetrics, retention_ages: list[int
     STEP.labels(job_id=job_id).set(record.step)
     POLICY_VERSION.labels(job_id=job_id).set(record.policy_version)
     REWARD_MEAN.labels(job_id=job_id).set(record.reward_mean)
+    if record.reward_kl_penalty_mean is not None:
+        REWARD_KL_PENALTY.labels(job_id=job_id).set(record.reward_kl_penalty_mean)
+        REWARD_KL_COEF.labels(job_id=job_id).set(record.reward_kl_coef or 0.0)
     ROLLOUT_TOKENS.labels(job_id=job_id).inc(record.generated_tokens)
     ROLLOUT_SECONDS.labels(job_id=job_id).inc(record.rollout_seconds)
     PARTIAL_BUFFER.labels(job_id=job_id).set(record.partial_buffer_size)

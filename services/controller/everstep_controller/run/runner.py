@@ -381,7 +381,8 @@ class JobRunner:
                             drop_zero_signal=self.spec.algorithm.drop_zero_signal_groups,
                             normalize_std=self.spec.algorithm.normalize_group_std,
                             advantage=self.spec.algorithm.advantage,
-                            mask_truncated=self.spec.algorithm.mask_truncated_completions)
+                            mask_truncated=self.spec.algorithm.mask_truncated_completions,
+                            measure_kl=self.workers.trainer.reference_kl if self.spec.trainer.kl_in_reward else None)
         rows = {g: end.prompt_indices[g] for g in batch.unscorable}
         record_changes = {"dataset": self.unscorable.report} if self.unscorable.note(batch.unscorable, rows) else {}
         staleness = sampled_token_staleness(batch.samples, state.version)
@@ -414,7 +415,9 @@ class JobRunner:
         row_of = {s: self.rows_by_index[end.prompt_indices[g]] for s, g in group_of.items()}
         samples = [render_sample(s, row_of[s], sequences[s], None if scored[s].error else scored[s].reward,
                                  self._decode, engine=engine_of.get(s, ""), group_id=group_of[s],
-                                 advantage=batch.trained_advantages.get(s)) for s in train_ids[:SAMPLES_PER_STEP]]
+                                 advantage=batch.trained_advantages.get(s),
+                                 kl_penalty=batch.reward_kl.penalties.get(s) if batch.reward_kl else None)
+                   for s in train_ids[:SAMPLES_PER_STEP]]
         self.commit.commit(state, TrainedStep(step=step, end=end, rollout=rollout, batch=batch, rewards=rewards,
                                               reward_metrics=reward_metrics, staleness=staleness, stats=stats,
                                               times=times,

@@ -35,6 +35,10 @@ def step_record(*, step: int, version: int, outcome: IterationOutcome, batch: Tr
         "turns_per_sample": tools.turns_per_sample, "tool_use_rate": tools.tool_use_rate,
         "num_tool_calls": tools.num_tool_calls, "tool_errors": tools.tool_errors,
         "tool_seconds_mean": tools.tool_seconds_mean}
+    reward_kl = batch.reward_kl
+    reward_kl_fields = {} if reward_kl is None else {
+        "reward_kl": reward_kl.kl_mean, "reward_kl_coef": reward_kl.kl_coef,
+        "reward_kl_penalty_mean": reward_kl.penalty_mean, "reward_kl_seconds": reward_kl.seconds}
     return StepMetrics(
         step=step,
         policy_version=version,
@@ -64,6 +68,7 @@ def step_record(*, step: int, version: int, outcome: IterationOutcome, batch: Tr
         num_sampling_rounds=rounds,
         reward_metrics=reward_metrics or None,
         **tool_fields,
+        **reward_kl_fields,
         **train_stats,
     )
 

@@ -48,10 +48,10 @@ class TrajectoryStats:
 
 def render_sample(sample_id: str, row: PromptRow, sequence: common_pb2.Sequence, reward: float | None,
                   decode: Callable[[list[int]], str], *, engine: str = "", group_id: str = "",
-                  advantage: float | None = None) -> StepSample:
+                  advantage: float | None = None, kl_penalty: float | None = None) -> StepSample:
     """A trajectory as people read it: the rendered prompt and its runs of model and tool tokens, each decoded with
     `decode` (control tokens kept, so that the prompt and the turns show as the model saw them), its group, advantage
-    and the policy versions that sampled it."""
+    and the policy versions that sampled it; `kl_penalty`: what trainer.kl_in_reward took off its reward."""
     mask = list(sequence.output_tool_mask) or [False] * len(sequence.output_ids)
     segments, start = [], 0
     for is_tool, run in groupby(mask):
@@ -69,4 +69,5 @@ def render_sample(sample_id: str, row: PromptRow, sequence: common_pb2.Sequence,
                       segments=segments, final_answer=final_answer(sequence),
                       reward=reward, num_turns=trajectory.num_turns if sequence.HasField("tool_trajectory") else 1,
                       tool_calls=calls, finish_reason=reason, engine=engine, group_id=group_id, advantage=advantage,
-                      version_min=min(versions, default=None), version_max=max(versions, default=None))
+                      kl_penalty=kl_penalty, version_min=min(versions, default=None),
+                      version_max=max(versions, default=None))

@@ -96,6 +96,7 @@ from everstep_trainer.step.micro_batches import (
     shuffled_minibatches,
 )
 from everstep_trainer.step.optim import build_adamw, learning_rate_at, optimizer_step, set_learning_rate
+from everstep_trainer.step.reference_kl import ReferenceKl, sequence_kl_sums
 from everstep_trainer.step.stats import PassSums, RoutingSums, TrainStats, train_stats
 
 __all__ = ["PolicyTrainer", "WeightsToPush"]
@@ -175,6 +176,8 @@ class PolicyTrainer:
         self.num_train_steps = 0
         self.kl_coef = config.kl_coef
         """The KL coefficient of the next step: config.kl_coef, adapted after every step with config.kl_target."""
+        self._reward_kl: ReferenceKl | None = None
+        """kl_in_reward: what `reference_kl` measured since the last train step (the step adapts kl_coef with it)."""
         self._shuffle = torch.Generator().manual_seed(config.seed)
         pad = getattr(self.model.config, "pad_token_id", None)
         self.pad_token_id = pad if isinstance(pad, int) else 0
@@ -271,14 +274,17 @@ class PolicyTrainer:
 
     # -- the train step ---------------------------------------------------------------------------------
 
-    def check_samples(self, samples: Sequence[TrainSample]) -> None:
-        """ValueError naming the field unless `train_step` can train on `samples` (no collective: rank 0 calls
-        it alone before handing a batch to every rank)."""
+    def check_samples(self, samples: Sequence[TrainSample], *, training: bool = True) -> None:
+        """ValueError naming the field unless `train_step` (or, not `training`, `reference_kl`) can take `samples`
+        (no collective: rank 0 calls it alone before handing a batch to every rank)."""
         validate_samples(samples, vocab_size=self.vocab_size, routing=self.routing)
         if len(samples) < self.ranks.world_size:
             raise ValueError(f"samples: a batch of {len(samples)} cannot give each of the "
                              f"{self.ranks.world_size} trainer ranks a sample")
-        if self.config.num_minibatches > len(samples):
+        if not training and not self.config.kl_in_reward:
+            raise ValueError("kl_in_reward: the trainer's KL term is in the loss (kl_in_reward false, kl_coef "
+                             f"{self.config.kl_coef}); ReferenceKl serves a trainer loaded with kl_in_reward true")
+        if training and self.config.num_minibatches > len(samples):
             raise ValueError(f"num_minibatches: {self.config.num_minibatches} exceeds the batch size {len(samples)}")
 
     def train_step(self, samples: Sequence[TrainSample]) -> tuple[int, TrainStats]:
@@ -299,7 +305,7 @@ class PolicyTrainer:
         start = self._now()
         counts = RouteCounts()
         old_logp = self._score(self.model, batch, counts)
-        reference_logp = self._reference_logp(batch)
+        reference_logp = None if cfg.kl_in_reward else self._reference_logp(batch)  # the loss's KL term
         logp_seconds = self._now() - start
         routing = RoutingSums(*all_reduce_sum(list(counts.sums()), self.ranks, self.device))
         mismatch = self._reduce_mismatch(mismatch_sums(old_logp, batch.rollout_logp, batch.output_mask,
@@ -328,15 +334,46 @@ class PolicyTrainer:
         self.version += 1
         passes = PassSums(*all_reduce_sum(PassSums.total(results).values(), self.ranks, self.device))
         step_kl_coef = self.kl_coef
-        if cfg.kl_target is not None:  # kl_coef > 0, so there is a reference
-            self.kl_coef = adaptive_kl_coef(self.kl_coef, passes.kl_sum / max(passes.num_tokens, 1),
-                                            target=cfg.kl_target, horizon=cfg.kl_horizon, num_samples=len(samples))
+        self._adapt_kl_coef(passes, len(samples))
         stats = train_stats(
-            passes=passes, kl_coef=step_kl_coef,
+            passes=passes, kl_coef=0.0 if cfg.kl_in_reward else step_kl_coef,
             num_optimizer_steps=len(results), grad_norms=grad_norms, mismatch=mismatch, fresh=fresh, stale=stale,
             routing=routing, learning_rate=learning_rate, num_tokens=sum(num_outputs), logp_seconds=logp_seconds,
             forward_backward_seconds=forward_backward_seconds, optimizer_seconds=optimizer_seconds)
         return self.version, stats
+
+    def _adapt_kl_coef(self, passes: PassSums, num_samples: int) -> None:
+        """kl_target: the next step's coefficient, from the KL of this step's loss (`passes`), or with kl_in_reward
+        from what `reference_kl` measured for this step's rewards (none measured: kept)."""
+        cfg, measured, self._reward_kl = self.config, self._reward_kl, None
+        if cfg.kl_target is None:  # with it kl_coef > 0, so there is a reference
+            return
+        if not cfg.kl_in_reward:
+            kl, num_samples = passes.kl_sum / max(passes.num_tokens, 1), num_samples
+        elif measured is not None:
+            kl, num_samples = measured.kl_mean, len(measured.kl_sums)
+        else:
+            log.warning("kl_in_reward: a train step without ReferenceKl before it; kl_coef %g kept", self.kl_coef)
+            return
+        self.kl_coef = adaptive_kl_coef(self.kl_coef, kl, target=cfg.kl_target, horizon=cfg.kl_horizon,
+                                        num_samples=num_samples)
+
+    def reference_kl(self, samples: Sequence[TrainSample]) -> ReferenceKl:
+        """kl_in_reward: each sample's KL to the reference under the current weights (`step.reference_kl`), with the
+        coefficient of this step; the next `train_step` adapts the coefficient (kl_target) with it. A collective:
+        each rank scores its own rows of the batch."""
+        own_rows = assign_rows([s.num_tokens for s in samples], self.ranks)
+        batch = pad_samples([samples[row] for row in own_rows], pad_token_id=self.pad_token_id, device=self.device,
+                            routing=self.routing)
+        sums = sequence_kl_sums(self._score(self.model, batch), self._reference_logp(batch), batch.output_mask,
+                                self.config.kl_estimator, max_log_ratio=_MAX_REFERENCE_LOG_RATIO).tolist()
+        by_row = [0.0] * len(samples)
+        for local, row in enumerate(own_rows):
+            by_row[row] = sums[local]
+        num_tokens = sum(len(s.output_ids) - sum(s.output_tool_mask) for s in samples)
+        self._reward_kl = ReferenceKl(kl_sums=all_reduce_sum(by_row, self.ranks, self.device),
+                                      kl_coef=self.kl_coef, num_tokens=num_tokens)
+        return self._reward_kl
 
     def _now(self) -> float:
         if self.device.type == "cuda":

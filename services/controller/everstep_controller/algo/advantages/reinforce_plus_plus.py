@@ -2,8 +2,10 @@
 (`reinforce_plus_plus`) or with (`reinforce_plus_plus_baseline`) the group mean subtracted first.
 
 The normalization is over the batch's samples (each sample counts once). verl's whitens over tokens, so that
-longer responses weigh more in the mean and std, and adds a token-level KL to the reward first; everstep's KL is
-a loss term (`trainer.kl_coef`), so with an outcome reward and gamma = 1 every token's return is the sample's reward.
+longer responses weigh more in the mean and std, and adds a token-level KL to the reward first (token t's return
+holds the KL of the tokens from t on); everstep's KL is a loss term (`trainer.kl_coef`) or, with
+`trainer.kl_in_reward`, one sum per sample taken off its reward (`algo.reward_kl`), so every token's return is the
+sample's (penalised) reward.
 """
 
 from __future__ import annotations
