@@ -151,8 +151,8 @@ def run_one(arm: Arm, seed: int, settings: Settings, prompts: list[tuple[str, st
     eval_engine = Engine(settings.model, EngineConfig(dtype="float32", device="cpu", max_running=min(eval_rows, 128),
                                                       max_queued=eval_rows, seed=seed))
     trainer = PolicyTrainer(settings.model, TrainerConfig(
-        correction=arm.correction, learning_rate=settings.learning_rate, alpha=settings.alpha,
-        beta=settings.beta if arm.beta is None else arm.beta, tis_cap=settings.tis_cap,
+        correction=arm.correction, correction_level=arm.correction_level, learning_rate=settings.learning_rate,
+        alpha=settings.alpha, beta=settings.beta if arm.beta is None else arm.beta, tis_cap=settings.tis_cap,
         temperature=settings.temperature, seed=seed, routing_replay=arm.routing_replay), device="cpu")
     steps, evals = [], [evaluate(eval_engine, trainer, eval_prompts, settings, 0)]
     for step in range(1, settings.steps + 1):

@@ -11,6 +11,10 @@ identical but for the engine, the correction and routing replay (R3):
   bf16-icepop     ... IcePop masking outside [--alpha, --beta] ([0.5, 5])
   bf16-r3         ... routing replay: the trainer replays the engine's routes (`routing_replay: rollout`)
   bf16-r3-icepop  ... routing replay and IcePop
+  bf16-r3-icepop-b2  ... routing replay and IcePop with the tighter band [--alpha, 2]
+  bf16-r3-seq     ... routing replay and IcePop at sequence level (`correction_level: sequence`: one k per sample,
+                  the product of its tokens' k; the whole sample kept with weight k inside [--alpha, --beta], else
+                  masked)
 
 `--quantization int8` or `fp8` replaces the bfloat16 engine by a float32 engine with int8 (per output channel) or
 fp8 weights, and renames the arms (`int8-none` ...). Every arm asks the engine for its routes
@@ -39,13 +43,19 @@ EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 
 
 def arms(quantization: str) -> list[Arm]:
-    """The float32 control, then the mismatched engine's none / TIS / IcePop / R3 / R3 + IcePop arms."""
+    """The float32 control, then the mismatched engine's none / TIS / IcePop / R3 / R3 + IcePop arms, and R3 + IcePop
+    with the band [alpha, 2] and at sequence level."""
     prefix, dtype = ("bf16", "bfloat16") if quantization == "none" else (quantization, "float32")
-    mismatched = [("none", "none", "off"), ("tis", "tis", "off"), ("icepop", "icepop", "off"),
-                  ("r3", "none", "rollout"), ("r3-icepop", "icepop", "rollout")]
+    # (suffix, correction, routing replay, IcePop's beta (None: --beta), correction level)
+    mismatched = [("none", "none", "off", None, "token"), ("tis", "tis", "off", None, "token"),
+                  ("icepop", "icepop", "off", None, "token"), ("r3", "none", "rollout", None, "token"),
+                  ("r3-icepop", "icepop", "rollout", None, "token"),
+                  ("r3-icepop-b2", "icepop", "rollout", 2.0, "token"),
+                  ("r3-seq", "icepop", "rollout", None, "sequence")]
     return [Arm(name="fp32-none", quantization="none", correction="none", routes=True),
             *(Arm(name=f"{prefix}-{suffix}", quantization=quantization, dtype=dtype, correction=correction,
-                  routing_replay=replay, routes=True) for suffix, correction, replay in mismatched)]
+                  routing_replay=replay, routes=True, beta=beta, correction_level=level)
+              for suffix, correction, replay, beta, level in mismatched)]
 
 
 def check_moe_model(model_dir: Path) -> None:

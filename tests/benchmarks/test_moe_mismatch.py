@@ -1,5 +1,6 @@
-"""benchmarks.mismatch.moe at a tiny size: a tiny random Qwen3-MoE with the demo task's prompts, six arms (a float32
-control, a bfloat16 engine with none / TIS / IcePop / R3 / R3 + IcePop), one process; and the refusals of --model."""
+"""benchmarks.mismatch.moe at a tiny size: a tiny random Qwen3-MoE with the demo task's prompts, eight arms (a float32
+control, a bfloat16 engine with none / TIS / IcePop / R3 / R3 + IcePop, R3 + IcePop in [0.5, 2] and at sequence
+level), one process; and the refusals of --model."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import pytest
 from conftest import make_tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
-ARMS = ["fp32-none", "bf16-none", "bf16-tis", "bf16-icepop", "bf16-r3", "bf16-r3-icepop"]
+ARMS = ["fp32-none", "bf16-none", "bf16-tis", "bf16-icepop", "bf16-r3", "bf16-r3-icepop", "bf16-r3-icepop-b2",
+        "bf16-r3-seq"]
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +44,8 @@ def test_every_arm_runs_and_only_the_r3_arms_replay_the_routes_they_send(
     def init(self, model_dir, config, *args, **kwargs):
         original_init(self, model_dir, config, *args, **kwargs)
         if config.learning_rate > 0:
-            trainers.append({"trainer": self, "replay": str(config.routing_replay), "routes": []})
+            trainers.append({"trainer": self, "replay": str(config.routing_replay), "routes": [],
+                             "loss": (str(config.correction), config.beta, str(config.correction_level))})
 
     def train_step(self, samples, *args, **kwargs):
         record = next(t for t in trainers if t["trainer"] is self)
@@ -61,6 +64,12 @@ def test_every_arm_runs_and_only_the_r3_arms_replay_the_routes_they_send(
     # Every arm sends the engine's routes; only the R3 arms' trainers replay them.
     assert [(t["replay"].split(".")[-1], t["routes"]) for t in trainers] == [
         ("rollout" if "r3" in arm else "off", [True, True]) for arm in ARMS]
+    losses = {arm: tuple(v.split(".")[-1] if isinstance(v, str) else v for v in t["loss"])
+              for arm, t in zip(ARMS, trainers, strict=True)}
+    assert losses["bf16-r3-icepop"] == ("icepop", 5.0, "token")
+    assert losses["bf16-r3-icepop-b2"] == ("icepop", 2.0, "token")
+    assert losses["bf16-r3-seq"] == ("icepop", 5.0, "sequence")
+    assert losses["bf16-r3"] == ("none", 5.0, "token")
     for arm, result in summary.items():
         for key in ("masked_fraction_mean", "mismatch_kl_first", "mismatch_kl_last", "routing_disagreement_mean",
                     "initial_accuracy", "reward_last", "logp_diff_max_max", "grad_norm_max", "seconds"):
@@ -87,7 +96,8 @@ def test_the_arms_follow_the_quantization() -> None:
     from benchmarks.mismatch.moe import arms
 
     int8 = arms("int8")
-    assert [a.name for a in int8] == ["fp32-none", "int8-none", "int8-tis", "int8-icepop", "int8-r3", "int8-r3-icepop"]
+    assert [a.name for a in int8] == ["fp32-none", "int8-none", "int8-tis", "int8-icepop", "int8-r3", "int8-r3-icepop",
+                                      "int8-r3-icepop-b2", "int8-r3-seq"]
     assert {(a.dtype, a.quantization) for a in int8[1:]} == {("float32", "int8")}
     assert {(a.dtype, a.quantization) for a in arms("none")[1:]} == {("bfloat16", "none")}
 
