@@ -5,58 +5,33 @@ cluster API (`RecordingCluster`, named as such), with a real gRPC health server 
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import uuid
-from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
-import yaml
-from kubernetes import client
+from kubernetes_stand_in import NAMESPACE, RecordingCluster, as_dict, pod_templates, render_chart
 
 from everstep.rest.job_spec import ResourcesSpec
 from everstep_controller.launchers import WorkerRequest
 from everstep_controller.launchers.base import role_of, worker_names
-from everstep_controller.launchers.kubernetes import (
-    KubernetesLauncher,
-    build_worker_objects,
-    object_name,
-    pod_template_from_dict,
-)
+from everstep_controller.launchers.kubernetes import KubernetesLauncher, build_worker_objects, object_name
 
-CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "everstep"
 KUBERNETES_VERSION = "1.30.0"
-NAMESPACE = "ml"
-
-
-def _helm() -> str:
-    helm = Path(sys.executable).parent / "helm"
-    if not helm.exists():
-        pytest.fail("helm not found: run scripts/install-deploy-tools.sh")
-    return str(helm)
 
 
 @pytest.fixture(scope="module")
 def chart_objects() -> list[dict]:
-    rendered = subprocess.run([_helm(), "template", "rel", str(CHART), "--namespace", NAMESPACE], check=True,
-                              capture_output=True, text=True, timeout=120).stdout
-    return [o for o in yaml.safe_load_all(rendered) if o]
+    return render_chart()
 
 
 @pytest.fixture(scope="module")
 def templates(chart_objects: list[dict]) -> dict[str, Any]:
-    return {o["metadata"]["name"]: pod_template_from_dict(o) for o in chart_objects if o["kind"] == "PodTemplate"}
+    return pod_templates(chart_objects)
 
 
 def _request(**resources: Any) -> WorkerRequest:
     return WorkerRequest(job_id="0a1b2c3d4e5f", max_running=256, max_seq_len=8392, seed=7,
                          resources=ResourcesSpec.model_validate(resources))
-
-
-def _as_dict(obj: Any) -> dict:
-    return client.ApiClient().sanitize_for_serialization(obj)
 
 
 @pytest.mark.parametrize("resources", [{}, {"rollout": {"gpus": 0, "cpu": "8", "memory": "32Gi"},
@@ -70,13 +45,13 @@ def test_objects_are_valid_for_kubernetes_1_30(templates: dict[str, Any], resour
             if obj is None:
                 continue
             try:
-                kubernetes_validate.validate(_as_dict(obj), KUBERNETES_VERSION, strict=True)
+                kubernetes_validate.validate(as_dict(obj), KUBERNETES_VERSION, strict=True)
             except kubernetes_validate.ValidationError as e:
                 pytest.fail(f"{obj.kind} {obj.metadata.name}: {e.message} at {list(e.path)}")
 
 
 def test_per_job_workloads_reuse_the_template_shape(templates: dict[str, Any], chart_objects: list[dict]) -> None:
-    deployment, service = (_as_dict(o) for o in build_worker_objects(templates["rel-everstep-rollout"], _request(),
+    deployment, service = (as_dict(o) for o in build_worker_objects(templates["rel-everstep-rollout"], _request(),
                                                                      "rollout", NAMESPACE))
     by_name = {(o["kind"], o["metadata"]["name"]): o for o in chart_objects}
     template = by_name[("PodTemplate", "rel-everstep-rollout")]
@@ -105,50 +80,13 @@ def test_per_job_workloads_reuse_the_template_shape(templates: dict[str, Any], c
 
 def test_job_resources_override_the_template(templates: dict[str, Any]) -> None:
     request = _request(rollout={"gpus": 0, "cpu": "8"}, trainer={"gpus": 4, "memory": "200Gi"})
-    rollout = _as_dict(build_worker_objects(templates["rel-everstep-rollout"], request, "rollout", NAMESPACE)[0])
-    trainer = _as_dict(build_worker_objects(templates["rel-everstep-trainer"], request, "trainer", NAMESPACE)[0])
+    rollout = as_dict(build_worker_objects(templates["rel-everstep-rollout"], request, "rollout", NAMESPACE)[0])
+    trainer = as_dict(build_worker_objects(templates["rel-everstep-trainer"], request, "trainer", NAMESPACE)[0])
     container = rollout["spec"]["template"]["spec"]["containers"][0]
     assert "nvidia.com/gpu" not in container["resources"]["limits"] and "--device=cpu" in container["args"]
     assert container["resources"]["limits"]["cpu"] == container["resources"]["requests"]["cpu"] == "8"
     limits = trainer["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
     assert limits["nvidia.com/gpu"] == "4" and limits["memory"] == "200Gi"
-
-
-class RecordingCluster:
-    """Stand-in for the Kubernetes API server (none can run here): records what the launcher applies
-    and runs one pod per Deployment."""
-
-    def __init__(self, templates: dict[str, Any]) -> None:
-        self.templates = templates
-        self.objects: dict[tuple[str, str], Any] = {}
-        self.pods: dict[str, Any] = {}
-
-    def read_pod_template(self, name: str, namespace: str) -> Any:
-        return self.templates[name]
-
-    def apply(self, obj: Any, namespace: str) -> None:
-        self.objects[(obj.kind, obj.metadata.name)] = obj
-        if obj.kind == "Deployment":
-            self.start_pod(obj)
-
-    def start_pod(self, deployment: Any) -> None:
-        name = f"{deployment.metadata.name}-{uuid.uuid4().hex[:5]}"
-        labels = deployment.spec.template.metadata.labels
-        self.pods = {k: p for k, p in self.pods.items() if p.metadata.labels != labels}
-        self.pods[name] = client.V1Pod(metadata=client.V1ObjectMeta(name=name, uid=str(uuid.uuid4()), labels=labels),
-                                       status=client.V1PodStatus(phase="Running", container_statuses=[]))
-
-    def delete(self, kind: str, name: str, namespace: str) -> None:
-        obj = self.objects.pop((kind, name))
-        if kind == "Deployment":
-            self.pods = {k: p for k, p in self.pods.items() if p.metadata.labels != obj.spec.template.metadata.labels}
-
-    def list_pods(self, namespace: str, label_selector: str) -> list[Any]:
-        wanted = dict(term.split("=") for term in label_selector.split(","))
-        return [p for p in self.pods.values() if wanted.items() <= p.metadata.labels.items()]
-
-    def read_pod(self, name: str, namespace: str) -> Any | None:
-        return self.pods.get(name)
 
 
 def test_launch_alive_and_stop_against_a_recording_cluster(templates: dict[str, Any], health_address: str) -> None:
@@ -180,10 +118,10 @@ def test_a_pool_of_engines_is_one_deployment_and_service_per_engine(templates: d
     request = _request(rollout={"replicas": 3})
     objects = launcher.build(request)
     assert list(objects) == ["rollout-0", "rollout-1", "rollout-2", "trainer"]
-    selectors = {w: _as_dict(service)["spec"]["selector"] for w, (_, service) in objects.items()}
+    selectors = {w: as_dict(service)["spec"]["selector"] for w, (_, service) in objects.items()}
     assert len({tuple(sorted(s.items())) for s in selectors.values()}) == 4
     for worker, (deployment, service) in objects.items():
-        assert _as_dict(deployment)["spec"]["selector"]["matchLabels"] == selectors[worker]
+        assert as_dict(deployment)["spec"]["selector"]["matchLabels"] == selectors[worker]
         assert service.metadata.name == object_name("0a1b2c3d4e5f", worker)
     launcher.address_format = health_address
     workers = launcher.launch(request)
@@ -206,12 +144,12 @@ def test_a_trainer_of_several_nodes_is_one_deployment_per_node_meeting_at_node_0
     node_zero = object_name("0a1b2c3d4e5f", "trainer")
     for rank, worker in enumerate(["trainer", "trainer-node-1", "trainer-node-2"]):
         deployment, service = objects[worker]
-        container = _as_dict(deployment)["spec"]["template"]["spec"]["containers"][0]
+        container = as_dict(deployment)["spec"]["template"]["spec"]["containers"][0]
         assert {"--nproc-per-node=4", "--nnodes=3", f"--node-rank={rank}", "--master-port=29500",
                 f"--master-addr={node_zero}.{NAMESPACE}.svc"} <= set(container["args"])
         assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
         if rank == 0:
-            spec = _as_dict(service)["spec"]
+            spec = as_dict(service)["spec"]
             assert spec["publishNotReadyAddresses"] is True
             assert {p["name"]: p["port"] for p in spec["ports"]} == {"metrics": 9102, "grpc": 50052,
                                                                      "rendezvous": 29500}
@@ -219,9 +157,9 @@ def test_a_trainer_of_several_nodes_is_one_deployment_per_node_meeting_at_node_0
         else:
             assert service is None
             assert not {"startupProbe", "readinessProbe", "livenessProbe"} & container.keys()
-    one = _as_dict(launcher.build(_request())["trainer"][1])["spec"]
+    one = as_dict(launcher.build(_request())["trainer"][1])["spec"]
     assert "publishNotReadyAddresses" not in one  # one node: the Service as before
-    single = _as_dict(launcher.build(_request())["trainer"][0])["spec"]["template"]["spec"]["containers"][0]
+    single = as_dict(launcher.build(_request())["trainer"][0])["spec"]["template"]["spec"]["containers"][0]
     assert "--nproc-per-node=1" in single["args"] and not any(a.startswith("--nnodes") for a in single["args"])
 
 

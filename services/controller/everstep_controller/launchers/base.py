@@ -39,11 +39,20 @@ class ObjectHandle(BaseModel):
     namespace: str
     uid: str = Field(default="", description="Pods: the uid the launch saw.")
     restarts: int = Field(default=0, description="Pods: container restarts when the launch saw it.")
+    worker: str = Field(default="", description="Pods: the worker it runs ('rollout-1', 'trainer', ...); empty in "
+                                                "records written before it was kept.")
 
 
 def engine_names(replicas: int) -> list[str]:
     """The worker names of a pool of `replicas` rollout engines: 'rollout' alone, else 'rollout-0', 'rollout-1', ..."""
     return ["rollout"] if replicas == 1 else [f"rollout-{i}" for i in range(replicas)]
+
+
+def more_engine_names(used: Collection[str], count: int) -> list[str]:
+    """The worker names of `count` engines added to a pool whose engines are named `used`: `rollout-<i>` with the
+    first i the pool does not use (a pool of one, 'rollout', grows with 'rollout-0', 'rollout-1', ...)."""
+    taken = set(used)
+    return [n for n in (f"rollout-{i}" for i in range(count + len(taken))) if n not in taken][:count]
 
 
 def trainer_names(replicas: int) -> list[str]:
@@ -96,27 +105,23 @@ class Launcher(ABC):
     def stop(self, workers: Workers) -> None:
         """Stops the workers of the record (nothing for ones already gone)."""
 
+    @abstractmethod
     def replace(self, workers: Workers, request: WorkerRequest, roles: set[str],
                 engines: Collection[str] = ()) -> tuple[Workers, set[str]]:
         """Starts anew the workers of `roles` ('rollout': every engine of the pool, 'trainer': e.g. one that hung),
         the engines at the addresses `engines` (one that failed) and any worker that is not running; returns the
-        new record and the roles of the workers started anew.
+        new record and the roles of the workers started anew (empty: none was).
 
-        This default starts both anew; launchers that can replace one worker alone override it, so
-        that a trainer that is fine keeps its state when only a rollout engine died, and the other engines of the
-        pool keep theirs.
+        Only those: a trainer that is fine keeps its state when only a rollout engine died, and the other engines of
+        the pool keep theirs. The nodes of a trainer share one process group, so one node started anew starts them
+        all anew.
         """
-        self.stop(workers)
-        return self.launch(request), {"rollout", "trainer"}
 
+    @abstractmethod
     def resize(self, workers: Workers, request: WorkerRequest) -> tuple[Workers, set[str]]:
-        """The pool brought to `request.resources.rollout.replicas` engines (a running job scaled): engines started
-        or stopped, the rest kept; returns the new record and the roles of the workers started anew.
-
-        This default starts every worker anew (the job then continues from its checkpoint); launchers that can
-        add and remove engines alone override it.
-        """
-        return self.replace(workers, request, {"rollout", "trainer"})
+        """The pool brought to `request.resources.rollout.replicas` engines (a running job scaled): the last engines
+        of the pool stopped, or engines added (`more_engine_names`), the rest and the trainer kept; returns the new
+        record and the roles of the workers started anew ({'rollout'} when engines were added)."""
 
     def close(self) -> None:  # noqa: B027 (optional hook: most launchers keep nothing)
         """Stops whatever this launcher keeps for itself (clients, threads)."""

@@ -8,8 +8,13 @@ The pods are made from the chart's PodTemplates `<release>-rollout` and `<releas
 (label everstep.io/workload-template), with the job's labels, its engine arguments
 (--max-running, --max-seq-len, --seed) and the resources of its spec. A Deployment of one
 replica (strategy Recreate) brings a lost pod back; the pod it brings is a new process without
-the job's weights, so `alive` checks the very pods the launch saw (uid, no restarts), and a job
-whose pods changed reloads its latest checkpoint.
+the job's weights, so `alive` checks the very pods the launch saw (uid, no restarts).
+
+One worker is started anew alone (`replace`: a failed engine, or one whose pod is not the one recorded) by a new
+pod of its Deployment, at the same Service address: the launcher sets `RESTARTED_AT_ANNOTATION` on its pod template,
+as `kubectl rollout restart` does. The trainer and the other engines keep their pods, so a lost engine costs no
+resume; a trainer node started anew starts every node of the trainer anew (they share one process group). A pool
+resized (`resize`) gets a Deployment and Service per engine added, or loses those of its last engines.
 
 A trainer of N nodes (`resources.trainer.replicas`) is N workers `trainer` (node 0) and `trainer-node-1` ...
 `trainer-node-<N-1>`, each a Deployment of one pod running `--nproc-per-node` ranks (its GPUs, one on CPU),
@@ -27,7 +32,7 @@ name, instance and component, would also send traffic to them.
 The objects are built by `build_worker_objects` (pure, checked against the Kubernetes 1.30
 schemas in the tests); the API calls go through `ClusterApi`, the official client's
 CoreV1Api/AppsV1Api. No API server runs in the test suite: the launch/alive/stop flow is tested
-against a recording stand-in of `ClusterApi`.
+against a recording stand-in of `ClusterApi` (and replace/resize: which objects they apply and delete).
 """
 
 from __future__ import annotations
@@ -35,6 +40,9 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from everstep.processes import wait_grpc_address
@@ -43,6 +51,7 @@ from everstep_controller.launchers.base import (
     ObjectHandle,
     WorkerRequest,
     Workers,
+    more_engine_names,
     node_rank_of,
     role_of,
     worker_names,
@@ -59,6 +68,10 @@ WORKER_LABEL = "everstep.io/worker"
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 DEFAULT_RENDEZVOUS_PORT = 29500
 """Node 0's rendezvous port when the trainer's PodTemplate names no container port 'rendezvous'."""
+RESTARTED_AT_ANNOTATION = "everstep.io/restarted-at"
+"""Set on a worker's pod template (the time) when the launcher starts the worker anew: its Deployment replaces the
+pod, as after `kubectl rollout restart`."""
+POD_POLL_SECONDS = 0.5
 
 
 class ClusterApi(Protocol):
@@ -208,6 +221,17 @@ def _resources(current: Any, *, cpu: str | None, memory: str | None, gpus: int |
     return client.V1ResourceRequirements(limits=limits or None, requests=requests or None)
 
 
+@dataclass
+class JobWorker:
+    """One worker of a job's record: its Service (none for a trainer node other than node 0) and Deployment, the pod
+    the launcher saw running, and its gRPC address (None: it serves none)."""
+
+    name: str
+    objects: list[ObjectHandle]
+    pod: ObjectHandle | None
+    address: str | None
+
+
 class KubernetesLauncher(Launcher):
     kind = "kubernetes"
 
@@ -222,62 +246,160 @@ class KubernetesLauncher(Launcher):
         self.api = api or OfficialClusterApi()
         self.address_format, self.ready_timeout_seconds = address_format, ready_timeout_seconds
 
-    def build(self, request: WorkerRequest) -> dict[str, tuple[Any, Any | None]]:
-        """The Deployment and Service of each worker (`build_worker_objects`), from the PodTemplates in the cluster."""
+    def build(self, request: WorkerRequest, names: list[str] | None = None) -> dict[str, tuple[Any, Any | None]]:
+        """The Deployment and Service of each worker of `names` (default: every worker of the request), by
+        `build_worker_objects` from the PodTemplates in the cluster."""
         templates = {c: self.api.read_pod_template(f"{self.template_prefix}-{c}", self.namespace) for c in COMPONENTS}
         return {w: build_worker_objects(templates[role_of(w)], request, w, self.namespace)
-                for w in worker_names(request)}
+                for w in (worker_names(request) if names is None else names)}
 
     def launch(self, request: WorkerRequest) -> Workers:
-        objects = self.build(request)
-        handles: list[ObjectHandle] = []
-        addresses: dict[str, str] = {}
+        applied: list[ObjectHandle] = []
         try:
-            for component, (deployment, service) in objects.items():
-                for obj in (service, deployment):
-                    if obj is None:
-                        continue
-                    self.api.apply(obj, self.namespace)
-                    handles.append(ObjectHandle(kind=obj.kind, name=obj.metadata.name, namespace=self.namespace))
-                if service is not None:  # trainer nodes other than node 0 serve nothing
-                    addresses[component] = self.address_format.format(
-                        service=service.metadata.name, namespace=self.namespace, port=grpc_port_of(service))
-            deadline = time.monotonic() + self.ready_timeout_seconds
-            for worker, address in addresses.items():
-                wait_grpc_address(address, max(1.0, deadline - time.monotonic()),
-                                  what=f"job {request.job_id} {worker}")
-            handles += self._pods(request.job_id, list(objects))
+            return self._record(self._start(request, worker_names(request), applied))
         except BaseException:
-            self.stop(Workers(launcher=self.kind, rollouts=["-"], trainer="", dedicated=True, objects=handles))
+            self._delete(applied)
             raise
-        return Workers(launcher=self.kind, rollouts=[a for w, a in addresses.items() if role_of(w) == "rollout"],
-                       trainer=addresses["trainer"], dedicated=True, objects=handles)
 
-    def _pods(self, job_id: str, workers: list[str]) -> list[ObjectHandle]:
-        """The running pods of the job (uid and restart count recorded: a replaced pod lost the weights)."""
-        handles = []
+    def replace(self, workers: Workers, request: WorkerRequest, roles: set[str],
+                engines: Collection[str] = ()) -> tuple[Workers, set[str]]:
+        """A worker is started anew by a new pod of its own Deployment, under the same Service address: the pod
+        template gets `RESTARTED_AT_ANNOTATION` (as `kubectl rollout restart` does), and the Deployment (strategy
+        Recreate) stops the old pod, then starts a new one. Only the workers of `roles`, the engines at `engines` and
+        those whose pod is not the one recorded (gone, replaced, restarted) are; the other workers' objects are not
+        touched, so the trainer and the other engines of the pool keep their state."""
+        current = self._workers_of(workers, request.job_id)
+        renew = {w.name for w in current if role_of(w.name) in roles or w.pod is None or not self._same_pod(w.pod)
+                 or (role_of(w.name) == "rollout" and w.address in engines)}
+        if any(role_of(name) == "trainer" for name in renew):  # the nodes of a trainer share one process group
+            renew |= {w.name for w in current if role_of(w.name) == "trainer"}
+        if not renew:
+            return workers, set()
+        names = [w.name for w in current if w.name in renew]
+        log.info("job %s: starting anew %s", request.job_id, ", ".join(names))
+        started = {w.name: w for w in self._start(request, names, [], restart=True)}
+        return self._record([started.get(w.name, w) for w in current]), {role_of(name) for name in renew}
+
+    def resize(self, workers: Workers, request: WorkerRequest) -> tuple[Workers, set[str]]:
+        """Engines beyond `request.resources.rollout.replicas` (the last of the pool) have their Deployment and
+        Service deleted, the pod going with them; missing ones get a Deployment and Service each, named by
+        `more_engine_names`, at addresses of their own. The trainer's and the other engines' objects are not
+        touched."""
+        current = self._workers_of(workers, request.job_id)
+        engines = [w for w in current if role_of(w.name) == "rollout"]
+        others = [w for w in current if role_of(w.name) != "rollout"]
+        wanted = request.resources.rollout.replicas
+        if wanted <= len(engines):
+            gone = engines[wanted:]
+            self._delete([h for w in gone for h in w.objects])
+            if gone:
+                log.info("job %s: pool of %d engine(s): deleted %s", request.job_id, wanted,
+                         ", ".join(w.name for w in gone))
+            return self._record([*engines[:wanted], *others]), set()
+        applied: list[ObjectHandle] = []
+        try:
+            added = self._start(request, more_engine_names([w.name for w in engines], wanted - len(engines)), applied)
+        except BaseException:
+            self._delete(applied)
+            raise
+        log.info("job %s: pool of %d engine(s): added %s", request.job_id, wanted, ", ".join(w.name for w in added))
+        return self._record([*engines, *added, *others]), {"rollout"}
+
+    def _start(self, request: WorkerRequest, names: list[str], applied: list[ObjectHandle], *,
+               restart: bool = False) -> list[JobWorker]:
+        """Applies the Service and Deployment of each worker of `names` (each appended to `applied` once applied)
+        and returns once every one that serves gRPC does and each runs one pod. `restart`: the workers exist, and
+        each is started anew in a new pod (`RESTARTED_AT_ANNOTATION`); none of the pods they have now is taken for
+        it, so that the old pod, which may still answer until the Deployment has stopped it, is not."""
+        stale = {p.metadata.uid for w in names for p in self._list_pods(request.job_id, w)} if restart else set()
+        annotation = {RESTARTED_AT_ANNOTATION: datetime.now(UTC).isoformat()} if restart else {}
+        handles: dict[str, list[ObjectHandle]] = {}
+        addresses: dict[str, str] = {}
+        for worker, (deployment, service) in self.build(request, names).items():
+            pod_metadata = deployment.spec.template.metadata
+            pod_metadata.annotations = {**(pod_metadata.annotations or {}), **annotation} or None
+            handles[worker] = []
+            for obj in (service, deployment):
+                if obj is None:
+                    continue
+                self.api.apply(obj, self.namespace)
+                handle = ObjectHandle(kind=obj.kind, name=obj.metadata.name, namespace=self.namespace)
+                applied.append(handle)
+                handles[worker].append(handle)
+            if service is not None:  # trainer nodes other than node 0 serve nothing
+                addresses[worker] = self.address_format.format(
+                    service=service.metadata.name, namespace=self.namespace, port=grpc_port_of(service))
+        deadline = time.monotonic() + self.ready_timeout_seconds
+        if stale:  # the new pods run before their Service is asked: the old ones stopped first (Recreate)
+            self._pods(request.job_id, names, stale, deadline)
+        for worker, address in addresses.items():
+            wait_grpc_address(address, max(1.0, deadline - time.monotonic()), what=f"job {request.job_id} {worker}")
+        pods = self._pods(request.job_id, names, stale, deadline)
+        return [JobWorker(w, handles[w], pods[w], addresses.get(w)) for w in names]
+
+    def _pods(self, job_id: str, workers: list[str], stale: Collection[str],
+              deadline: float) -> dict[str, ObjectHandle]:
+        """The running pod of each worker, none of `stale` (uid and restart count recorded: a replaced pod lost the
+        weights); RuntimeError when a worker has not exactly one by `deadline`."""
+        handles: dict[str, ObjectHandle] = {}
         for worker in workers:
-            pods = [p for p in self.api.list_pods(self.namespace, f"{JOB_LABEL}={job_id},{WORKER_LABEL}={worker}")
-                    if p.status and p.status.phase == "Running" and not p.metadata.deletion_timestamp]
+            while True:
+                pods = [p for p in self._list_pods(job_id, worker) if p.metadata.uid not in stale
+                        and p.status and p.status.phase == "Running" and not p.metadata.deletion_timestamp]
+                if len(pods) == 1 or time.monotonic() > deadline:
+                    break
+                time.sleep(POD_POLL_SECONDS)
             if len(pods) != 1:
                 raise RuntimeError(f"job {job_id}: expected one running {worker} pod, found {len(pods)}")
-            handles.append(ObjectHandle(kind="Pod", name=pods[0].metadata.name, namespace=self.namespace,
-                                        uid=pods[0].metadata.uid, restarts=_restarts(pods[0])))
+            handles[worker] = ObjectHandle(kind="Pod", name=pods[0].metadata.name, namespace=self.namespace,
+                                           uid=pods[0].metadata.uid, restarts=_restarts(pods[0]), worker=worker)
         return handles
+
+    def _list_pods(self, job_id: str, worker: str) -> list[Any]:
+        return self.api.list_pods(self.namespace, f"{JOB_LABEL}={job_id},{WORKER_LABEL}={worker}")
+
+    def _record(self, workers: list[JobWorker]) -> Workers:
+        """The record of `workers` (the engines in pool order): each one's Service and Deployment, then the pods."""
+        return Workers(launcher=self.kind, rollouts=[w.address or "" for w in workers if role_of(w.name) == "rollout"],
+                       trainer=next(w.address or "" for w in workers if w.name == "trainer"), dedicated=True,
+                       objects=[*(h for w in workers for h in w.objects), *(w.pod for w in workers if w.pod)])
+
+    def _workers_of(self, record: Workers, job_id: str) -> list[JobWorker]:
+        """The workers of a record (`_record`), in its order. The worker of a pod the record does not name it for (a
+        record written before it did) is found by the pod's labels; one that is gone, by nothing: its worker has no
+        pod."""
+        prefix = object_name(job_id, "")
+        names = [h.name.removeprefix(prefix) for h in record.objects if h.kind == "Deployment"]
+        pods = {worker: h.model_copy(update={"worker": worker}) for h in record.objects if h.kind == "Pod"
+                for worker in [self._worker_of(h)]}
+        engines = iter(record.rollouts)
+        return [JobWorker(name, [h for h in record.objects if h.kind != "Pod" and h.name == object_name(job_id, name)],
+                          pods.get(name), next(engines, None) if role_of(name) == "rollout"
+                          else record.trainer if name == "trainer" else None) for name in names]
+
+    def _worker_of(self, pod: ObjectHandle) -> str:
+        if pod.worker:
+            return pod.worker
+        found = self.api.read_pod(pod.name, pod.namespace)
+        return (found.metadata.labels or {}).get(WORKER_LABEL, "") if found is not None else ""
+
+    def _same_pod(self, handle: ObjectHandle) -> bool:
+        """Whether the pod of the handle still runs, with no container restarted since."""
+        pod = self.api.read_pod(handle.name, handle.namespace)
+        return not (pod is None or pod.metadata.uid != handle.uid or not pod.status or pod.status.phase != "Running"
+                    or _restarts(pod) != handle.restarts)
 
     def alive(self, workers: Workers) -> bool:
         pods = [h for h in workers.objects if h.kind == "Pod"]
         if len(pods) != len([h for h in workers.objects if h.kind == "Deployment"]):
             return False
-        for handle in pods:
-            pod = self.api.read_pod(handle.name, handle.namespace)
-            if (pod is None or pod.metadata.uid != handle.uid or not pod.status or pod.status.phase != "Running"
-                    or _restarts(pod) != handle.restarts):
-                return False
-        return True
+        return all(self._same_pod(h) for h in pods)
 
     def stop(self, workers: Workers) -> None:
-        for handle in workers.objects:
+        self._delete(workers.objects)
+
+    def _delete(self, handles: list[ObjectHandle]) -> None:
+        for handle in handles:
             if handle.kind != "Pod":  # pods go with their Deployment
                 self.api.delete(handle.kind, handle.name, handle.namespace)
 

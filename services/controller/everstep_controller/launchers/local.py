@@ -34,6 +34,7 @@ from everstep_controller.launchers.base import (
     ProcessHandle,
     WorkerRequest,
     Workers,
+    more_engine_names,
     node_rank_of,
     role_of,
     worker_names,
@@ -108,11 +109,8 @@ class LocalLauncher(Launcher):
 
     def start_more_engines(self, request: WorkerRequest, engines: list[ManagedProcess],
                            count: int) -> list[ManagedProcess]:
-        """`count` engines more for a pool that has `engines`, named `rollout-<i>` with the first i it does not
-        use, serving gRPC."""
-        used = {e.name for e in engines}
-        names = [n for n in (f"rollout-{i}" for i in range(count + len(used))) if n not in used]
-        return self._start(request, names[:count])
+        """`count` engines more for a pool that has `engines` (named by `more_engine_names`), serving gRPC."""
+        return self._start(request, more_engine_names([e.name for e in engines], count))
 
     def stop_engines(self, processes: list[ManagedProcess]) -> None:
         """Stops engines of a pool that shrank (asked to stop first: they were drained)."""
