@@ -1,7 +1,8 @@
 """The Kubernetes launcher. No API server can run here, so it is tested on the objects it builds
 (from the chart's PodTemplates as `helm template` renders them; valid for Kubernetes 1.30 under
 kubernetes-validate --strict) and on its launch/alive/stop flow against a recording stand-in of the
-cluster API (`RecordingCluster`, named as such), with a real gRPC health server as the workers."""
+cluster API (`RecordingCluster` in kubernetes_stand_in.py, named as such), with a real gRPC health server
+as the workers. Replacing and resizing a pool: test_kubernetes_pool.py."""
 
 from __future__ import annotations
 
