@@ -20,9 +20,14 @@ from everstep_controller.launchers import WorkerRequest, Workers
 from everstep_controller.run.clients import Deadlines, RolloutClient, ServiceUnavailable, TrainerClient
 from everstep_controller.run.engine_pool import EngineStats, PoolStream
 
-__all__ = ["JobWorkers"]
+__all__ = ["JobWorkers", "without_model"]
 
 log = logging.getLogger(__name__)
+
+
+def without_model(engines: list[RolloutClient]) -> list[RolloutClient]:
+    """The engines that hold no model (`GetStatus`): started anew since they last loaded one."""
+    return [e for e in engines if not e.status().model_path]
 
 
 class JobWorkers:
@@ -48,8 +53,12 @@ class JobWorkers:
 
     def change_pool(self, record: Workers, version: int) -> None:
         """The launcher's new record after a replacement or a resize (the same trainer): the clients of engines gone
-        are closed, the new engines load the model and take the trainer's `version` (`_bring_to`)."""
+        are closed, the new engines load the model and take the trainer's `version` (`_bring_to`). An engine at an
+        address the pool had is new too when it holds no model (`without_model`): a launcher whose engines keep their
+        address (Kubernetes: each engine's Service) starts anew there any engine whose pod changed, lost or not."""
         kept = [e for e in self.engines if e.address in record.rollouts and e.address not in self.lost]
+        started_anew = {e.address for e in without_model(kept)}
+        kept = [e for e in kept if e.address not in started_anew]
         for engine in self.engines:
             if engine not in kept:
                 engine.close()
