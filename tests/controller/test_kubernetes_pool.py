@@ -14,9 +14,10 @@ from concurrent import futures
 from typing import Any
 
 import grpc
+import kubernetes_validate
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from kubernetes_stand_in import NAMESPACE, RecordingCluster, pod_templates, render_chart
+from kubernetes_stand_in import NAMESPACE, RecordingCluster, as_dict, pod_templates, render_chart
 
 from everstep.rest.job_spec import ResourcesSpec
 from everstep_controller.launchers import WorkerRequest, Workers
@@ -88,8 +89,9 @@ def test_a_failed_engine_is_started_anew_alone(launcher: KubernetesLauncher, clu
     after = _pods(replaced)
     assert after["rollout-1"] != before["rollout-1"], "a new pod: a new process"
     assert {w: u for w, u in after.items() if w != "rollout-1"} == {w: u for w, u in before.items() if w != "rollout-1"}
-    restarted = cluster.objects[("Deployment", object_name(JOB, "rollout-1"))].spec.template.metadata
-    assert RESTARTED_AT_ANNOTATION in restarted.annotations
+    restarted = cluster.objects[("Deployment", object_name(JOB, "rollout-1"))]
+    assert RESTARTED_AT_ANNOTATION in restarted.spec.template.metadata.annotations
+    kubernetes_validate.validate(as_dict(restarted), "1.30.0", strict=True)
     assert replaced.rollouts == workers.rollouts and replaced.trainer == workers.trainer, "the same Services"
     assert launcher.alive(replaced) and not launcher.alive(workers)
     launcher.stop(replaced)
