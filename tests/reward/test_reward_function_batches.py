@@ -51,6 +51,10 @@ def normalised(prompts, completions, **kwargs):
     values = [float(c) for c in completions]
     return [v / max(values) for v in values]
 
+def as_numpy(prompts, completions, **kwargs):
+    import numpy
+    return numpy.array([float(c) for c in completions]) * 2
+
 def some_do_not_apply(prompts, completions, **kwargs):
     return [None if c == "0" else ("junk" if c == "2" else 1.0) for c in completions]
 
@@ -141,6 +145,11 @@ def test_each_row_gets_its_own_score_in_order(scorer: RewardScorer, name: str) -
 def test_the_batch_is_what_the_function_sees_as_a_whole(scorer: RewardScorer) -> None:
     results = _score(scorer, _items(4, _function("normalised")))
     assert [results[f"s{i}"].reward for i in range(4)] == [0.25, 0.5, 0.75, 1.0]
+
+
+def test_a_1d_numpy_array_is_read_as_the_list(scorer: RewardScorer) -> None:
+    results = _score(scorer, _items(3, _function("as_numpy")))
+    assert [results[f"s{i}"].reward for i in range(3)] == [2.0, 4.0, 6.0]
 
 
 def test_none_does_not_apply_and_a_bad_entry_fails_its_row_alone(scorer: RewardScorer) -> None:
