@@ -6,7 +6,8 @@ Two conventions, told apart by the parameters' names (docs/reward.md, "Reward fu
 
 - verl's per-row `compute_score(data_source, solution_str, ground_truth, extra_info)`: one call per
   response, returning a number or a dict with `score` (its other keys are reported as metrics).
-- TRL's batch `f(prompts, completions, **columns)`: lists in, a list of `float | None` out.
+- TRL's batch `f(prompts, completions, **columns)`: lists in, a list of `float | None` out; the reward
+  service calls it once per Score call with every row of it that runs the function.
 
 A function whose parameters include `completions` is TRL's; one whose parameters include `solution_str` is
 verl's; any other is refused. `async def` works in both.

@@ -13,6 +13,8 @@ import pytest
 import yaml
 from deploy_assets import CHART, DASHBOARDS, RULES
 
+from everstep_reward.config import RewardConfig
+
 KUBERNETES_VERSION = "1.30.0"
 NONDEFAULT = Path(__file__).parent / "values-nondefault.yaml"
 OVERRIDES = Path(__file__).parent / "values-overrides.yaml"
@@ -327,3 +329,39 @@ def test_defaults_render_no_new_pod_fields(default_objects: list[dict]) -> None:
     images = {o["metadata"]["name"]: o["spec"]["template"]["spec"]["containers"][0]["image"]
               for o in default_objects if o["kind"] == "Deployment"}
     assert images["rel-everstep-controller"].startswith("ghcr.io/everstep/everstep-controller:")
+
+
+def _reward_function_config(objects: list[dict]) -> tuple[list[str], RewardConfig]:
+    """The reward container's --function-* args, and what the service's own parser makes of all its args."""
+    from everstep_reward.__main__ import _parser
+
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-reward")]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    parsed = vars(_parser().parse_args(args))
+    given = {k: v for k, v in parsed.items() if v is not None and k.startswith("function_")}
+    return [a for a in args if a.startswith("--function-")], RewardConfig(**given)
+
+
+def test_reward_function_values_render_into_the_services_flags(default_objects: list[dict],
+                                                               nondefault_objects: list[dict]) -> None:
+    flags, config = _reward_function_config(default_objects)
+    assert flags == ["--function-isolation=process", "--function-workers=2", "--function-timeout-seconds=10",
+                     "--function-memory-mb=2048", "--function-cpu-seconds=600"]
+    assert config == RewardConfig(), "the chart's defaults are the service's"
+    flags, config = _reward_function_config(nondefault_objects)
+    assert "--function-allowed-imports=math,sympy" in flags and "--function-allow-network" in flags
+    assert (config.function_isolation, config.function_workers, config.function_timeout_seconds,
+            config.function_memory_mb, config.function_cpu_seconds, config.function_allowed_imports,
+            config.function_allow_network) == ("none", 3, 2.5, 1024, 120, ("math", "sympy"), True)
+
+
+def test_reward_function_values_schema(helm: str) -> None:
+    fractional = render(helm, "--set", "reward.functions.timeoutSeconds=0.5")  # --set gives "0.5", a string
+    assert "--function-timeout-seconds=0.5" in _reward_function_config(fractional)[0]
+    for bad in ("timeoutSeconds=0", "timeoutSeconds=soon", "timeoutSeconds=0.0", "workers=two", "workers=0",
+                "isolation=sandbox", "allowedImports={os.path}", "allowedImports=math", "allowNetwork=maybe",
+                "memoryMb=32", "cpuSeconds=1.5", "timeout=3"):
+        result = subprocess.run([helm, "template", "rel", str(CHART), "--set", f"reward.functions.{bad}"],
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode != 0, f"--set reward.functions.{bad} was accepted"
+        assert "/reward/functions" in result.stderr, result.stderr

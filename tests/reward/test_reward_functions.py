@@ -132,7 +132,7 @@ def test_a_dicts_other_numeric_keys_become_metrics(verifier: FunctionVerifier) -
     ("junk_string", "returned '1.0', not a finite number"),
     ("junk_nan", "returned nan, not a finite number"),
     ("junk_dict", "returned a dict without 'score' (keys: ['reward'])"),
-    ("junk_length", "returned [1.0, 0.0], not a list with one score per completion"),
+    ("junk_length", "returned 2 scores ([1.0, 0.0]) for 1 completion: it must return one score per completion"),
     ("imports_os", "ImportError: import of 'os' is not allowed in a reward function (allowed: "),
     ("connects", "PermissionError: network access is refused to reward functions"),
     ("raw_socket", "PermissionError: network access is refused to reward functions (socket.connect)"),

@@ -1,13 +1,18 @@
-"""Loads a user's reward function from its source and calls it on one row; what either convention returns is
-read into a `FunctionScore` here, so that a failure of the user's code is a value, never an exception.
+"""Loads a user's reward function from its source and calls it on rows; what either convention returns is
+read into a `FunctionScore` per row here, so that a failure of the user's code is a value, never an exception.
+
+verl's functions are called once per row. TRL's are called once per batch of rows (`call_batch`: lists of the
+rows' prompts, completions and answers), as TRL calls them once per generation batch; what the call returns is
+mapped back to the rows in order. A call that raises, or returns something that is not a list with one entry per
+row, fails every row of the batch with that text; an entry that is neither a finite number nor None fails its row.
 
 Imports go through an allowlist: the module runs with its own `__builtins__`, whose `__import__` refuses a
 module (and any submodule of one) the operator did not list, and relative imports. That is a rule for honest
 code, not a wall: Python code can reach other modules through objects it is given. The walls are the worker
 process's (`isolation`); the in-process mode, an operator's choice for trusted code, has only this rule.
 
-Runs in the function's worker process (`load` from its initializer, `call_loaded` per row): both are top-level
-so that they pickle.
+Runs in the function's worker process (`load` from its initializer, `call_loaded_batch` per call): both are
+top-level so that they pickle.
 """
 
 from __future__ import annotations
@@ -18,13 +23,13 @@ import hashlib
 import inspect
 import math
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from everstep.reward_functions import FunctionConvention, FunctionSourceError, convention_of
 
-__all__ = ["FunctionRow", "FunctionScore", "LoadedFunction", "call_loaded", "load", "load_function"]
+__all__ = ["FunctionRow", "FunctionScore", "LoadedFunction", "call_loaded_batch", "load", "load_function"]
 
 
 @dataclass(frozen=True)
@@ -59,18 +64,30 @@ class LoadedFunction:
     load_error: str = ""
 
     def call(self, row: FunctionRow) -> FunctionScore:
+        """One row: verl's function per row, TRL's with lists of one."""
+        return self.call_batch([row])[0]
+
+    def call_batch(self, rows: Sequence[FunctionRow]) -> list[FunctionScore]:
+        """One FunctionScore per row, in order: verl's function called per row, TRL's once for all of them."""
         if self.fn is None or self.convention is None:
-            return FunctionScore(load_error=self.load_error)
+            return [FunctionScore(load_error=self.load_error)] * len(rows)
+        if self.convention == FunctionConvention.VERL:
+            return [self._call_verl(row) for row in rows]
+        answers = [row.ground_truth for row in rows]
         try:
-            if self.convention == FunctionConvention.VERL:
-                value = self._run(data_source=row.data_source, solution_str=row.response,
-                                  ground_truth=row.ground_truth, extra_info={})
-                return _verl_score(value)
-            value = self._run(prompts=[row.prompt], completions=[row.response], answer=[row.ground_truth],
-                              ground_truth=[row.ground_truth])
-            return _trl_score(value)
+            value = self._run(prompts=[row.prompt for row in rows], completions=[row.response for row in rows],
+                              answer=answers, ground_truth=list(answers))
+        except Exception as e:  # the user's code: its failure is every row's of the call
+            return [FunctionScore(error=_describe(e, self.path))] * len(rows)
+        return _trl_scores(value, len(rows))
+
+    def _call_verl(self, row: FunctionRow) -> FunctionScore:
+        try:
+            value = self._run(data_source=row.data_source, solution_str=row.response, ground_truth=row.ground_truth,
+                              extra_info={})
         except Exception as e:  # the user's code: its failure is this row's
             return FunctionScore(error=_describe(e, self.path))
+        return _verl_score(value)
 
     def _run(self, **arguments: Any) -> Any:
         assert self.fn is not None
@@ -135,14 +152,25 @@ def _verl_score(value: Any) -> FunctionScore:
     return FunctionScore(score=float(value), metrics=metrics)
 
 
-def _trl_score(value: Any) -> FunctionScore:
-    if not isinstance(value, list | tuple) or len(value) != 1:
-        return FunctionScore(error=f"returned {_short(value)}, not a list with one score per completion (1)")
-    (score,) = value
+def _trl_scores(value: Any, rows: int) -> list[FunctionScore]:
+    if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 1:
+        value = value.tolist()  # TRL reads any sequence of numbers
+    if not isinstance(value, list | tuple):
+        return [FunctionScore(error=f"returned {_short(value)}, not a list with one score per completion "
+                                    f"({rows})")] * rows
+    if len(value) != rows:
+        return [FunctionScore(error=f"returned {len(value)} scores ({_short(value)}) for {rows} "
+                                    f"completion{'' if rows == 1 else 's'}: it must return one score per completion, "
+                                    "in order")] * rows
+    return [_trl_entry(score, index, rows) for index, score in enumerate(value)]
+
+
+def _trl_entry(score: Any, index: int, rows: int) -> FunctionScore:
     if score is None:
         return FunctionScore()
     if not _is_number(score) or not math.isfinite(float(score)):
-        return FunctionScore(error=f"returned [{_short(score)}]: a score must be a finite number or None")
+        where = f"[{_short(score)}]" if rows == 1 else f"{_short(score)} at index {index} of {rows}"
+        return FunctionScore(error=f"returned {where}: a score must be a finite number or None")
     return FunctionScore(score=float(score))
 
 
@@ -174,7 +202,7 @@ def load(source: str, name: str, path: str, allowed_imports: tuple[str, ...]) ->
     _LOADED = load_function(source, name, path, allowed_imports)
 
 
-def call_loaded(row: FunctionRow) -> FunctionScore:
-    """Calls the worker's function on one row."""
+def call_loaded_batch(rows: list[FunctionRow]) -> list[FunctionScore]:
+    """Calls the worker's function on a batch of rows (TRL's: once)."""
     assert _LOADED is not None, "the worker's initializer did not run"
-    return _LOADED.call(row)
+    return _LOADED.call_batch(rows)
