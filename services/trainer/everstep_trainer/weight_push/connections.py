@@ -10,7 +10,8 @@ Status: the `WeightReceiverInfo` an engine reports (its host, /dev/shm, device) 
 its process, so it is asked once and remembered (`peer`). An empty answer (the engine could not be asked) is not
 remembered. An endpoint whose push failed is forgotten (`forget`: its channel closed, its status dropped), so the
 next push dials it and asks again: an engine replaced at the same address (another host, another device) is seen
-anew after one failed push.
+anew after one failed push. (A kept channel reconnects by itself: an engine restarted at the same address answers
+the next call without a failure, as a probe here showed.)
 
 At most `max_endpoints` endpoints are kept; past that the one used least recently is forgotten. Thread-safe.
 """
