@@ -98,3 +98,34 @@ def test_concurrent_streams_with_drains_lose_nothing(tiny_model_dir):
     for key, (result,) in finished.items():
         assert result.output_ids == expected[key], key
         assert len(result.output_logprobs) == len(result.output_versions) == len(result.output_ids)
+
+
+def test_a_weight_update_runs_in_the_callers_thread_only_while_the_loop_is_idle(tiny_model_dir):
+    """An idle loop: the update runs in the calling thread, and the status shows its version at once. A busy loop
+    (sequences decoding): the update runs in the loop thread, between two steps, as every other operation."""
+    engine = Engine(tiny_model_dir, EngineConfig(max_running=4))
+    loop = EngineLoop(engine).start()
+    ran_in: list[int] = []
+    update = engine.update_weights
+
+    def recording_update(*args, **kwargs):
+        ran_in.append(threading.get_ident())
+        return update(*args, **kwargs)
+
+    engine.update_weights = recording_update
+    try:
+        deadline = time.monotonic() + 30
+        while not loop._idle and time.monotonic() < deadline:
+            time.sleep(0.01)
+        weights = {"model.norm.weight": engine.weights.named["model.norm.weight"].clone()}
+        loop.update_weights(weights, 5)
+        assert ran_in == [threading.get_ident()] and loop.status().version == 5
+
+        stream_id, events = loop.open_stream()
+        long = SamplingOptions(temperature=0.0, max_new_tokens=200)
+        loop.submit([GenerationRequest(id="busy", prompt_ids=[1, 5, 6], sampling=long, stream=stream_id)])
+        loop.update_weights(weights, 6)
+        assert ran_in[-1] == loop._thread.ident and engine.version == 6
+        assert events.get(timeout=60).output_versions[-1] == 6  # finished on the new version
+    finally:
+        loop.stop()

@@ -108,3 +108,46 @@ def test_what_does_not_lie_as_the_engine_holds_it_is_copied(tiny_model_dir):
     assert not engine.weights.kept_in_place
     buffer.zero_()
     assert greedy(engine, "bf16-") == expected(tiny_model_dir, {n: t.float() for n, t in halves.items()})
+
+
+@pytest.mark.parametrize("kind", ["native", "transformers"])
+def test_the_store_layout_is_what_a_scan_of_every_name_finds_and_outlives_pushes(kind, tiny_model_dir, tiny_gpt2_dir):
+    """`rebind.StoreLayout` (worked out once per store, in one pass) places every named tensor in the held tensor
+    whose memory it lies in, at its byte offset, as a scan of every name against every held tensor does; the store
+    keeps it from push to push, and it still holds after the weights moved into pushed memory and back."""
+    from everstep_rollout.executor import rebind
+
+    model_dir = tiny_model_dir if kind == "native" else tiny_gpt2_dir
+    engine = Engine(model_dir, EngineConfig(max_running=8))
+    store = engine.weights
+    layout = store._layout()
+
+    def scan() -> dict[str, tuple[int, int]]:
+        """name -> (index of the held tensor it lies in, byte offset within it), by brute force."""
+        found = {}
+        for index, entry in enumerate(layout.entries):
+            h = entry.held
+            if not isinstance(h, torch.Tensor):
+                continue
+            start = h.storage_offset() * h.element_size()
+            for name, t in store.named.items():
+                if (isinstance(t, torch.Tensor) and t.nbytes and t.untyped_storage().data_ptr() ==
+                        h.untyped_storage().data_ptr()):
+                    offset = t.storage_offset() * t.element_size()
+                    if start <= offset and offset + t.nbytes <= start + h.nbytes:
+                        found[name] = (index, offset - start)
+        return found
+
+    def placed() -> dict[str, tuple[int, int]]:
+        return {name: (layout.names[name], offset) for entry in layout.entries for _, offset, names in entry.views
+                for name in names}
+
+    expected = scan()
+    assert placed() == expected and len(expected) == len([t for t in store.named.values() if t.nbytes])
+    for version, seed in ((1, 31), (2, 32)):
+        _, views = flat(perturbed(model_dir, seed))
+        assert engine.update_weights(views, version=version, may_keep=True) == 0
+        assert store._layout() is layout and scan() == expected  # kept, and still true in pushed memory
+    engine.update_weights(perturbed(model_dir, 33), version=3)  # back into memory of its own
+    assert store._layout() is layout and scan() == expected
+    assert isinstance(layout, rebind.StoreLayout)

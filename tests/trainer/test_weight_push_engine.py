@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 
 from everstep.processes import ManagedProcess, free_port, spawn, stop_processes, wait_grpc_serving
 from everstep.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
-from everstep_trainer.weight_push import WeightPusher, WeightPushError, make_transport
+from everstep_trainer.weight_push import Transport, WeightPusher, WeightPushError, make_transport
 from everstep_trainer.weight_push.shm import SEGMENT_PREFIX, SHM_DIR
 
 PROMPTS = [[1, 5, 4, 7, 6], [1, 20, 5, 30, 6]]
@@ -175,6 +175,57 @@ def test_one_copy_never_rewrites_a_segment_another_engine_runs_on(engines, tiny_
     finally:
         transport.close()
         grpc_transport.close()
+
+
+def test_a_pusher_dials_and_asks_each_engine_once_and_sends_one_message_once_the_engine_has_the_segment(
+        engines, tiny_model_dir, monkeypatch) -> None:
+    addresses = [e.grpc_address for e in engines]
+    pusher = WeightPusher(setting="shm")
+    transport = pusher.transport(Transport.SHM)
+    streamed: list[int] = []  # pushes that sent the layout in buckets as the segment was written
+    layout_in_buckets = transport._buckets  # the real method, counted
+    monkeypatch.setattr(transport, "_buckets", lambda *args: streamed.append(1) or layout_in_buckets(*args))
+    try:
+        for version in (71, 72, 73, 74, 75):
+            weights = in_model_order(tiny_model_dir, perturbed_weights(tiny_model_dir, seed=version))
+            report = pusher.push(weights.items(), version=version, endpoints=addresses)
+            assert report.transports == dict.fromkeys(addresses, "shm")
+            assert [r.num_kept_in_place for r in report.results] == [2]
+            for address in addresses:
+                assert_engine_runs(address, tiny_model_dir, weights, version)
+        # Two segments alternate: the first push through each streamed the layout (the engines mapped the segment
+        # meanwhile); every later push wrote the segment, then sent one message to each engine.
+        assert len(streamed) == 2
+        # One channel per engine and one GetStatus each, for five pushes.
+        assert (pusher.connections.num_dials, pusher.connections.num_probes) == (2, 2)
+        assert all(pusher.connections.remembered(a) is not None for a in addresses)
+    finally:
+        pusher.close()
+    assert segments_of_this_process() == []
+
+
+def test_an_engine_whose_push_failed_is_dialed_and_asked_again(service_process, engines, tiny_model_dir) -> None:
+    doomed = service_process("rollout", "--model", str(tiny_model_dir), "--num-threads", "1")
+    survivor = engines[0].grpc_address
+    pusher = WeightPusher(setting="shm")
+    try:
+        weights = in_model_order(tiny_model_dir, perturbed_weights(tiny_model_dir, seed=81))
+        pusher.push(weights.items(), version=81, endpoints=[survivor, doomed.grpc_address])
+        assert pusher.connections.remembered(doomed.grpc_address) is not None
+        os.killpg(doomed.process.pid, signal.SIGKILL)
+        doomed.process.wait(timeout=30)
+        with pytest.raises(WeightPushError) as failed:
+            pusher.push(weights.items(), version=82, endpoints=[survivor, doomed.grpc_address])
+        assert list(failed.value.failures) == [doomed.grpc_address]
+        assert pusher.connections.remembered(doomed.grpc_address) is None  # forgotten: asked again next time
+        assert pusher.connections.remembered(survivor) is not None
+        dials = pusher.connections.num_dials
+        pusher.push(weights.items(), version=83, endpoints=[survivor])
+        assert pusher.connections.num_dials == dials  # the survivor's channel was kept
+        assert_engine_runs(survivor, tiny_model_dir, weights, 83)
+    finally:
+        pusher.close()
+    assert segments_of_this_process() == []
 
 
 def test_a_tensor_over_the_message_limit_is_chunked_and_reassembled_by_the_engine(engines, tiny_model_dir) -> None:

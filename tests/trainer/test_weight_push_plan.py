@@ -135,3 +135,31 @@ def test_a_push_request_with_the_old_string_transport_is_refused() -> None:
     old = trainer_pb2.PushWeightsRequest.FromString(b"\x0a\x03a:1" + b"\x1a\x03shm")  # field 3: transport = "shm"
     with pytest.raises(ValueError, match="transport: field 3"):
         _transport_from_proto(old)
+
+
+def test_engine_connections_remember_only_answers_and_keep_at_most_max_endpoints() -> None:
+    """An engine that cannot be asked (nothing listens) is not remembered (asked again next time); past
+    `max_endpoints` the endpoint used least recently is forgotten."""
+    from everstep.processes import free_port
+    from everstep_trainer.weight_push.connections import EngineConnections
+
+    with pytest.raises(ValueError, match="max_endpoints"):
+        EngineConnections(max_endpoints=0)
+    connections = EngineConnections(max_endpoints=2)
+    try:
+        silent = f"127.0.0.1:{free_port()}"
+        assert connections.peer(silent, timeout_seconds=2) == PeerInfo()
+        assert connections.remembered(silent) is None
+        connections.peer(silent, timeout_seconds=2)
+        assert (connections.num_dials, connections.num_probes) == (1, 2)  # one channel kept, asked twice
+        others = [f"127.0.0.1:{free_port()}" for _ in range(2)]
+        for endpoint in others:
+            connections.stub(endpoint)
+        assert connections.num_dials == 3
+        connections.stub(others[1])  # kept
+        connections.stub(silent)  # the least recently used was forgotten: dialed anew
+        assert connections.num_dials == 4
+        connections.forget(silent)
+        connections.forget("127.0.0.1:1")  # unknown: ignored
+    finally:
+        connections.close()

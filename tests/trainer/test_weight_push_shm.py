@@ -190,3 +190,48 @@ def test_the_engine_keeps_its_mappings_of_the_trainers_latest_segments() -> None
         for segment in segments:
             segment.release()
     assert segments_of(os.getpid()) == []
+
+
+def test_a_kept_segment_keeps_its_views_per_layout() -> None:
+    """A push that sends the layout it sent before gets the same views back (no slot parsed again), showing what
+    the trainer wrote since; another layout gets views of its own; a name twice is refused either way; closing the
+    cache unmaps the segment although views of it were kept."""
+    from everstep.v1 import rollout_pb2
+    from everstep_rollout.weights import SegmentCache
+
+    placements, total = layout_tensors([("w", torch.zeros(64)), ("b", torch.zeros(8))])
+    segment = SharedMemorySegment(total)
+    cache = SegmentCache()
+
+    def update(version: int, slots: list[rollout_pb2.TensorSlot]) -> WeightUpdate:
+        received = WeightUpdate(segments=cache)
+        received.add(rollout_pb2.WeightBucket(version=version, last=True, shared_memory=rollout_pb2.SharedMemoryWeights(
+            segment=segment.name, segment_bytes=segment.num_bytes, tensors=slots)))
+        return received
+
+    try:
+        slots = [p.slot() for p in placements]
+        segment.write(dataclasses.replace(placements[0], tensor=torch.full((64,), 1.0)))
+        first = update(1, slots)
+        w = first.tensors["w"]
+        assert torch.equal(w, torch.full((64,), 1.0)) and first.num_bytes == 64 * 4 + 8 * 4
+        first.close()
+        segment.write(dataclasses.replace(placements[0], tensor=torch.full((64,), 2.0)))
+        again = update(2, slots)
+        assert again.tensors["w"] is w and torch.equal(w, torch.full((64,), 2.0)) and again.num_bytes == first.num_bytes
+        again.close()
+        other = update(3, slots[:1])  # another layout: views of its own
+        assert list(other.tensors) == ["w"] and other.tensors["w"] is not w and other.num_bytes == 64 * 4
+        other.close()
+        for twice in ([slots[0], slots[0]], [slots[1], slots[0], slots[1]]):
+            with pytest.raises(ValueError, match="sent twice"):
+                update(4, twice)
+        mapped = cache.get(rollout_pb2.SharedMemoryWeights(segment=segment.name, segment_bytes=segment.num_bytes),
+                           SHM_DIR)
+        del w
+        cache.close()
+        assert mapped.buffer.numel() == 0 and mapped._mapping.closed  # the kept views did not pin the mapping
+    finally:
+        cache.close()
+        segment.release()
+    assert segments_of(os.getpid()) == []

@@ -1,7 +1,11 @@
 """Runs an Engine in a background thread and routes its results to per-stream queues.
 
 All engine mutations (add, drain, weight updates) are executed by the loop thread between two steps, so
-they never interleave with a decode step; callers block until theirs has run (at most one step).
+they never interleave with a decode step; callers block until theirs has run (at most one step). A weight update
+that finds the loop idle (waiting for work, nothing queued) runs in the caller's thread instead, under the loop's
+lock, which the idle loop thread needs before it can do anything: the same exclusion, without waking the loop thread
+and waiting to be woken in turn (two thread switches, which on a busy host cost each engine of a push a scheduling
+delay).
 """
 
 from __future__ import annotations
@@ -66,6 +70,8 @@ class EngineLoop:
         self._cond = threading.Condition()
         self._ops: list[tuple[Callable[[GenerationEngine], object], Future]] = []
         self._stopping = False
+        self._idle = False
+        """The loop thread waits in `_cond.wait()` (true only while it does; read under `_cond`)."""
         self._streams: dict[int, queue.Queue[StreamEvent]] = {}
         self._stream_ids = itertools.count(1)
         self._status = EngineStatus(version=engine.version, running=0, queued=0, tokens_per_second=0.0,
@@ -112,11 +118,18 @@ class EngineLoop:
 
     # -- operations (run in the loop thread between steps) ----------------------------------------------
 
-    def call(self, fn: Callable[[GenerationEngine], T]) -> T:
+    def call(self, fn: Callable[[GenerationEngine], T], *, inline_when_idle: bool = False) -> T:
+        """Run `fn` on the engine between two steps and return its result. `inline_when_idle`: if the loop thread
+        is idle (no work, no operation queued), run it here, holding the lock the loop thread needs to go on."""
         future: Future = Future()
         with self._cond:
             if self._stopping:
                 raise RuntimeError("engine loop is stopped")
+            if inline_when_idle and self._idle and not self._ops and not self.engine.has_work:
+                try:
+                    return fn(self.engine)
+                finally:
+                    self._refresh_status()
             self._ops.append((fn, future))
             self._cond.notify()
         return future.result()
@@ -148,7 +161,8 @@ class EngineLoop:
                        may_keep: bool = False) -> int:
         """Between two steps, as every call: a decode step never sees half a version (nor, kept in place,
         another version's memory)."""
-        return self.call(lambda engine: engine.update_weights(named_tensors, version, may_keep=may_keep))
+        return self.call(lambda engine: engine.update_weights(named_tensors, version, may_keep=may_keep),
+                         inline_when_idle=True)
 
     def status(self) -> EngineStatus:
         return self._status
@@ -159,7 +173,11 @@ class EngineLoop:
         while True:
             with self._cond:
                 while not (self._ops or self._stopping or self.engine.has_work):
-                    self._cond.wait()
+                    self._idle = True
+                    try:
+                        self._cond.wait()
+                    finally:
+                        self._idle = False
                 ops, self._ops = self._ops, []
                 stopping = self._stopping
             for fn, future in ops:
@@ -182,9 +200,12 @@ class EngineLoop:
                 self._deliver(finished)
                 if self._on_step is not None and self.engine.last_step is not None:
                     self._on_step(self.engine.last_step)
-            e = self.engine
-            self._status = replace(self._status, version=e.version, running=e.num_running, queued=e.num_queued,
-                                   tokens_per_second=e.tokens_per_second())
+            self._refresh_status()
+
+    def _refresh_status(self) -> None:
+        e = self.engine
+        self._status = replace(self._status, version=e.version, running=e.num_running, queued=e.num_queued,
+                               tokens_per_second=e.tokens_per_second())
 
     def _deliver(self, results: list[SequenceResult]) -> None:
         with self._cond:

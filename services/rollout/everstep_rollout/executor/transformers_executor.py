@@ -44,6 +44,7 @@ class TransformersWeights:
         self.named: dict[str, torch.Tensor] = dict(model.state_dict(keep_vars=True))
         self._adopted: set[int] = set()
         """ids of the parameters that are views into memory a push brought (`adopt`)."""
+        self._rebind_layout: rebind.StoreLayout | None = None
 
     @property
     def num_parameters(self) -> int:
@@ -62,7 +63,7 @@ class TransformersWeights:
         """As the native executor's: the parameters whose pushed tensors can be used as they are run on them (no
         copy), the others are copied in; returns the bytes copied."""
         self._check(tensors, require_all=False)
-        self._adopted, kept, reason = rebind.adopt(self._held(), self.named, tensors, self._adopted)
+        self._adopted, kept, reason = rebind.adopt(self._layout(), tensors, self._adopted)
         if reason is not None:
             log.info("weights copied, not kept in the pushed memory: %s", reason)
         return self._copy({name: t for name, t in tensors.items() if name not in kept})
@@ -72,8 +73,16 @@ class TransformersWeights:
         return bool(self._adopted)
 
     def own_memory(self) -> None:
-        rebind.apply(rebind.private_plan([t for t in self._held() if id(t) in self._adopted], self.named))
+        if self._adopted:
+            rebind.apply(rebind.private_plan(self._layout(), self._adopted))
         self._adopted = set()
+
+    def _layout(self) -> rebind.StoreLayout:
+        """Which names lie in which parameter (worked out on the first push that needs it, then kept)."""
+        held = self._held()
+        if self._rebind_layout is None or not self._rebind_layout.matches(held, self.named):
+            self._rebind_layout = rebind.StoreLayout(held, self.named)
+        return self._rebind_layout
 
     def _held(self) -> list[torch.Tensor]:
         return list({id(t): t for t in self.named.values()}.values())

@@ -37,6 +37,8 @@ __all__ = ["SHM_DIR", "SegmentCache", "WeightUpdate", "receiver_info"]
 
 _SEGMENT_NAME = re.compile(r"everstep-weights-[A-Za-z0-9_-]+")
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14+; Python names it from 3.13
+_LAYOUTS_KEPT = 4
+"""Layouts whose views a mapped segment keeps (one in steady state: every push sends the same)."""
 
 
 def receiver_info(device: str) -> rollout_pb2.WeightReceiverInfo:
@@ -84,6 +86,7 @@ class _MappedSegment:
     """
 
     def __init__(self, message: rollout_pb2.SharedMemoryWeights, directory: Path) -> None:
+        self._layouts: OrderedDict[bytes, tuple[dict[str, torch.Tensor], int]] = OrderedDict()
         if not _SEGMENT_NAME.fullmatch(message.segment):
             raise ValueError(f"shared_memory.segment: {message.segment!r} is not an everstep weight segment name")
         self.name = message.segment
@@ -109,7 +112,29 @@ class _MappedSegment:
         except (OSError, ValueError):  # kernels before 5.14
             self.buffer[::mmap.PAGESIZE].sum()
 
+    def views(self, message: rollout_pb2.SharedMemoryWeights) -> tuple[dict[str, torch.Tensor], int]:
+        """name -> the view of each slot of `message`, and their bytes; ValueError naming the tensor on a slot that
+        does not lie inside, or a name given twice. Kept per layout (the last `_LAYOUTS_KEPT`): a trainer sends the
+        same layout push after push, and a view of a kept mapping shows whatever was written since."""
+        key = message.SerializeToString(deterministic=True)
+        cached = self._layouts.get(key)
+        if cached is not None:
+            self._layouts.move_to_end(key)
+            return cached
+        views: dict[str, torch.Tensor] = {}
+        num_bytes = 0
+        for slot in message.tensors:
+            if slot.name in views:
+                raise ValueError(f"tensor {slot.name!r}: sent twice in one update")
+            view = views[slot.name] = _view(self.buffer, slot, f"segment {message.segment}")
+            num_bytes += view.numel() * view.element_size()
+        self._layouts[key] = (views, num_bytes)
+        while len(self._layouts) > _LAYOUTS_KEPT:
+            self._layouts.popitem(last=False)
+        return views, num_bytes
+
     def close(self) -> None:
+        self._layouts.clear()  # the views hold the mapping
         self.buffer = torch.empty(0, dtype=torch.uint8)
         with contextlib.suppress(BufferError):  # a view still alive: unmapped when the last one goes
             self._mapping.close()
@@ -276,8 +301,12 @@ class WeightUpdate:
             segment = (self.segment_cache.get(message, self.shm_dir) if self.segment_cache is not None
                        else _MappedSegment(message, self.shm_dir))
             self._segments[message.segment] = segment
-        for slot in message.tensors:
-            self._put(slot.name, _view(segment.buffer, slot, f"segment {message.segment}"))
+        views, num_bytes = segment.views(message)
+        if not self.tensors.keys().isdisjoint(views):
+            twice = next(name for name in views if name in self.tensors)
+            raise ValueError(f"tensor {twice!r}: sent twice in one update")
+        self.tensors.update(views)
+        self.num_bytes += num_bytes
 
     def _add_collective(self, message: rollout_pb2.CollectiveWeights) -> None:
         if self.group is None or message.group != self.group.name:

@@ -13,7 +13,7 @@ import queue
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import grpc
 from torch import Tensor
@@ -25,10 +25,12 @@ from everstep_trainer.weight_push.plan import Transport
 
 if TYPE_CHECKING:
     from everstep_trainer.model.lora import AdapterWeights
+    from everstep_trainer.weight_push.connections import EngineConnections
 
 __all__ = [
     "DEFAULT_BUCKET_BYTES",
     "GRPC_MAX_MESSAGE_BYTES",
+    "EndpointOutcome",
     "EndpointStream",
     "PushResult",
     "TensorPlacement",
@@ -40,6 +42,7 @@ __all__ = [
     "lora_adapter_proto",
     "raise_for_failures",
     "run_endpoint_streams",
+    "send_to_each",
 ]
 
 DEFAULT_BUCKET_BYTES = 32 * 1024 * 1024
@@ -130,12 +133,15 @@ class EndpointStream:
     """Feeds one endpoint's UpdateWeights call from a bounded queue, in its own thread.
 
     `done` is set when the call ends (success or failure); from then on `offer` drops items, so a
-    dead endpoint never blocks the producer, and the request iterator stops waiting.
+    dead endpoint never blocks the producer, and the request iterator stops waiting. `connections`: call
+    over the endpoint's kept channel (forgotten if the call fails); None: dial for this call alone.
     """
 
     def __init__(self, endpoint: str, timeout_seconds: float,
-                 max_message_bytes: int = GRPC_MAX_MESSAGE_BYTES) -> None:
+                 max_message_bytes: int = GRPC_MAX_MESSAGE_BYTES,
+                 connections: EngineConnections | None = None) -> None:
         self.endpoint = endpoint
+        self.connections = connections
         self.timeout_seconds = timeout_seconds
         self.max_message_bytes = max_message_bytes
         self.queue: queue.Queue = queue.Queue(maxsize=_QUEUE_DEPTH)
@@ -166,14 +172,21 @@ class EndpointStream:
 
     def _run(self) -> None:
         try:
-            with channels.channel(self.endpoint, options=grpc_channel_options(self.max_message_bytes)) as channel:
-                stub = rollout_pb2_grpc.RolloutStub(channel)
+            if self.connections is not None:
+                stub = self.connections.stub(self.endpoint)
                 self.response = stub.UpdateWeights(self._requests(), timeout=self.timeout_seconds)
+            else:
+                options = grpc_channel_options(self.max_message_bytes)
+                with channels.channel(self.endpoint, options=options) as channel:
+                    stub = rollout_pb2_grpc.RolloutStub(channel)
+                    self.response = stub.UpdateWeights(self._requests(), timeout=self.timeout_seconds)
         except grpc.RpcError as e:
             self.error = f"{e.code().name}: {e.details()}"
         except Exception as e:  # a thread must report, not die silently
             self.error = repr(e)
         finally:
+            if self.error is not None and self.connections is not None:
+                self.connections.forget(self.endpoint)
             self.done.set()
 
 
@@ -195,15 +208,16 @@ def _stamped(buckets: Iterable[rollout_pb2.WeightBucket],
 def run_endpoint_streams(buckets: Iterable[rollout_pb2.WeightBucket], endpoints: Sequence[str], *,
                          timeout_seconds: float, max_message_bytes: int = GRPC_MAX_MESSAGE_BYTES,
                          streams_out: list[EndpointStream] | None = None,
-                         adapter: rollout_pb2.LoraAdapter | None = None) -> list[EndpointStream]:
+                         adapter: rollout_pb2.LoraAdapter | None = None,
+                         connections: EngineConnections | None = None) -> list[EndpointStream]:
     """Send the same buckets to every endpoint concurrently; returns the finished streams. `adapter`: set on the
-    last bucket (an adapter update).
+    last bucket (an adapter update). `connections`: call over kept channels (None: dial each endpoint for this push).
 
     If `buckets` raises, every call is cancelled (nothing is applied) and the error propagates.
     The caller reads `error` and `response` of each stream; `streams_out`, if given, receives the
     streams as soon as they start (for a producer that watches them).
     """
-    streams = [EndpointStream(endpoint, timeout_seconds, max_message_bytes) for endpoint in endpoints]
+    streams = [EndpointStream(endpoint, timeout_seconds, max_message_bytes, connections) for endpoint in endpoints]
     if streams_out is not None:
         streams_out.extend(streams)
     for stream in streams:
@@ -222,7 +236,53 @@ def run_endpoint_streams(buckets: Iterable[rollout_pb2.WeightBucket], endpoints:
     return streams
 
 
-def raise_for_failures(streams: Sequence[EndpointStream]) -> None:
+@dataclass
+class EndpointOutcome:
+    """How one endpoint's UpdateWeights call of `send_to_each` ended: its response, or why it failed."""
+
+    endpoint: str
+    response: rollout_pb2.UpdateWeightsResponse | None = None
+    error: str | None = None
+
+
+def send_to_each(bucket: rollout_pb2.WeightBucket, endpoints: Sequence[str], *, connections: EngineConnections,
+                 timeout_seconds: float, adapter: rollout_pb2.LoraAdapter | None = None) -> list[EndpointOutcome]:
+    """One UpdateWeights call per endpoint carrying this one bucket (its last, and only: `last` is set), all at once
+    over the kept channels; waits for every call and returns how each ended. An endpoint whose call failed is
+    forgotten by `connections` (dialed and asked again next time). For carriers whose bytes travel beside the
+    messages (shm): one small message per engine, nothing streamed."""
+    bucket.last = True
+    if adapter is not None:
+        bucket.lora.CopyFrom(adapter)
+    outcomes = [EndpointOutcome(endpoint) for endpoint in endpoints]
+    futures = []
+    for outcome in outcomes:
+        try:
+            futures.append(connections.stub(outcome.endpoint).UpdateWeights.future(iter((bucket,)),
+                                                                                    timeout=timeout_seconds))
+        except Exception as e:  # noqa: BLE001 - reported for this endpoint like a failed call
+            outcome.error = repr(e)
+            futures.append(None)
+    for outcome, future in zip(outcomes, futures, strict=True):  # every call runs meanwhile; this waits for each
+        if future is None:
+            pass
+        elif (error := future.exception()) is None:
+            outcome.response = future.result()
+        elif isinstance(error, grpc.RpcError):
+            outcome.error = f"{error.code().name}: {error.details()}"
+        else:
+            outcome.error = repr(error)
+        if outcome.error is not None:
+            connections.forget(outcome.endpoint)
+    return outcomes
+
+
+class _Outcome(Protocol):
+    endpoint: str
+    error: str | None
+
+
+def raise_for_failures(streams: Sequence[_Outcome]) -> None:
     failures = {s.endpoint: s.error for s in streams if s.error is not None}
     if failures:
         raise WeightPushError(failures)

@@ -25,9 +25,11 @@ from everstep_trainer.weight_push.base import (
     PushResult,
     Transport,
     WeightTransport,
+    grpc_channel_options,
     raise_for_failures,
     run_endpoint_streams,
 )
+from everstep_trainer.weight_push.connections import EngineConnections
 
 __all__ = ["GrpcWeightTransport", "iter_weight_buckets"]
 
@@ -102,7 +104,10 @@ class GrpcWeightTransport(WeightTransport):
     kind = Transport.GRPC
 
     def __init__(self, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout_seconds: float = 600.0,
-                 max_message_bytes: int = GRPC_MAX_MESSAGE_BYTES) -> None:
+                 max_message_bytes: int = GRPC_MAX_MESSAGE_BYTES,
+                 connections: EngineConnections | None = None) -> None:
+        """`connections`: the engines' kept channels, whose options must allow `max_message_bytes` (None: this
+        transport keeps its own)."""
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes: must be > 0, got {bucket_bytes}")
         if max_message_bytes < MIN_MESSAGE_BYTES:
@@ -110,6 +115,9 @@ class GrpcWeightTransport(WeightTransport):
         self.bucket_bytes = bucket_bytes
         self.timeout_seconds = timeout_seconds
         self.max_message_bytes = max_message_bytes
+        self._owns_connections = connections is None
+        self.connections = connections if connections is not None else EngineConnections(
+            channel_options=grpc_channel_options(max_message_bytes))
 
     def push(self, named_tensors: Iterable[tuple[str, Tensor]], *, version: int,
              endpoints: Sequence[str], adapter: rollout_pb2.LoraAdapter | None = None) -> PushResult:
@@ -126,7 +134,8 @@ class GrpcWeightTransport(WeightTransport):
                 yield bucket
 
         streams = run_endpoint_streams(counted(), endpoints, timeout_seconds=self.timeout_seconds,
-                                       max_message_bytes=self.max_message_bytes, adapter=adapter)
+                                       max_message_bytes=self.max_message_bytes, adapter=adapter,
+                                       connections=self.connections)
         raise_for_failures(streams)
         for stream in streams:
             if stream.response is not None and stream.response.version != version:
@@ -134,3 +143,7 @@ class GrpcWeightTransport(WeightTransport):
                             stream.endpoint, stream.response.version, version)
         return PushResult(version=version, num_bytes=num_bytes * len(streams), seconds=time.perf_counter() - start,
                           num_endpoints=len(streams), transport=self.kind)
+
+    def close(self) -> None:
+        if self._owns_connections:
+            self.connections.close()

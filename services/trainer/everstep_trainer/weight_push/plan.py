@@ -93,13 +93,18 @@ def local_peer(device: str) -> PeerInfo:
     return PeerInfo(boot_id=boot_id(), shm_domain=shm_domain(), device=device, gpu_uuid=gpu_uuid)
 
 
-def probe_peer(endpoint: str, timeout_seconds: float = 10.0) -> PeerInfo:
+def probe_peer(endpoint: str, timeout_seconds: float = 10.0, *,
+               stub: rollout_pb2_grpc.RolloutStub | None = None) -> PeerInfo:
     """What the engine at `endpoint` reports; an empty PeerInfo if it does not say (or cannot be asked:
-    the push itself then reports the endpoint's error)."""
+    the push itself then reports the endpoint's error). `stub`: ask over this (a kept channel,
+    `connections.EngineConnections`) instead of dialing the endpoint for this one call."""
+    request = rollout_pb2.GetStatusRequest()
     try:
-        with channels.channel(endpoint) as channel:
-            status = rollout_pb2_grpc.RolloutStub(channel).GetStatus(rollout_pb2.GetStatusRequest(),
-                                                                     timeout=timeout_seconds)
+        if stub is not None:
+            status = stub.GetStatus(request, timeout=timeout_seconds)
+        else:
+            with channels.channel(endpoint) as channel:
+                status = rollout_pb2_grpc.RolloutStub(channel).GetStatus(request, timeout=timeout_seconds)
     except grpc.RpcError as e:
         log.info("endpoint %s: no status (%s); weights go over grpc", endpoint, e.code().name)
         return PeerInfo()

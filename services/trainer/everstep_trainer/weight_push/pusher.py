@@ -1,9 +1,11 @@
 """The factory of transports and the pusher that picks one per engine.
 
 `make_transport` builds a transport by name (the GPU-capable ones import lazily). `WeightPusher`
-asks each engine where it lives (GetStatus), picks a transport per engine with
-`plan.choose_transport`, and runs one push per transport concurrently. It keeps its transports
-between pushes (a warm shared memory segment, a formed broadcast group).
+asks each engine where it lives (GetStatus, once per engine: `connections.EngineConnections` remembers the
+answer), picks a transport per engine with `plan.choose_transport`, and runs one push per transport
+concurrently. It keeps its transports between pushes (a warm shared memory segment, a formed broadcast
+group), and one channel per engine that the grpc and shm transports call over. An endpoint whose push
+failed is forgotten (channel and status): the next push dials it and asks it again.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from everstep_trainer.weight_push.base import (
     PushResult,
     WeightPushError,
     WeightTransport,
+    grpc_channel_options,
 )
+from everstep_trainer.weight_push.connections import EngineConnections
 from everstep_trainer.weight_push.grpc import GrpcWeightTransport
 from everstep_trainer.weight_push.plan import (
     TRANSPORTS,
@@ -32,7 +36,6 @@ from everstep_trainer.weight_push.plan import (
     Transport,
     choose_transport,
     local_peer,
-    probe_peer,
     validate_setting,
 )
 
@@ -100,6 +103,8 @@ class WeightPusher:
         self.keep_shm_segment = keep_shm_segment
         self.shm_one_copy = shm_one_copy
         self.max_message_bytes = max_message_bytes
+        self.connections = EngineConnections(channel_options=grpc_channel_options(max_message_bytes))
+        """One channel per engine, kept across pushes, and each engine's remembered status."""
         self._transports: dict[tuple[Transport, int], WeightTransport] = {}
         self._lock = threading.Lock()
 
@@ -110,10 +115,11 @@ class WeightPusher:
         if key not in self._transports:
             options: dict[str, object] = {"timeout_seconds": self.timeout_seconds}
             if kind == Transport.GRPC:
-                options.update(bucket_bytes=bucket_bytes, max_message_bytes=self.max_message_bytes)
+                options.update(bucket_bytes=bucket_bytes, max_message_bytes=self.max_message_bytes,
+                               connections=self.connections)
             elif kind == Transport.SHM:
                 options.update(bucket_bytes=bucket_bytes, keep_segment=self.keep_shm_segment,
-                               one_copy=self.shm_one_copy)
+                               one_copy=self.shm_one_copy, connections=self.connections)
             elif kind in _COLLECTIVE:
                 options.update(bucket_bytes=bucket_bytes, group_host=self.group_host)
                 options["timeout_seconds"] = min(self.timeout_seconds, 300.0)
@@ -121,20 +127,26 @@ class WeightPusher:
         return self._transports[key]
 
     def plan(self, endpoints: Sequence[str], *, setting: str, weights_device: str) -> dict[str, Transport]:
-        """endpoint -> transport. Asks each engine where it lives unless the setting is plain grpc/gloo."""
+        """endpoint -> transport. Asks each engine where it lives (once: remembered) unless the setting is plain
+        grpc/gloo."""
         setting = validate_setting(setting)
         if setting in (Transport.GRPC, Transport.GLOO):
             return dict.fromkeys(endpoints, setting)
         trainer = local_peer(weights_device)
-        with ThreadPoolExecutor(max_workers=min(16, len(endpoints))) as pool:
-            peers: list[PeerInfo] = list(pool.map(probe_peer, endpoints))
+        peers: dict[str, PeerInfo | None] = {e: self.connections.remembered(e) for e in endpoints}
+        unknown = [e for e, peer in peers.items() if peer is None]
+        if unknown:
+            with ThreadPoolExecutor(max_workers=min(16, len(unknown))) as pool:
+                peers.update(zip(unknown, pool.map(self.connections.peer, unknown), strict=True))
         failures, plan = {}, {}
-        for endpoint, peer in zip(endpoints, peers, strict=True):
+        for endpoint, peer in peers.items():
             try:
-                plan[endpoint] = choose_transport(setting, trainer, peer)
+                plan[endpoint] = choose_transport(setting, trainer, peer or PeerInfo())
             except ValueError as e:
                 failures[endpoint] = str(e)
         if failures:
+            for endpoint in failures:  # asked again next time: a remembered status may be another engine's by now
+                self.connections.forget(endpoint)
             raise WeightPushError(failures)
         return plan
 
@@ -177,6 +189,8 @@ class WeightPusher:
                 for thread in threads:
                     thread.join()
             if failures:
+                for endpoint in failures:  # dialed and asked again next time (it may be another engine by then)
+                    self.connections.forget(endpoint)
                 raise WeightPushError(failures)
             return PushReport(version=version, num_bytes=sum(r.num_bytes for r in results),
                               seconds=time.perf_counter() - start, transports=plan, results=results)
@@ -186,3 +200,4 @@ class WeightPusher:
             for transport in self._transports.values():
                 transport.close()
             self._transports.clear()
+            self.connections.close()

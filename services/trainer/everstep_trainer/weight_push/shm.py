@@ -31,6 +31,13 @@ released (unlinked, never written again) at that push, so engines that are gone 
 failed push releases every segment (unlinked, never written again; an engine keeps what it maps) and
 forgets the endpoints. `one_copy=False`: one
 segment, rewritten by every push, and the engine copies out of it (two copies).
+
+Messages: once the segment is written, each engine gets the whole layout in one `UpdateWeights` message, over a
+channel kept from push to push (`connections.py`): a push to N engines of a host writes the segment once and sends
+N small messages, so that an engine costs the trainer little more than that message. An engine that has not mapped
+the segment yet (its first push through it: a new segment, or an engine new to it) gets the layout in buckets of
+`bucket_bytes` instead, each sent as soon as its tensors are written, so that it maps the segment and fills its page
+tables while the rest is written.
 """
 
 from __future__ import annotations
@@ -55,14 +62,19 @@ from torch import Tensor
 from everstep.v1 import rollout_pb2
 from everstep_trainer.weight_push.base import (
     DEFAULT_BUCKET_BYTES,
+    EndpointOutcome,
+    EndpointStream,
     PushResult,
     TensorPlacement,
     Transport,
     WeightTransport,
+    grpc_channel_options,
     layout_tensors,
     raise_for_failures,
     run_endpoint_streams,
+    send_to_each,
 )
+from everstep_trainer.weight_push.connections import EngineConnections
 
 __all__ = ["SEGMENT_PREFIX", "SHM_DIR", "SharedMemorySegment", "SharedMemoryWeightTransport",
            "sweep_stale_segments"]
@@ -210,18 +222,23 @@ class SharedMemoryWeightTransport(WeightTransport):
     """Tensors through a /dev/shm segment on this host; only their layout travels over gRPC.
 
     Every endpoint must see the same /dev/shm (same host, same IPC namespace); `plan`
-    checks that before choosing this transport.
+    checks that before choosing this transport. The segment is written once per push, whatever the number of
+    engines; each engine then gets one message naming it (`send_to_each`) over a kept channel. Only an engine
+    that has not mapped the segment yet gets the layout in buckets as the segment is written, so that it maps the
+    segment and fills its page tables meanwhile (`_seen`).
     """
 
     kind = Transport.SHM
 
     def __init__(self, *, timeout_seconds: float = 600.0, keep_segment: bool = True,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, directory: Path = SHM_DIR,
-                 copy_threads: int | None = None, one_copy: bool = True) -> None:
-        """`bucket_bytes`: tensors written between two metadata messages, so that engines map the segment
-        while later ones are written. `keep_segment`: reuse segments across pushes. `copy_threads`:
-        threads copying into the segment (default: the cores, at most 4). `one_copy`: let engines keep
-        their parameters in the segment (see the module's doc)."""
+                 copy_threads: int | None = None, one_copy: bool = True,
+                 connections: EngineConnections | None = None) -> None:
+        """`bucket_bytes`: tensors written between two metadata messages of a push to an engine that maps the
+        segment for the first time (it maps while later ones are written; an engine that mapped it before gets
+        one message). `keep_segment`: reuse segments across pushes. `copy_threads`: threads copying into the
+        segment (default: the cores, at most 4). `one_copy`: let engines keep their parameters in the segment
+        (see the module's doc). `connections`: the engines' kept channels (None: this transport keeps its own)."""
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes: must be > 0, got {bucket_bytes}")
         copy_threads = copy_threads or default_copy_threads()
@@ -234,10 +251,15 @@ class SharedMemoryWeightTransport(WeightTransport):
         self.bucket_bytes = bucket_bytes
         self.directory = Path(directory)
         self.one_copy = one_copy
+        self._owns_connections = connections is None
+        self.connections = connections if connections is not None else EngineConnections(
+            channel_options=grpc_channel_options())
         self._segments: list[SharedMemorySegment] = []
         """Every live segment this transport owns (one without one_copy)."""
         self._held: dict[str, SharedMemorySegment] = {}
         """one_copy: endpoint -> the segment of its last successful push (it may run on views into it)."""
+        self._seen: dict[str, set[str]] = {}
+        """endpoint -> the names of the live segments it was pushed through successfully (it has them mapped)."""
 
     @property
     def segment(self) -> SharedMemorySegment | None:
@@ -248,6 +270,13 @@ class SharedMemoryWeightTransport(WeightTransport):
     def segments(self) -> list[SharedMemorySegment]:
         """Every segment kept, oldest first."""
         return list(self._segments)
+
+    def _drop(self, segment: SharedMemorySegment) -> None:
+        """Release a segment (never written again) and forget it."""
+        self._segments.remove(segment)
+        segment.release()
+        for names in self._seen.values():
+            names.discard(segment.name)
 
     def _segment_for(self, num_bytes: int) -> SharedMemorySegment:
         """A segment of the right size that no endpoint may still read from (one_copy), else a new one."""
@@ -260,8 +289,7 @@ class SharedMemoryWeightTransport(WeightTransport):
                 self._segments.remove(segment)  # moved to the end: the newest
                 self._segments.append(segment)
                 return segment
-            self._segments.remove(segment)
-            segment.release()
+            self._drop(segment)
         segment = SharedMemorySegment(size, directory=self.directory)
         self._segments.append(segment)
         return segment
@@ -277,34 +305,35 @@ class SharedMemoryWeightTransport(WeightTransport):
             if held_by and set(held_by).isdisjoint(endpoints):  # one holder in this push keeps every hold
                 for endpoint in held_by:
                     del self._held[endpoint]
-                self._segments.remove(segment)
-                segment.release()
+                self._drop(segment)
 
     def _release_all(self) -> None:
         for segment in self._segments:
             segment.release()
         self._segments = []
         self._held = {}
+        self._seen = {}
+
+    def _bucket(self, segment: SharedMemorySegment, items: list[TensorPlacement], version: int,
+                last: bool) -> rollout_pb2.WeightBucket:
+        return rollout_pb2.WeightBucket(version=version, last=last, shared_memory=rollout_pb2.SharedMemoryWeights(
+            segment=segment.name, segment_bytes=segment.num_bytes, tensors=[p.slot() for p in items],
+            engine_may_keep=self.one_copy))
 
     def _buckets(self, segment: SharedMemorySegment, placements: list[TensorPlacement],
                  version: int) -> Iterator[rollout_pb2.WeightBucket]:
+        """The layout in buckets of about `bucket_bytes`, each sent once its tensors are written."""
         group: list[TensorPlacement] = []
         group_bytes = 0
-
-        def bucket(items: list[TensorPlacement], last: bool) -> rollout_pb2.WeightBucket:
-            return rollout_pb2.WeightBucket(version=version, last=last, shared_memory=rollout_pb2.SharedMemoryWeights(
-                segment=segment.name, segment_bytes=segment.num_bytes, tensors=[p.slot() for p in items],
-                engine_may_keep=self.one_copy))
-
         for placement in placements:
             if group and group_bytes + placement.num_bytes > self.bucket_bytes:
                 self._write(segment, group)
-                yield bucket(group, last=False)
+                yield self._bucket(segment, group, version, last=False)
                 group, group_bytes = [], 0
             group.append(placement)
             group_bytes += placement.num_bytes
         self._write(segment, group)
-        yield bucket(group, last=True)
+        yield self._bucket(segment, group, version, last=True)
 
     def _write(self, segment: SharedMemorySegment, placements: list[TensorPlacement]) -> None:
         tasks = [task for p in placements for task in segment.copy_tasks(p)]
@@ -327,21 +356,30 @@ class SharedMemoryWeightTransport(WeightTransport):
         segment = self._segment_for(total)
         succeeded = False
         try:
-            streams = run_endpoint_streams(self._buckets(segment, placements, version), endpoints,
-                                           timeout_seconds=self.timeout_seconds, adapter=adapter)
-            raise_for_failures(streams)
+            if all(segment.name in self._seen.get(e, ()) for e in endpoints):
+                # Every engine has this segment mapped: write it whole, then one message each.
+                self._write(segment, placements)
+                outcomes: Sequence[EndpointOutcome | EndpointStream] = send_to_each(
+                    self._bucket(segment, placements, version, last=True), endpoints, connections=self.connections,
+                    timeout_seconds=self.timeout_seconds, adapter=adapter)
+            else:
+                outcomes = run_endpoint_streams(self._buckets(segment, placements, version), endpoints,
+                                                timeout_seconds=self.timeout_seconds, adapter=adapter,
+                                                connections=self.connections)
+            raise_for_failures(outcomes)
             succeeded = True
         finally:
             if not succeeded:
                 # An engine may still be reading (or running on) any of them: never write them again.
                 self._release_all()
+        for endpoint in endpoints:
+            self._seen.setdefault(endpoint, set()).add(segment.name)
         if self.one_copy:
             self._held.update(dict.fromkeys(endpoints, segment))
         if not self.keep_segment:
-            self._segments.remove(segment)
-            segment.release()
+            self._drop(segment)
         num_bytes = sum(p.num_bytes for p in placements)
-        kept = sum(1 for s in streams if s.response is not None and s.response.kept_in_place)
+        kept = sum(1 for s in outcomes if s.response is not None and s.response.kept_in_place)
         return PushResult(version=version, num_bytes=num_bytes * len(endpoints), seconds=time.perf_counter() - start,
                           num_endpoints=len(endpoints), transport=self.kind, num_kept_in_place=kept)
 
@@ -350,3 +388,5 @@ class SharedMemoryWeightTransport(WeightTransport):
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
+        if self._owns_connections:
+            self.connections.close()

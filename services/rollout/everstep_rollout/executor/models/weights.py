@@ -53,6 +53,7 @@ class LlamaWeights:
         self._held = held
         self._adopted: set[int] = set()
         """ids of the held tensors that are views into memory a push brought (`adopt`)."""
+        self._rebind_layout: rebind.StoreLayout | None = None
 
         s = spec
         q_out, kv_out = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
@@ -178,7 +179,7 @@ class LlamaWeights:
         copied in. For memory the sender keeps unchanged while the engine uses it (one-copy shm). Returns the
         bytes copied (0: all kept in place)."""
         wanted = self._checked(tensors, require_all=False)
-        self._adopted, kept, reason = rebind.adopt(self._held, self.named, wanted, self._adopted)
+        self._adopted, kept, reason = rebind.adopt(self._layout(), wanted, self._adopted)
         if reason is not None:
             log.info("weights copied, not kept in the pushed memory: %s", reason)
         return self._copy({name: t for name, t in wanted.items() if name not in kept})
@@ -190,9 +191,15 @@ class LlamaWeights:
 
     def own_memory(self) -> None:
         """After `adopt`: the weights back into memory of their own (one copy), before anything copies into them."""
-        held = [h for h in self._held if isinstance(h, torch.Tensor) and id(h) in self._adopted]
-        rebind.apply(rebind.private_plan(held, self.named))
+        if self._adopted:
+            rebind.apply(rebind.private_plan(self._layout(), self._adopted))
         self._adopted = set()
+
+    def _layout(self) -> rebind.StoreLayout:
+        """Which names lie in which allocation (worked out on the first push that needs it, then kept)."""
+        if self._rebind_layout is None or not self._rebind_layout.matches(self._held, self.named):
+            self._rebind_layout = rebind.StoreLayout(self._held, self.named)
+        return self._rebind_layout
 
     def _copy(self, wanted: Mapping[str, torch.Tensor]) -> int:
         num_bytes = 0
