@@ -41,6 +41,7 @@ model shipped in examples/demo-model (a --model folder that has no model yet is 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -50,9 +51,10 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from benchmarks.mismatch.records import Arm, EvalRecord, RunResult, Settings, StepRecord
 from benchmarks.mismatch.reports import combine, load_runs, plot
@@ -130,9 +132,39 @@ def evaluate(engine, trainer, prompts: list[tuple[str, str]], settings: Settings
     return EvalRecord(step=step, avg_at_4=avg, greedy=exact)
 
 
+@contextlib.contextmanager
+def mask_only_icepop() -> Iterator[None]:
+    """Within it, the trainer's IcePop weight is its mask alone: 1 where alpha <= k <= beta, else 0 (IcePop's own
+    weight is k there). A benchmark ablation for arms with `mask_only`; the in-process trainer's loss reads
+    `mismatch_weight` from `policy`, which is replaced here and restored on exit."""
+    from everstep_trainer.step.losses import policy
+
+    original = policy.mismatch_weight
+
+    def mask_weight(*args: Any, **kwargs: Any) -> Any:
+        weight = original(*args, **kwargs)
+        return (weight > 0).to(weight.dtype) if kwargs.get("correction") == "icepop" else weight
+
+    policy.mismatch_weight = mask_weight
+    try:
+        yield
+    finally:
+        policy.mismatch_weight = original
+
+
 def run_one(arm: Arm, seed: int, settings: Settings, prompts: list[tuple[str, str]],
             eval_prompts: list[tuple[str, str]]) -> RunResult:
     """One training run of `arm` with `seed`."""
+    if arm.mask_only:
+        if arm.correction != "icepop":
+            raise ValueError(f"arm {arm.name}: mask_only needs correction icepop, got {arm.correction!r}")
+        with mask_only_icepop():
+            return _run_one(arm, seed, settings, prompts, eval_prompts)
+    return _run_one(arm, seed, settings, prompts, eval_prompts)
+
+
+def _run_one(arm: Arm, seed: int, settings: Settings, prompts: list[tuple[str, str]],
+             eval_prompts: list[tuple[str, str]]) -> RunResult:
     import torch
 
     from everstep.settings.training import TrainerConfig

@@ -15,6 +15,8 @@ identical but for the engine, the correction and routing replay (R3):
   bf16-r3-seq     ... routing replay and IcePop at sequence level (`correction_level: sequence`: one k per sample,
                   the product of its tokens' k; the whole sample kept with weight k inside [--alpha, --beta], else
                   masked)
+  bf16-r3-mask    ... routing replay and IcePop's mask alone: kept tokens weigh 1, not k (an ablation that no job
+                  setting gives, `icepop.mask_only_icepop`), to tell IcePop's masking from its weighting
 
 `--quantization int8` or `fp8` replaces the bfloat16 engine by a float32 engine with int8 (per output channel) or
 fp8 weights, and renames the arms (`int8-none` ...). Every arm asks the engine for its routes
@@ -46,15 +48,15 @@ def arms(quantization: str) -> list[Arm]:
     """The float32 control, then the mismatched engine's none / TIS / IcePop / R3 / R3 + IcePop arms, and R3 + IcePop
     with the band [alpha, 2] and at sequence level."""
     prefix, dtype = ("bf16", "bfloat16") if quantization == "none" else (quantization, "float32")
-    # (suffix, correction, routing replay, IcePop's beta (None: --beta), correction level)
+    # (suffix, correction, routing replay, IcePop's beta (None: --beta), correction level); r3-mask: mask_only
     mismatched = [("none", "none", "off", None, "token"), ("tis", "tis", "off", None, "token"),
                   ("icepop", "icepop", "off", None, "token"), ("r3", "none", "rollout", None, "token"),
                   ("r3-icepop", "icepop", "rollout", None, "token"),
                   ("r3-icepop-b2", "icepop", "rollout", 2.0, "token"),
-                  ("r3-seq", "icepop", "rollout", None, "sequence")]
+                  ("r3-seq", "icepop", "rollout", None, "sequence"), ("r3-mask", "icepop", "rollout", None, "token")]
     return [Arm(name="fp32-none", quantization="none", correction="none", routes=True),
             *(Arm(name=f"{prefix}-{suffix}", quantization=quantization, dtype=dtype, correction=correction,
-                  routing_replay=replay, routes=True, beta=beta, correction_level=level)
+                  routing_replay=replay, routes=True, beta=beta, correction_level=level, mask_only=suffix == "r3-mask")
               for suffix, correction, replay, beta, level in mismatched)]
 
 

@@ -23,6 +23,9 @@ class Arm:
     the trainer then reports its routing disagreement with the engine, replaying them or not."""
     beta: float | None = None
     """IcePop's upper bound for this arm (None: Settings.beta)."""
+    mask_only: bool = False
+    """An ablation of IcePop that no job setting gives: its mask, with weight 1 on every kept token instead of k
+    (`icepop.mask_only_icepop`), to tell masking from weighting."""
     correction_level: str = "token"
     """The trainer's `correction_level`: token (each token's own k), sequence (the product of the sample's k) or
     geometric (its geometric mean)."""

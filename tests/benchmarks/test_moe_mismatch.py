@@ -1,6 +1,6 @@
-"""benchmarks.mismatch.moe at a tiny size: a tiny random Qwen3-MoE with the demo task's prompts, eight arms (a float32
-control, a bfloat16 engine with none / TIS / IcePop / R3 / R3 + IcePop, R3 + IcePop in [0.5, 2] and at sequence
-level), one process; and the refusals of --model."""
+"""benchmarks.mismatch.moe at a tiny size: a tiny random Qwen3-MoE with the demo task's prompts, nine arms (a float32
+control, a bfloat16 engine with none / TIS / IcePop / R3 / R3 + IcePop, R3 + IcePop in [0.5, 2], at sequence
+level and as a mask alone), one process; and the refusals of --model."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from conftest import make_tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
 ARMS = ["fp32-none", "bf16-none", "bf16-tis", "bf16-icepop", "bf16-r3", "bf16-r3-icepop", "bf16-r3-icepop-b2",
-        "bf16-r3-seq"]
+        "bf16-r3-seq", "bf16-r3-mask"]
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +70,7 @@ def test_every_arm_runs_and_only_the_r3_arms_replay_the_routes_they_send(
     assert losses["bf16-r3-icepop-b2"] == ("icepop", 2.0, "token")
     assert losses["bf16-r3-seq"] == ("icepop", 5.0, "sequence")
     assert losses["bf16-r3"] == ("none", 5.0, "token")
+    assert losses["bf16-r3-mask"] == ("icepop", 5.0, "token")
     for arm, result in summary.items():
         for key in ("masked_fraction_mean", "mismatch_kl_first", "mismatch_kl_last", "routing_disagreement_mean",
                     "initial_accuracy", "reward_last", "logp_diff_max_max", "grad_norm_max", "seconds"):
@@ -97,7 +98,8 @@ def test_the_arms_follow_the_quantization() -> None:
 
     int8 = arms("int8")
     assert [a.name for a in int8] == ["fp32-none", "int8-none", "int8-tis", "int8-icepop", "int8-r3", "int8-r3-icepop",
-                                      "int8-r3-icepop-b2", "int8-r3-seq"]
+                                      "int8-r3-icepop-b2", "int8-r3-seq", "int8-r3-mask"]
+    assert [a.name for a in int8 if a.mask_only] == ["int8-r3-mask"]
     assert {(a.dtype, a.quantization) for a in int8[1:]} == {("float32", "int8")}
     assert {(a.dtype, a.quantization) for a in arms("none")[1:]} == {("bfloat16", "none")}
 
@@ -112,3 +114,23 @@ def test_a_missing_or_dense_model_is_refused_naming_model(tmp_path: Path, tiny_m
         benchmark.main(["--model", str(tiny_model_dirs("llama")), "--num-threads", "1"])
     with pytest.raises(SystemExit, match="examples/demo-moe-model"):
         benchmark.check_moe_model(tmp_path / "absent")
+
+
+def test_the_mask_only_ablation_weighs_kept_tokens_one_and_is_undone_on_exit(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from everstep_trainer.step.losses import policy
+
+    monkeypatch.syspath_prepend(str(REPO))
+    icepop = importlib.import_module("benchmarks.mismatch.icepop")
+    old = torch.log(torch.tensor([[1.0, 3.0, 0.2, 9.0]]))  # k = 1, 3, 0.2, 9 against rollout_logp 0
+    rollout = torch.zeros_like(old)
+
+    def weight(correction: str) -> list[float]:
+        return policy.mismatch_weight(old, rollout, correction=correction, alpha=0.5, beta=5.0).flatten().tolist()
+
+    assert weight("icepop") == pytest.approx([1.0, 3.0, 0.0, 0.0])
+    with icepop.mask_only_icepop():
+        assert weight("icepop") == [1.0, 1.0, 0.0, 0.0]
+        assert weight("tis") == pytest.approx([1.0, 2.0, 0.2, 2.0]), "only IcePop's weight changes"
+    assert weight("icepop") == pytest.approx([1.0, 3.0, 0.0, 0.0])
