@@ -23,7 +23,8 @@ from collections.abc import Callable, Sequence
 from everstep.math_answers import final_math_answer
 from everstep.rest.job_spec import EvaluationSpec, JobSpec, RewardSpec
 from everstep.rest.step_metrics import Evaluation
-from everstep.settings.training import SamplingSettings
+from everstep.settings.codec import SAMPLING_PARAMS
+from everstep.settings.training import RoutingReplay, SamplingSettings
 from everstep.v1 import common_pb2, reward_pb2
 from everstep_controller.data.dataset import PromptRow
 from everstep_controller.data.reward_errors import ErrorClass, RewardFailed, classify, describe, part_errors
@@ -88,6 +89,17 @@ def evaluate(stream: PoolStream, reward: RewardClient, rows: list[PromptRow], sp
 def evaluation_sampling(spec: JobSpec) -> SamplingSettings:
     """How evaluation samples: the job's sampling with evaluation.sampling's fields that are set over it."""
     return spec.sampling.model_copy(update=spec.evaluation.sampling.model_dump(exclude_none=True))
+
+
+def sampling_params(spec: JobSpec, *, greedy: bool = False, training: bool = False) -> common_pb2.SamplingParams:
+    """The engines' sampling parameters. `training`: the rollouts are trained on, so they bring their routes when
+    routing replay is on; else an evaluation's, with evaluation.sampling's fields over the training ones."""
+    replay = training and spec.algorithm.routing_replay == RoutingReplay.rollout
+    settings = spec.sampling if training else evaluation_sampling(spec)
+    message = SAMPLING_PARAMS.to_proto(settings, return_routed_experts=replay)
+    if greedy:
+        message.temperature = 0.0  # the engine's greedy
+    return message
 
 
 def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:

@@ -34,8 +34,7 @@ from tokenizers import Tokenizer
 from everstep.rest.job_record import JobState, WorkerAddresses
 from everstep.rest.job_spec import JobSpec
 from everstep.rest.step_samples import SAMPLES_PER_STEP
-from everstep.settings.codec import SAMPLING_PARAMS
-from everstep.settings.training import RoutingReplay, SchedulerMode
+from everstep.settings.training import SchedulerMode
 from everstep.v1 import common_pb2
 from everstep_controller.algo.training_batch import build_batch, sampled_token_staleness
 from everstep_controller.data.dataset import PromptRow
@@ -44,7 +43,7 @@ from everstep_controller.launchers import Launcher, WorkerRequest, Workers
 from everstep_controller.run import metrics
 from everstep_controller.run.clients import RewardClient, Service, ServiceUnavailable
 from everstep_controller.run.commit import StepCommit, TrainedStep
-from everstep_controller.run.evaluation import evaluate, evaluation_sampling, math_answer_reader
+from everstep_controller.run.evaluation import evaluate, math_answer_reader, sampling_params
 from everstep_controller.run.job_data import load_job_data
 from everstep_controller.run.recovery import Recovery
 from everstep_controller.run.rollout_phase import RolloutPhase, RolloutResult, sample_seed
@@ -448,22 +447,12 @@ class JobRunner:
         """Decode until the scheduler ends the iteration (RunnerInterrupted / JobCancelled when asked to)."""
         phase = RolloutPhase(self.spec, self.state, self.train_rows, self.scorers, self._stop_requested,
                              self.settings.scoring_timeout_seconds)
-        result = phase.run(self.workers.generate(self.tools), self._sampling(training=True))
+        result = phase.run(self.workers.generate(self.tools), sampling_params(self.spec, training=True))
         if self.interrupt.is_set():
             raise RunnerInterrupted
         if self.store.requested(self.job_id) == Action.cancel:
             raise JobCancelled
         return result
-
-    def _sampling(self, *, greedy: bool = False, training: bool = False) -> common_pb2.SamplingParams:
-        """`training`: the rollouts are trained on, so they bring their routes when routing replay is on; else an
-        evaluation's, with evaluation.sampling's fields over the training ones."""
-        replay = training and self.spec.algorithm.routing_replay == RoutingReplay.rollout
-        settings = self.spec.sampling if training else evaluation_sampling(self.spec)
-        message = SAMPLING_PARAMS.to_proto(settings, return_routed_experts=replay)
-        if greedy:
-            message.temperature = 0.0  # the engine's greedy
-        return message
 
     # -- evaluation and checkpoints ----------------------------------------------------------
     def _after_step(self) -> None:
@@ -479,9 +468,9 @@ class JobRunner:
         if not self.eval_rows or (record and str(step) in record.evaluation):
             return
         evaluation = evaluate(self.workers.generate(self.tools), self.reward, self.eval_rows, self.spec.evaluation,
-                              sampling=self._sampling(), greedy_sampling=self._sampling(greedy=True),
-                              make_item=self.make_item, step=step,
-                              answer_of=math_answer_reader(self.spec.reward))
+                              sampling=sampling_params(self.spec),
+                              greedy_sampling=sampling_params(self.spec, greedy=True),
+                              make_item=self.make_item, step=step, answer_of=math_answer_reader(self.spec.reward))
         history = dict(record.evaluation) if record else {}
         history[str(step)] = evaluation
         self.store.update(self.job_id, fence=self.owner, evaluation=history)
