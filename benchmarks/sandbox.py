@@ -18,7 +18,6 @@ import http.client
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from everstep.processes import free_port
+
 PROGRAMS = {
     "python": "import sys\nname = sys.stdin.readline().strip()\nprint('hello', name)\n",
     "cpp": "#include <iostream>\n#include <string>\nint main() { std::string name; std::getline(std::cin, name);"
@@ -37,15 +38,9 @@ PROGRAMS = {
 CONCURRENCY = (1, 4, 16)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_service(workers: int, *extra_args: str) -> tuple[subprocess.Popen, int]:
     """A sandbox server in its own session (stop it by its process group); returns it and its HTTP port."""
-    http_port, grpc_port = _free_port(), _free_port()
+    http_port, grpc_port = free_port(), free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "everstep_sandbox", "--host", "127.0.0.1", "--port", str(http_port),
          "--grpc-port", str(grpc_port), "--workers", str(workers), *extra_args],

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,8 @@ from pathlib import Path
 
 import pytest
 from demo_model_build import EXIT_FILE, PID_FILE
+
+from everstep.processes import free_port as free_tcp_port
 
 
 class DemoModelBuild:
@@ -132,12 +133,6 @@ def demo_model_build(request: pytest.FixtureRequest) -> DemoModelBuild:
 TINY_WORDS = ["<pad>", "<s>", "</s>", "<unk>", "+", "-", "=", ",", "\\boxed{", "}", "\n"] + [
     str(i) for i in range(40)
 ]
-
-
-def free_tcp_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

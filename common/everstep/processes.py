@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -42,8 +43,49 @@ class ManagedProcess:
         return f"127.0.0.1:{self.grpc_port}"
 
 
-def free_port() -> int:
+LISTEN_PORTS = range(15000, 32768)
+"""Where free_port looks first: above the common services' ports (Redis 6379, 8000, Prometheus 9090) and below
+Linux's default ephemeral range (32768-60999), which the kernel hands to outgoing connections."""
+_handed_out: set[int] = set()
+
+
+def ephemeral_ports() -> range:
+    """The kernel's range for outgoing connections' local ports (/proc/sys/net/ipv4/ip_local_port_range)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return range(int(low), int(high) + 1)
+    except (OSError, ValueError):
+        return range(32768, 61000)
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing holds now, for a server that will bind it soon.
+
+    It is not the kernel's port 0 choice: that comes from the ephemeral range, where any outgoing connection
+    (a client to Redis, a gRPC channel) may take it in the time between this call and the server's bind, and the
+    server then fails with "address already in use". A random port outside that range, which no connection is
+    given, is taken instead, and this process never hands out the same port twice.
+    """
+    ephemeral = ephemeral_ports()
+    candidates = [p for p in LISTEN_PORTS if p not in ephemeral and p not in _handed_out]
+    rng = random.SystemRandom()
+    for _ in range(200):
+        if not candidates:
+            break
+        port = rng.choice(candidates)
+        if _bindable(port):
+            _handed_out.add(port)
+            return port
+    with socket.socket() as s:  # this machine's ephemeral range covers LISTEN_PORTS: the kernel's choice
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
