@@ -256,6 +256,8 @@ def test_gloo_group_broadcasts_to_every_engine_and_reforms_after_a_failure(engin
         pusher.push(weights.items(), version=32, endpoints=addresses)
         assert transport._group is group  # the group stays while the endpoints do
         assert_engine_runs(addresses[1], tiny_model_dir, weights, 32)
+        # the joins and both pushes' layout messages went over one kept channel per engine
+        assert pusher.connections.num_dials == len(addresses)
 
         dead = f"127.0.0.1:{free_port}"
         with pytest.raises(WeightPushError) as failure:
@@ -264,6 +266,7 @@ def test_gloo_group_broadcasts_to_every_engine_and_reforms_after_a_failure(engin
         weights = perturbed_weights(tiny_model_dir, seed=6)
         pusher.push(weights.items(), version=34, endpoints=[addresses[0]])  # a new group of two
         assert_engine_runs(addresses[0], tiny_model_dir, weights, 34)
+        assert pusher.connections.num_dials == len(addresses) + 1  # the dead one's; the survivor's kept
     finally:
         pusher.close()
 

@@ -131,11 +131,13 @@ def test_cuda_ipc_encodes_every_tensor_once_per_engine(monkeypatch: pytest.Monke
     sent: dict[str, list] = {}
 
     adapters: list = []
+    kept: list = []
 
-    def streams_stand_in(buckets, endpoints, *, timeout_seconds, adapter=None):
+    def streams_stand_in(buckets, endpoints, *, timeout_seconds, adapter=None, connections=None):
         assert len(endpoints) == 1
         sent[endpoints[0]] = list(buckets)
         adapters.append(adapter)
+        kept.append(connections)
         return []
 
     monkeypatch.setattr(cuda_ipc, "encode", reduce_tensor_stand_in)
@@ -156,6 +158,7 @@ def test_cuda_ipc_encodes_every_tensor_once_per_engine(monkeypatch: pytest.Monke
     transport.push([("m.lora_A", torch.zeros(4, 2)), ("m.lora_B", torch.zeros(2, 4))], version=5,
                    endpoints=["a:1", "b:2"], adapter=lora)
     assert adapters == [None, None, lora, lora]
+    assert kept == [transport.connections] * 4  # every call over the transport's kept channels
 
 
 def test_cuda_ipc_module_imports_with_torch_alone() -> None:

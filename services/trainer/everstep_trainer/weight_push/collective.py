@@ -10,7 +10,8 @@ group. It is formed on the first push to a set of endpoints (`Rollout.JoinWeight
 engine while the trainer constructs its side), warmed up at once (one byte broadcast and awaited
 with the timeout on every rank, so that NCCL's lazily created communicator exists before the first
 bucket), and kept while the set stays the same; a failed push dissolves it and the next push forms
-a new one.
+a new one. The joins and each push's layout messages go over the engines' kept channels
+(`connections.EngineConnections`, shared with the pusher's other transports): no push dials.
 
 The engines reach the trainer's store at `group_host`. Left empty, it is 127.0.0.1 when every
 engine is on this host's loopback, and an error naming `group_host` otherwise: what the host name
@@ -42,8 +43,7 @@ from torch import Tensor
 
 from everstep.tensors import process_group
 from everstep.tensors.tensor_codec import tensor_num_bytes
-from everstep.transport import channels
-from everstep.v1 import rollout_pb2, rollout_pb2_grpc
+from everstep.v1 import rollout_pb2
 from everstep_trainer.weight_push.base import (
     DEFAULT_BUCKET_BYTES,
     EndpointStream,
@@ -56,6 +56,7 @@ from everstep_trainer.weight_push.base import (
     raise_for_failures,
     run_endpoint_streams,
 )
+from everstep_trainer.weight_push.connections import EngineConnections
 
 __all__ = ["CollectiveWeightTransport", "default_group_host"]
 
@@ -117,9 +118,11 @@ class CollectiveWeightTransport(WeightTransport):
     """Broadcast over a weight group of the trainer (rank 0) and the endpoints (ranks 1..n, in order)."""
 
     def __init__(self, *, backend: str, group_host: str = "", timeout_seconds: float = 300.0,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, connections: EngineConnections | None = None) -> None:
         """`group_host`: address the engines use to reach this trainer's TCPStore ("" = resolve the host
-        name). `bucket_bytes`: size of each broadcast buffer (that much extra memory on each side)."""
+        name). `bucket_bytes`: size of each broadcast buffer (that much extra memory on each side).
+        `connections`: the engines' kept channels, for the joins and every push's layout messages (None: this
+        transport keeps its own)."""
         if backend not in BACKENDS:
             raise ValueError(f"backend: must be one of {BACKENDS}, got {backend!r}")
         if bucket_bytes <= 0:
@@ -131,6 +134,8 @@ class CollectiveWeightTransport(WeightTransport):
         self.group_host = group_host
         self.timeout_seconds = timeout_seconds
         self.bucket_bytes = bucket_bytes
+        self._owns_connections = connections is None
+        self.connections = connections if connections is not None else EngineConnections()
         self._group: _Group | None = None
 
     def _buffer_device(self, placements: list[TensorPlacement]) -> torch.device:
@@ -156,14 +161,13 @@ class CollectiveWeightTransport(WeightTransport):
         store = dist.TCPStore(host, 0, world_size, True, timeout=timeout, wait_for_workers=False)
         name = f"everstep-weights-{uuid.uuid4().hex[:12]}"
         errors: dict[str, str] = {}
-        engine_channels = [channels.channel(endpoint) for endpoint in endpoints]
         joins = {
-            endpoint: rollout_pb2_grpc.RolloutStub(channel).JoinWeightGroup.future(
+            endpoint: self.connections.stub(endpoint).JoinWeightGroup.future(
                 rollout_pb2.JoinWeightGroupRequest(
                     group=name, backend=self.backend, store_address=f"{host}:{store.port}", rank=rank,
                     world_size=world_size, timeout_seconds=self.timeout_seconds),
                 timeout=self.timeout_seconds + 10)
-            for rank, (endpoint, channel) in enumerate(zip(endpoints, engine_channels, strict=True), start=1)
+            for rank, endpoint in enumerate(endpoints, start=1)
         }
         formed: dict[str, Any] = {}
 
@@ -196,8 +200,6 @@ class CollectiveWeightTransport(WeightTransport):
         finally:
             for future in joins.values():
                 future.cancel()
-            for channel in engine_channels:
-                channel.close()
         if not errors:
             trainer_side.join(self.timeout_seconds + 10)
             if "error" in formed or "warm" not in formed:
@@ -273,7 +275,8 @@ class CollectiveWeightTransport(WeightTransport):
         streams: list[EndpointStream] = []
         try:
             run_endpoint_streams(self._buckets(group, placements, version, streams), endpoints,
-                                 timeout_seconds=self.timeout_seconds + 10, streams_out=streams, adapter=adapter)
+                                 timeout_seconds=self.timeout_seconds + 10, streams_out=streams, adapter=adapter,
+                                 connections=self.connections)
             raise_for_failures(streams)
         except BaseException:
             self._dissolve()  # a broadcast may be half done: the group is unusable
@@ -284,3 +287,5 @@ class CollectiveWeightTransport(WeightTransport):
 
     def close(self) -> None:
         self._dissolve()
+        if self._owns_connections:
+            self.connections.close()

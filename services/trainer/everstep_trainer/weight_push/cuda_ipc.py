@@ -34,6 +34,7 @@ from everstep_trainer.weight_push.base import (
     raise_for_failures,
     run_endpoint_streams,
 )
+from everstep_trainer.weight_push.connections import EngineConnections
 
 __all__ = ["CudaIpcWeightTransport", "cuda_device_uuid", "cuda_ipc_tensor_proto", "encode_cuda_ipc_args",
            "handle_to_proto"]
@@ -78,8 +79,11 @@ class CudaIpcWeightTransport(WeightTransport):
 
     kind = Transport.CUDA_IPC
 
-    def __init__(self, *, timeout_seconds: float = 600.0) -> None:
+    def __init__(self, *, timeout_seconds: float = 600.0, connections: EngineConnections | None = None) -> None:
+        """`connections`: the engines' kept channels (None: this transport keeps its own)."""
         self.timeout_seconds = timeout_seconds
+        self._owns_connections = connections is None
+        self.connections = connections if connections is not None else EngineConnections()
 
     def push(self, named_tensors: Iterable[tuple[str, Tensor]], *, version: int,
              endpoints: Sequence[str], adapter: rollout_pb2.LoraAdapter | None = None) -> PushResult:
@@ -93,7 +97,8 @@ class CudaIpcWeightTransport(WeightTransport):
 
         def one(endpoint: str) -> list:
             return run_endpoint_streams(endpoint_buckets(held, version), [endpoint],
-                                        timeout_seconds=self.timeout_seconds, adapter=adapter)
+                                        timeout_seconds=self.timeout_seconds, adapter=adapter,
+                                        connections=self.connections)
 
         with ThreadPoolExecutor(max_workers=min(16, len(endpoints))) as pool:
             streams = [s for result in pool.map(one, endpoints) for s in result]
@@ -102,3 +107,7 @@ class CudaIpcWeightTransport(WeightTransport):
         num_bytes = sum(tensor_num_bytes(t) for _, t in held)
         return PushResult(version=version, num_bytes=num_bytes * len(endpoints), seconds=time.perf_counter() - start,
                           num_endpoints=len(endpoints), transport=self.kind)
+
+    def close(self) -> None:
+        if self._owns_connections:
+            self.connections.close()

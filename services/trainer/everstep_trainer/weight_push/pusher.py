@@ -121,8 +121,10 @@ class WeightPusher:
                 options.update(bucket_bytes=bucket_bytes, keep_segment=self.keep_shm_segment,
                                one_copy=self.shm_one_copy, connections=self.connections)
             elif kind in _COLLECTIVE:
-                options.update(bucket_bytes=bucket_bytes, group_host=self.group_host)
+                options.update(bucket_bytes=bucket_bytes, group_host=self.group_host, connections=self.connections)
                 options["timeout_seconds"] = min(self.timeout_seconds, 300.0)
+            elif kind == Transport.CUDA_IPC:
+                options.update(connections=self.connections)
             self._transports[key] = make_transport(kind, **options)
         return self._transports[key]
 
